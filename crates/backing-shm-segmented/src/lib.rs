@@ -1,0 +1,1 @@
+//! backing-shm-segmented

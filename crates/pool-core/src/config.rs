@@ -1,0 +1,338 @@
+//! Pool configuration, read from TOML or JSON.
+//!
+//! The pool's own settings are top-level keys; each plugin's settings live in
+//! a table named after the plugin and are parsed by that plugin alone:
+//!
+//! ```toml
+//! size = "384GiB"
+//! backing = "anon"
+//! threads = 16
+//!
+//! [anon]
+//! thp = true
+//! ```
+//!
+//! Unknown keys are errors everywhere: a top-level key that is neither a pool
+//! setting nor the table of a registered plugin is rejected, and each plugin
+//! parses its table with `deny_unknown_fields`.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::size::ByteSize;
+
+/// The top-level keys that are pool settings; every other top-level table
+/// belongs to a plugin. Kept in step with [`PoolConfig`] by a test.
+pub const POOL_KEYS: &[&str] = &[
+    "size",
+    "backing",
+    "dir",
+    "page_size",
+    "threads",
+    "prefault",
+    "block_size",
+    "pin",
+    "register",
+];
+
+/// How pages are faulted in before the pool is handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrefaultChoice {
+    /// `populate-write` where the kernel has it, else `touch`.
+    #[default]
+    Auto,
+    /// `madvise(MADV_POPULATE_WRITE)`: the kernel's own path; fails if absent.
+    PopulateWrite,
+    /// A read-modify-write of one byte per page.
+    Touch,
+    /// Leave pages to fault on first use (not recommended for a GPU pool:
+    /// the driver then faults them serially under a global lock).
+    None,
+}
+
+/// Pinning: which pinner, and whether a failure fails the pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PinConfig {
+    /// The pinner's name, or `off`.
+    #[serde(default = "off")]
+    pub kind: String,
+    /// Fail the pool when pinning fails (otherwise warn and leave it pageable).
+    #[serde(default)]
+    pub required: bool,
+}
+
+fn off() -> String {
+    "off".to_string()
+}
+
+impl Default for PinConfig {
+    fn default() -> Self {
+        PinConfig {
+            kind: off(),
+            required: false,
+        }
+    }
+}
+
+impl PinConfig {
+    /// Whether a pinner was asked for.
+    pub fn is_on(&self) -> bool {
+        self.kind != "off"
+    }
+}
+
+/// Everything that describes one pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Bytes the caller needs (the logical size); mapped size is rounded up to the page.
+    #[serde(default = "default_size")]
+    pub size: ByteSize,
+    /// Backing plugin name, or `auto` (no `dir`: `anon`; `dir` on hugetlbfs:
+    /// `hugetlbfs`; `dir` on tmpfs: `shm-segmented`).
+    #[serde(default = "auto")]
+    pub backing: String,
+    /// Directory for file-backed pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+    /// Page size the backing must use (for example 2MiB or 1GiB on hugetlbfs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<ByteSize>,
+    /// Prefault threads (default: available cores, at least 64 MiB each).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<NonZeroUsize>,
+    /// Prefault method.
+    #[serde(default)]
+    pub prefault: PrefaultChoice,
+    /// The caller's block size: registration chunks never split a block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<ByteSize>,
+    /// Pinning policy.
+    #[serde(default)]
+    pub pin: PinConfig,
+    /// Registrars to register the pool with, in order.
+    #[serde(default)]
+    pub register: Vec<String>,
+    /// Plugin tables by plugin name, each parsed by its plugin.
+    #[serde(skip)]
+    pub plugins: BTreeMap<String, Value>,
+}
+
+fn default_size() -> ByteSize {
+    ByteSize::gib(1)
+}
+
+fn auto() -> String {
+    "auto".to_string()
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            size: default_size(),
+            backing: auto(),
+            dir: None,
+            page_size: None,
+            threads: None,
+            prefault: PrefaultChoice::Auto,
+            block_size: None,
+            pin: PinConfig::default(),
+            register: Vec::new(),
+            plugins: BTreeMap::new(),
+        }
+    }
+}
+
+/// The formats a config file can be in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// TOML.
+    Toml,
+    /// JSON.
+    Json,
+}
+
+impl PoolConfig {
+    /// Read a config file; `.json` is JSON, `.toml` is TOML, anything else is
+    /// JSON when it starts with `{` and TOML otherwise.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the file for unreadable files, syntax errors
+    /// and unknown or mistyped keys.
+    pub fn from_path(path: &Path) -> Result<PoolConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::config(format!(
+                "cannot read config file {}: {e}; check the path given to --config",
+                path.display()
+            ))
+        })?;
+        let format = match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => Format::Json,
+            Some("toml") => Format::Toml,
+            _ if text.trim_start().starts_with('{') => Format::Json,
+            _ => Format::Toml,
+        };
+        PoolConfig::parse(&text, format).map_err(|e| match e {
+            Error::Config { message } => {
+                Error::config(format!("in {}: {message}", path.display()))
+            }
+            other => other,
+        })
+    }
+
+    /// Parse config text in the given format.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for syntax errors and unknown or mistyped keys.
+    pub fn parse(text: &str, format: Format) -> Result<PoolConfig> {
+        let value: Value = match format {
+            Format::Toml => toml::from_str(text)
+                .map_err(|e| Error::config(format!("TOML syntax error: {e}")))?,
+            Format::Json => serde_json::from_str(text)
+                .map_err(|e| Error::config(format!("JSON syntax error: {e}")))?,
+        };
+        PoolConfig::from_value(value)
+    }
+
+    /// Build a config from a JSON-like document (an object).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a non-object, an unknown key that is not a table,
+    /// or a mistyped pool setting (the message names the key).
+    pub fn from_value(value: Value) -> Result<PoolConfig> {
+        let Value::Object(map) = value else {
+            return Err(Error::config(
+                "the config must be a table of keys (a TOML document or a JSON object)",
+            ));
+        };
+        let mut pool = serde_json::Map::new();
+        let mut plugins = BTreeMap::new();
+        for (key, value) in map {
+            if POOL_KEYS.contains(&key.as_str()) {
+                pool.insert(key, value);
+            } else if value.is_object() {
+                plugins.insert(key, value);
+            } else {
+                return Err(Error::config(format!(
+                    "unknown key `{key}`; pool settings are {}, and plugin settings go in a table \
+                     named after the plugin (for example [anon])",
+                    POOL_KEYS.join(", ")
+                )));
+            }
+        }
+        let mut config: PoolConfig =
+            serde_json::from_value(Value::Object(pool.clone())).map_err(|e| {
+                // Find the key at fault: every field has a default, so a
+                // one-key document fails only for that key.
+                let culprit = pool.iter().find(|(k, v)| {
+                    let one = serde_json::Map::from_iter([((*k).clone(), (*v).clone())]);
+                    serde_json::from_value::<PoolConfig>(Value::Object(one)).is_err()
+                });
+                match culprit {
+                    Some((k, _)) => Error::config(format!("`{k}`: {e}")),
+                    None => Error::config(e.to_string()),
+                }
+            })?;
+        config.plugins = plugins;
+        Ok(config)
+    }
+
+    /// The table of the named plugin, if the config has one.
+    pub fn plugin_table(&self, name: &str) -> Option<&Value> {
+        self.plugins.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_keys_match_the_serialized_fields() {
+        let mut full = PoolConfig {
+            dir: Some("/x".into()),
+            page_size: Some(ByteSize(4096)),
+            threads: NonZeroUsize::new(1),
+            block_size: Some(ByteSize(4096)),
+            ..PoolConfig::default()
+        };
+        full.register.push("r".into());
+        let v = serde_json::to_value(&full).unwrap();
+        let mut keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        let mut want: Vec<_> = POOL_KEYS.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(keys, want, "POOL_KEYS must list exactly the fields of PoolConfig");
+    }
+
+    #[test]
+    fn toml_with_plugin_table_parses() {
+        let c = PoolConfig::parse(
+            "size = \"4GiB\"\nbacking = \"anon\"\nthreads = 2\nprefault = \"touch\"\n[anon]\nthp = true\n",
+            Format::Toml,
+        )
+        .unwrap();
+        assert_eq!(c.size, ByteSize::gib(4));
+        assert_eq!(c.backing, "anon");
+        assert_eq!(c.threads, NonZeroUsize::new(2));
+        assert_eq!(c.prefault, PrefaultChoice::Touch);
+        assert_eq!(c.plugin_table("anon"), Some(&serde_json::json!({"thp": true})));
+    }
+
+    #[test]
+    fn json_parses_and_defaults_apply() {
+        let c = PoolConfig::parse("{\"size\": 1048576}", Format::Json).unwrap();
+        assert_eq!(c.size, ByteSize(1 << 20));
+        assert_eq!(c.backing, "auto");
+        assert!(!c.pin.is_on());
+        assert_eq!(PoolConfig::parse("{}", Format::Json).unwrap(), PoolConfig::default());
+    }
+
+    #[test]
+    fn unknown_scalar_keys_are_rejected_with_the_list_of_keys() {
+        let e = PoolConfig::parse("sise = \"4GiB\"", Format::Toml).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("unknown key `sise`"), "{msg}");
+        assert!(msg.contains("size, backing"), "{msg}");
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn mistyped_values_name_the_key() {
+        let msg = PoolConfig::parse("size = \"384G\"", Format::Toml).unwrap_err().to_string();
+        assert!(msg.contains("`size`") && msg.contains("384GiB"), "{msg}");
+        let msg = PoolConfig::parse("threads = 0", Format::Toml).unwrap_err().to_string();
+        assert!(msg.contains("`threads`"), "{msg}");
+        let msg = PoolConfig::parse("prefault = \"fast\"", Format::Toml).unwrap_err().to_string();
+        assert!(msg.contains("`prefault`") && msg.contains("populate-write"), "{msg}");
+        let msg = PoolConfig::parse("[pin]\nkind = \"cuda\"\nrequird = true", Format::Toml)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("`pin`") && msg.contains("requird"), "{msg}");
+    }
+
+    #[test]
+    fn syntax_errors_and_non_tables_are_config_errors() {
+        assert!(matches!(
+            PoolConfig::parse("size = ", Format::Toml),
+            Err(Error::Config { .. })
+        ));
+        assert!(matches!(
+            PoolConfig::parse("[1, 2]", Format::Json),
+            Err(Error::Config { .. })
+        ));
+    }
+
+    #[test]
+    fn from_path_names_the_file() {
+        let e = PoolConfig::from_path(Path::new("/nonexistent/pool.toml")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/pool.toml"), "{e}");
+    }
+}

@@ -1,0 +1,268 @@
+//! The conformance suite every backing runs (feature `conformance`).
+//!
+//! A backing's tests describe a few good configs and a few bad ones; [`run`]
+//! builds real pools through [`crate::PoolPlan`] and [`crate::Pool`] and checks:
+//!
+//! - **size and alignment**: the region starts on a page boundary, the mapped
+//!   size is the logical size rounded up to the page, and the report agrees;
+//! - **writes visible**: a pattern written at every page of the whole mapped
+//!   range reads back intact;
+//! - **prefault residency**: after prefault every page is resident
+//!   (`mincore`), and without prefault fewer are (unless the backing
+//!   populates at map time);
+//! - **teardown leaves nothing**: no teardown issues, no mapping left at the
+//!   address, and none of the backing's files left on disk;
+//! - **bad configs rejected**: each bad config fails with a message that
+//!   contains the expected words, before anything is mapped.
+//!
+//! Failures are collected, not panicked, so a test asserts the list is empty
+//! and sees every failure at once.
+
+use std::path::PathBuf;
+
+use crate::config::{PoolConfig, PrefaultChoice};
+use crate::error::Error;
+use crate::pool::{Pool, PoolPlan, Quiet};
+use crate::sys;
+
+/// A config the backing must reject, and words its error must contain.
+#[derive(Debug, Clone)]
+pub struct BadConfig {
+    /// The config.
+    pub config: PoolConfig,
+    /// A substring of the error message.
+    pub expect: &'static str,
+}
+
+/// What a backing submits to the suite.
+#[derive(Debug, Clone)]
+pub struct Suite {
+    /// Configs that must build (keep them small: tens of MiB).
+    pub good: Vec<PoolConfig>,
+    /// Configs that must be rejected.
+    pub bad: Vec<BadConfig>,
+    /// The backing makes pages resident at map time (for example a joiner
+    /// that attaches to pages a peer already faulted).
+    pub populates_at_map: bool,
+}
+
+/// One failed check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The check.
+    pub check: &'static str,
+    /// The config, briefly.
+    pub case: String,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} [{}]: {}", self.check, self.case, self.message)
+    }
+}
+
+/// Run every check on every config; returns the failures (empty = conformant).
+pub fn run(suite: &Suite) -> Vec<Failure> {
+    let mut failures = Vec::new();
+    for config in &suite.good {
+        let case = describe(config);
+        for (check, result) in [
+            ("size and alignment", size_and_alignment(config)),
+            ("writes visible", writes_visible(config)),
+            ("prefault residency", prefault_residency(config, suite.populates_at_map)),
+            ("teardown leaves nothing", teardown_leaves_nothing(config)),
+        ] {
+            if let Err(message) = result {
+                failures.push(Failure {
+                    check,
+                    case: case.clone(),
+                    message,
+                });
+            }
+        }
+    }
+    for bad in &suite.bad {
+        if let Err(message) = bad_config_rejected(bad) {
+            failures.push(Failure {
+                check: "bad config rejected",
+                case: describe(&bad.config),
+                message,
+            });
+        }
+    }
+    failures
+}
+
+fn describe(c: &PoolConfig) -> String {
+    let mut s = format!("backing={} size={}", c.backing, c.size);
+    if let Some(d) = &c.dir {
+        s += &format!(" dir={}", d.display());
+    }
+    if let Some(p) = c.page_size {
+        s += &format!(" page_size={p}");
+    }
+    for (k, v) in &c.plugins {
+        s += &format!(" [{k}]={v}");
+    }
+    s
+}
+
+fn build(config: &PoolConfig) -> Result<Pool, String> {
+    let plan = PoolPlan::new(config.clone()).map_err(|e| format!("plan failed: {e}"))?;
+    Pool::build(&plan, &Quiet).map_err(|e| format!("build failed: {e}"))
+}
+
+fn finish(pool: Pool) -> Result<(), String> {
+    let report = pool.teardown();
+    if report.teardown_issues.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("teardown issues: {:?}", report.teardown_issues))
+    }
+}
+
+/// The region starts on a page boundary and sizes round correctly.
+///
+/// # Errors
+/// What did not hold.
+pub fn size_and_alignment(config: &PoolConfig) -> Result<(), String> {
+    let pool = build(config)?;
+    let region = pool.region().ok_or("built pool has no region")?;
+    let page = region.page().get();
+    let r = pool.report();
+    let checks = [
+        (region.addr() as u64 % page == 0, format!("address {:p} not aligned to {page}", region.addr())),
+        (region.logical_len() == config.size.get(), format!("logical {} != asked {}", region.logical_len(), config.size.get())),
+        (region.mapped_len() % page == 0, format!("mapped {} not a multiple of {page}", region.mapped_len())),
+        (region.mapped_len() >= region.logical_len() && region.mapped_len() - region.logical_len() < page,
+            format!("mapped {} is not logical {} rounded up to {page}", region.mapped_len(), region.logical_len())),
+        (r.page_size == page && r.mapped_bytes == region.mapped_len() && r.logical_bytes == region.logical_len(),
+            "report disagrees with the region".to_string()),
+        (config.page_size.is_none_or(|p| p.get() == page), format!("page size {page} is not the {:?} asked for", config.page_size)),
+    ];
+    let failed: Vec<_> = checks.into_iter().filter(|(ok, _)| !ok).map(|(_, m)| m).collect();
+    finish(pool)?;
+    if failed.is_empty() { Ok(()) } else { Err(failed.join("; ")) }
+}
+
+/// A pattern written across the whole mapped range reads back intact.
+///
+/// # Errors
+/// The first offset that differs.
+pub fn writes_visible(config: &PoolConfig) -> Result<(), String> {
+    let pool = build(config)?;
+    let region = pool.region().ok_or("built pool has no region")?;
+    let len = usize::try_from(region.mapped_len()).map_err(|e| e.to_string())?;
+    let stride = sys::base_page_size();
+    // SAFETY: the pool owns the mapping until `finish`, and nothing else in
+    // this process touches it meanwhile.
+    let bad = unsafe {
+        sys::write_pattern(region.addr(), len, stride, 0x5a);
+        sys::check_pattern(region.addr(), len, stride, 0x5a)
+    };
+    finish(pool)?;
+    match bad {
+        None => Ok(()),
+        Some(off) => Err(format!("byte at offset {off} did not read back what was written")),
+    }
+}
+
+fn resident(pool: &Pool) -> Result<(u64, u64), String> {
+    let region = pool.region().ok_or("built pool has no region")?;
+    let len = usize::try_from(region.mapped_len()).map_err(|e| e.to_string())?;
+    // SAFETY: the pool's mapping is live while `pool` is borrowed.
+    let n = unsafe { sys::resident_base_pages(region.addr(), len) }.map_err(|e| format!("mincore: {e}"))?;
+    Ok((n, region.mapped_len().div_ceil(sys::base_page_size() as u64)))
+}
+
+/// After prefault every page is resident; without it fewer are.
+///
+/// # Errors
+/// The counts that did not hold.
+pub fn prefault_residency(config: &PoolConfig, populates_at_map: bool) -> Result<(), String> {
+    let mut with = config.clone();
+    if with.prefault == PrefaultChoice::None {
+        with.prefault = PrefaultChoice::Auto;
+    }
+    let pool = build(&with)?;
+    let (res, total) = resident(&pool)?;
+    finish(pool)?;
+    if res != total {
+        return Err(format!("after prefault {res} of {total} base pages are resident"));
+    }
+    if !populates_at_map {
+        let mut without = config.clone();
+        without.prefault = PrefaultChoice::None;
+        let pool = build(&without)?;
+        let (res, total) = resident(&pool)?;
+        finish(pool)?;
+        if res == total {
+            return Err(format!(
+                "all {total} pages are resident even without prefault, so the check proves nothing \
+                 (set populates_at_map if the backing does that on purpose)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn maps_has(start: u64, end: u64) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    maps.lines().any(|l| {
+        let range = l.split_whitespace().next().unwrap_or("");
+        let (a, b) = range.split_once('-').unwrap_or(("", ""));
+        u64::from_str_radix(a, 16) == Ok(start) && u64::from_str_radix(b, 16) == Ok(end)
+    })
+}
+
+/// Teardown reports no issues, the mapping is gone, and so are the files.
+///
+/// # Errors
+/// What was left behind.
+pub fn teardown_leaves_nothing(config: &PoolConfig) -> Result<(), String> {
+    let pool = build(config)?;
+    let region = pool.region().ok_or("built pool has no region")?;
+    let (start, end) = (region.addr() as u64, region.addr() as u64 + region.mapped_len());
+    let files: Vec<PathBuf> = pool.files();
+    if !maps_has(start, end) {
+        return Err(format!("the live pool {start:#x}-{end:#x} is not in /proc/self/maps as one mapping"));
+    }
+    finish(pool)?;
+    let mut left = Vec::new();
+    if maps_has(start, end) {
+        left.push(format!("mapping {start:#x}-{end:#x} still in /proc/self/maps"));
+    }
+    for f in files {
+        if std::fs::symlink_metadata(&f).is_ok() {
+            left.push(format!("file {} still exists", f.display()));
+        }
+    }
+    if left.is_empty() { Ok(()) } else { Err(left.join("; ")) }
+}
+
+/// A bad config fails, before mapping, with the expected words.
+///
+/// # Errors
+/// What happened instead.
+pub fn bad_config_rejected(bad: &BadConfig) -> Result<(), String> {
+    let err: Error = match PoolPlan::new(bad.config.clone()) {
+        Err(e) => e,
+        Ok(plan) => match Pool::build(&plan, &Quiet) {
+            Err(e) => e,
+            Ok(pool) => {
+                finish(pool)?;
+                return Err("was accepted and built".to_string());
+            }
+        },
+    };
+    let msg = err.to_string();
+    if msg.contains(bad.expect) {
+        Ok(())
+    } else {
+        Err(format!("error {msg:?} does not contain {:?}", bad.expect))
+    }
+}

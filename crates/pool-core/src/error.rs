@@ -1,0 +1,234 @@
+//! The one error type of pool-core and of every plugin.
+//!
+//! Messages are written for the operator who reads them at 3 a.m.: they say
+//! what was being done, on which path, for how many bytes, with which page
+//! size, and what to do about it. The errno is the `source`, not repeated in
+//! the message; the CLI prints the whole chain.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::layout::{LayoutError, PageSize, format_bytes};
+use crate::size::SizeError;
+
+/// `Result` with [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while planning, building or tearing down a pool.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is wrong; the operator must change it (exit status 2).
+    #[error("invalid configuration: {message}")]
+    Config {
+        /// What was wrong and how to fix it.
+        message: String,
+    },
+
+    /// A size in the configuration could not be parsed (exit status 2).
+    #[error("invalid size for `{key}`: {source}")]
+    Size {
+        /// The configuration key or flag.
+        key: String,
+        /// What was wrong with it.
+        #[source]
+        source: SizeError,
+    },
+
+    /// Layout arithmetic refused the sizes (exit status 2).
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+
+    /// A plugin name nobody registered (exit status 2).
+    #[error(
+        "unknown {kind} `{name}`; available: {available}. If it comes from a crate of its own, \
+         make sure the binary links that crate (`use the_crate as _;`)"
+    )]
+    UnknownPlugin {
+        /// "backing", "pinner" or "registrar".
+        kind: &'static str,
+        /// The name asked for.
+        name: String,
+        /// The sorted list of registered names, comma-separated.
+        available: String,
+    },
+
+    /// Two plugins of one kind registered the same name.
+    #[error("{kind} `{name}` is registered twice, by `{first}` and by `{second}`; rename one of them")]
+    DuplicatePlugin {
+        /// "backing", "pinner" or "registrar".
+        kind: &'static str,
+        /// The contested name.
+        name: &'static str,
+        /// Crate of one record.
+        first: &'static str,
+        /// Crate of the other.
+        second: &'static str,
+    },
+
+    /// Something this host lacks: no driver, no device, no huge pages of that size.
+    #[error("{what} is not available on this host: {reason}")]
+    NotAvailable {
+        /// The feature or plugin.
+        what: String,
+        /// Why, and what would make it available.
+        reason: String,
+    },
+
+    /// The node cannot hold the pool (checked before anything is mapped).
+    #[error("{resource} cannot hold the pool: it needs {need_h}, {free_h} free; {remedy}", need_h = format_bytes(*.need), free_h = format_bytes(*.free))]
+    Capacity {
+        /// What was checked, e.g. "anonymous memory (MemAvailable)".
+        resource: String,
+        /// Bytes the pool needs.
+        need: u64,
+        /// Bytes available.
+        free: u64,
+        /// How to make room.
+        remedy: String,
+    },
+
+    /// A system call failed.
+    #[error("{op}{at} failed for {size_h} with {page} pages{path_s}; {remedy}",
+        at = .addr.map(|a| format!(" at {a:#x}")).unwrap_or_default(),
+        size_h = format_bytes(*.size),
+        path_s = .path.as_ref().map(|p| format!(" on {}", p.display())).unwrap_or_default())]
+    Os {
+        /// The call, e.g. "mmap" or "madvise(MADV_POPULATE_WRITE)".
+        op: &'static str,
+        /// The file or directory involved, if any.
+        path: Option<PathBuf>,
+        /// The address the call worked on, if any.
+        addr: Option<usize>,
+        /// Bytes the call worked on.
+        size: u64,
+        /// Page size of the memory involved.
+        page: PageSize,
+        /// What to do about it.
+        remedy: String,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Pinning or registration failed in a plugin; the message is the plugin's.
+    #[error("{what}: {message}")]
+    Plugin {
+        /// The plugin and step, e.g. "cuda pinner".
+        what: String,
+        /// What went wrong and how to fix it.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+
+    /// A peer in a shared pool failed or vanished.
+    #[error("{message}")]
+    Peer {
+        /// Which peer, and what it did.
+        message: String,
+    },
+}
+
+impl Error {
+    /// A configuration error with this message.
+    pub fn config(message: impl Into<String>) -> Error {
+        Error::Config {
+            message: message.into(),
+        }
+    }
+
+    /// Whether this is the operator's input at fault (exit status 2) rather
+    /// than the run (exit status 1).
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            Error::Config { .. }
+                | Error::Size { .. }
+                | Error::Layout(_)
+                | Error::UnknownPlugin { .. }
+        )
+    }
+
+    /// Whether this says "the host lacks it" rather than "it broke".
+    pub fn is_not_available(&self) -> bool {
+        matches!(self, Error::NotAvailable { .. })
+    }
+
+    /// The errno, if a system call is at the root of this error.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Os { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// The exit status the CLI uses for this error: 2 for usage, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        if self.is_usage() { 2 } else { 1 }
+    }
+}
+
+/// A step of teardown that could not be undone. Teardown never stops at one:
+/// it logs each and carries on, so that as much as possible is given back.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TeardownIssue {
+    /// The step, e.g. "munmap" or "unlink".
+    pub step: String,
+    /// What could not be released, with address, length, path and errno.
+    pub detail: String,
+}
+
+impl TeardownIssue {
+    /// Record an issue and log it at warn level.
+    pub fn log(step: impl Into<String>, detail: impl Into<String>) -> TeardownIssue {
+        let issue = TeardownIssue {
+            step: step.into(),
+            detail: detail.into(),
+        };
+        tracing::warn!(step = %issue.step, "teardown could not undo a step: {}", issue.detail);
+        issue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os_errors_name_op_address_size_page_path_and_remedy() {
+        let e = Error::Os {
+            op: "mmap",
+            path: Some("/dev/hugepages/pool".into()),
+            addr: Some(0x7f00_0000_0000),
+            size: 3 << 30,
+            page: PageSize::HUGE_2M,
+            remedy: "reserve more huge pages".into(),
+            source: io::Error::from_raw_os_error(libc::ENOMEM),
+        };
+        let msg = e.to_string();
+        for want in ["mmap", "0x7f0000000000", "3 GiB", "2 MiB", "/dev/hugepages/pool", "reserve more"] {
+            assert!(msg.contains(want), "missing {want:?} in {msg}");
+        }
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+        assert_eq!(e.exit_code(), 1);
+    }
+
+    #[test]
+    fn usage_errors_exit_2_and_runtime_errors_exit_1() {
+        assert_eq!(Error::config("x").exit_code(), 2);
+        let unknown = Error::UnknownPlugin {
+            kind: "backing",
+            name: "nope".into(),
+            available: "anon".into(),
+        };
+        assert_eq!(unknown.exit_code(), 2);
+        assert!(unknown.to_string().contains("available: anon"));
+        let na = Error::NotAvailable {
+            what: "cuda".into(),
+            reason: "no driver".into(),
+        };
+        assert!(na.is_not_available());
+        assert_eq!(na.exit_code(), 1);
+    }
+}

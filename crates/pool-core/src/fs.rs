@@ -1,0 +1,55 @@
+//! What kind of filesystem a directory is on (`statfs`).
+
+use std::io;
+use std::path::Path;
+
+/// `HUGETLBFS_MAGIC` from `include/uapi/linux/magic.h` (rustix lacks it).
+pub const HUGETLBFS_MAGIC: u64 = 0x9584_58f6;
+/// `TMPFS_MAGIC` from `include/uapi/linux/magic.h`.
+pub const TMPFS_MAGIC: u64 = 0x0102_1994;
+
+/// The filesystem kinds pool backings care about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsKind {
+    /// A hugetlbfs mount; `f_bsize` is its huge page size.
+    Hugetlbfs {
+        /// The mount's page size in bytes.
+        page_size: u64,
+    },
+    /// tmpfs, for example `/dev/shm`.
+    Tmpfs,
+    /// Anything else, with its magic number.
+    Other {
+        /// `f_type` from `statfs`.
+        magic: u64,
+    },
+}
+
+/// `statfs(path)` classified.
+///
+/// # Errors
+/// The `statfs` errno (for example `ENOENT`).
+pub fn filesystem_kind(path: &Path) -> io::Result<FsKind> {
+    let st = rustix::fs::statfs(path)?;
+    // f_type is a signed word on some targets; the magic numbers are 32-bit.
+    let magic = (st.f_type as u64) & 0xffff_ffff;
+    Ok(match magic {
+        HUGETLBFS_MAGIC => FsKind::Hugetlbfs {
+            page_size: st.f_bsize as u64,
+        },
+        TMPFS_MAGIC => FsKind::Tmpfs,
+        _ => FsKind::Other { magic },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_is_other_and_missing_dirs_are_errors() {
+        assert!(matches!(filesystem_kind(Path::new("/proc")), Ok(FsKind::Other { .. })));
+        let e = filesystem_kind(Path::new("/nonexistent/x")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    }
+}

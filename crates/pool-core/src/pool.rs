@@ -1,0 +1,477 @@
+//! A pool from config to teardown.
+//!
+//! The data flows one way: config → [`PoolPlan`] (pure: plugins resolved,
+//! layout, capacity verdicts, prefault threads) → [`Pool::build`] (map,
+//! prefault, pin, register) → [`PoolReport`]. Teardown runs the same steps
+//! backwards: deregister, unpin, unmap/close/unlink. A failure part-way
+//! through a build tears down what was built before the error is returned, and
+//! a `Pool` that is dropped without [`Pool::teardown`] tears itself down.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::capacity::{self, CapacityCheck};
+use crate::config::PoolConfig;
+use crate::error::{Result, TeardownIssue};
+use crate::layout::{Extent, format_bytes};
+use crate::plugin::{self, PinnerPlugin, RegistrarPlugin};
+use crate::prefault::{self, FaultIn, PrefaultOutcome, PrefaultPlan};
+use crate::traits::{Backing, BackingPlan, ExtentReport, Mapping, Pin, Pinner, Region, Registrar, Registration};
+
+/// The phases of a build, for progress reporting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Creating the mapping.
+    Map,
+    /// Faulting pages in.
+    Prefault,
+    /// Pinning.
+    Pin,
+    /// Registering with devices.
+    Register,
+    /// Releasing everything.
+    Teardown,
+}
+
+impl Phase {
+    /// The phase's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Map => "map",
+            Phase::Prefault => "prefault",
+            Phase::Pin => "pin",
+            Phase::Register => "register",
+            Phase::Teardown => "teardown",
+        }
+    }
+}
+
+/// Watches a build: called from the building thread, and `progress` from
+/// prefault workers too. Every method has a no-op default.
+pub trait Observer: Sync {
+    /// A phase starts; `total` is its work in bytes.
+    fn start(&self, _phase: Phase, _total: u64) {}
+    /// Bytes done so far in the phase.
+    fn progress(&self, _phase: Phase, _done: u64) {}
+    /// The phase ended after `seconds`.
+    fn end(&self, _phase: Phase, _seconds: f64) {}
+}
+
+/// An observer that watches nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quiet;
+impl Observer for Quiet {}
+
+/// Everything a build will do, resolved from the config. Making a plan
+/// creates, maps and reserves nothing.
+#[derive(Debug)]
+pub struct PoolPlan {
+    /// The config the plan was made from.
+    pub config: PoolConfig,
+    /// Why this backing.
+    pub backing_reason: String,
+    /// The configured backing.
+    pub backing: Box<dyn Backing>,
+    /// What the backing will map.
+    pub backing_plan: BackingPlan,
+    /// How it will be prefaulted.
+    pub prefault: PrefaultPlan,
+    /// The pinner, when one is asked for.
+    pub pinner: Option<Box<dyn Pinner>>,
+    /// The registrars, in order.
+    pub registrars: Vec<Box<dyn Registrar>>,
+}
+
+impl PoolPlan {
+    /// Resolve a config: plugins, sizes, capacity checks and prefault.
+    ///
+    /// # Errors
+    /// Configuration errors (unknown plugins or tables, bad sizes, settings a
+    /// backing cannot honour). Capacity shortfalls are *not* errors here:
+    /// they are verdicts in the plan, and [`Pool::build`] refuses them.
+    pub fn new(config: PoolConfig) -> Result<PoolPlan> {
+        plugin::validate_plugin_tables(&config)?;
+        let selection = plugin::select_backing(&config)?;
+        let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;
+        let backing_plan = backing.plan(&config)?;
+        let whole = Extent {
+            offset: 0,
+            len: backing_plan.size.mapped(),
+        };
+        let prefault = prefault::plan(config.prefault, whole, backing_plan.size.page(), config.threads)?;
+        let pinner = if config.pin.is_on() {
+            let p = plugin::lookup::<PinnerPlugin>(&config.pin.kind)?;
+            Some((p.build)(config.plugin_table(p.name))?)
+        } else {
+            None
+        };
+        let registrars = config
+            .register
+            .iter()
+            .map(|name| {
+                let r = plugin::lookup::<RegistrarPlugin>(name)?;
+                (r.build)(config.plugin_table(r.name))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PoolPlan {
+            backing_reason: selection.reason,
+            backing,
+            backing_plan,
+            prefault,
+            pinner,
+            registrars,
+            config,
+        })
+    }
+
+    /// The plan as a serializable report (`hostpool plan --json`).
+    pub fn report(&self) -> PlanReport {
+        let bp = &self.backing_plan;
+        let mut explain = vec![self.backing_reason.clone()];
+        explain.extend(bp.explain.iter().cloned());
+        explain.extend(self.prefault.explain.iter().cloned());
+        explain.push(match &self.pinner {
+            Some(p) => format!(
+                "pin with {} ({})",
+                p.name(),
+                if self.config.pin.required { "required" } else { "best effort" }
+            ),
+            None => "no pinning (pin kind off)".to_string(),
+        });
+        for r in &self.registrars {
+            explain.push(format!("register with {}", r.name()));
+        }
+        for c in &bp.capacity {
+            explain.push(format!(
+                "capacity {}: need {}, free {} ({}): {:?}",
+                c.resource,
+                format_bytes(c.need),
+                c.free.map_or("unknown".to_string(), format_bytes),
+                c.source,
+                c.verdict
+            ));
+        }
+        PlanReport {
+            backing: bp.backing.to_string(),
+            page_size: bp.size.page().get(),
+            logical_bytes: bp.size.logical(),
+            mapped_bytes: bp.size.mapped(),
+            segments: bp.segments.iter().copied().map(ExtentReport::from).collect(),
+            files: bp.files.iter().map(|p| p.display().to_string()).collect(),
+            options: bp.options.clone(),
+            prefault: PrefaultPlanReport {
+                method: self.prefault.method.name(),
+                threads: self.prefault.threads,
+                offset: self.prefault.extent.offset,
+                bytes: self.prefault.extent.len,
+            },
+            pin: PinPlanReport {
+                kind: self.config.pin.kind.clone(),
+                required: self.config.pin.required,
+            },
+            registrations: self.registrars.iter().map(|r| r.name().to_string()).collect(),
+            capacity: bp.capacity.clone(),
+            fits: bp.capacity.iter().all(|c| c.verdict != capacity::Verdict::Short),
+            explain,
+        }
+    }
+}
+
+/// `hostpool plan --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanReport {
+    /// Backing name.
+    pub backing: String,
+    /// Page size in bytes.
+    pub page_size: u64,
+    /// Bytes asked for.
+    pub logical_bytes: u64,
+    /// Bytes that will be mapped (rounded up to the page size).
+    pub mapped_bytes: u64,
+    /// Segments of the mapping.
+    pub segments: Vec<ExtentReport>,
+    /// Files that will be created.
+    pub files: Vec<String>,
+    /// Resolved backing options.
+    pub options: Value,
+    /// Prefault method and threads.
+    pub prefault: PrefaultPlanReport,
+    /// Pinning policy.
+    pub pin: PinPlanReport,
+    /// Registrars, in order.
+    pub registrations: Vec<String>,
+    /// Capacity checks and their verdicts.
+    pub capacity: Vec<CapacityCheck>,
+    /// Whether every capacity check passes (or is unknown).
+    pub fits: bool,
+    /// Every choice and why, one line each.
+    pub explain: Vec<String>,
+}
+
+/// Prefault part of a plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct PrefaultPlanReport {
+    /// Method name.
+    pub method: &'static str,
+    /// Threads.
+    pub threads: usize,
+    /// Start of the range to fault.
+    pub offset: u64,
+    /// Bytes to fault.
+    pub bytes: u64,
+}
+
+/// Pin part of a plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct PinPlanReport {
+    /// Pinner name or "off".
+    pub kind: String,
+    /// Whether failure fails the pool.
+    pub required: bool,
+}
+
+/// Whether the pool is pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PinStatus {
+    /// No pinner asked for.
+    Off,
+    /// Pinned.
+    Pinned,
+    /// Best-effort pinning did not happen; see `reason`.
+    Skipped,
+}
+
+/// The `pin` object of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct PinReport {
+    /// Pinner name or "off".
+    pub kind: String,
+    /// Outcome.
+    pub status: PinStatus,
+    /// Why it was skipped, when it was.
+    pub reason: Option<String>,
+    /// The pinner's details (chunks, device).
+    pub details: Value,
+}
+
+/// One entry of the report's `registrations`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RegistrationReport {
+    /// Registrar name.
+    pub kind: String,
+    /// The registrar's details (devices, regions, keys).
+    pub details: Value,
+}
+
+/// Seconds per phase; phases that did not run are absent.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Phases {
+    /// Creating the mapping.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub map: Option<f64>,
+    /// Faulting pages in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefault: Option<f64>,
+    /// Pinning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin: Option<f64>,
+    /// Registering.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub register: Option<f64>,
+    /// Releasing everything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub teardown: Option<f64>,
+}
+
+/// The report of a pool (`hostpool alloc --json`). Field names are a contract.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolReport {
+    /// Backing name.
+    pub backing: String,
+    /// Page size in bytes.
+    pub page_size: u64,
+    /// Bytes asked for.
+    pub logical_bytes: u64,
+    /// Bytes mapped.
+    pub mapped_bytes: u64,
+    /// Base address, hexadecimal.
+    pub address: String,
+    /// Segments of the mapping.
+    pub segments: Vec<ExtentReport>,
+    /// Resolved backing options.
+    pub options: Value,
+    /// What prefault did.
+    pub prefault: Option<PrefaultOutcome>,
+    /// Seconds per phase.
+    pub phases: Phases,
+    /// Pinning outcome.
+    pub pin: PinReport,
+    /// Registrations.
+    pub registrations: Vec<RegistrationReport>,
+    /// Capacity checks made before mapping.
+    pub capacity: Vec<CapacityCheck>,
+    /// Steps teardown could not undo (empty when all went well).
+    pub teardown_issues: Vec<TeardownIssue>,
+}
+
+/// A built pool: owns its mapping, pin and registrations.
+#[derive(Debug)]
+pub struct Pool {
+    mapping: Option<Box<dyn Mapping>>,
+    pin: Option<Box<dyn Pin>>,
+    registrations: Vec<Box<dyn Registration>>,
+    report: PoolReport,
+}
+
+fn timed<T>(observer: &dyn Observer, phase: Phase, total: u64, f: impl FnOnce() -> T) -> (T, f64) {
+    observer.start(phase, total);
+    let t = Instant::now();
+    let out = f();
+    let secs = t.elapsed().as_secs_f64();
+    observer.end(phase, secs);
+    (out, secs)
+}
+
+impl Pool {
+    /// Build the pool a plan describes: refuse a capacity shortfall, map,
+    /// prefault, pin, register.
+    ///
+    /// # Errors
+    /// The first failing step's error, after everything built so far has been
+    /// torn down. A best-effort pin that fails is not an error: the report
+    /// says `skipped` with the reason.
+    pub fn build(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
+        let bp = &plan.backing_plan;
+        capacity::require(&bp.capacity)?;
+        let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || plan.backing.map(bp));
+        let mapping = mapping?;
+        let region = mapping.region();
+        let mut pool = Pool {
+            mapping: Some(mapping),
+            pin: None,
+            registrations: Vec::new(),
+            report: PoolReport {
+                backing: bp.backing.to_string(),
+                page_size: region.page().get(),
+                logical_bytes: region.logical_len(),
+                mapped_bytes: region.mapped_len(),
+                address: format!("{:#x}", region.addr() as usize),
+                segments: bp.segments.iter().copied().map(ExtentReport::from).collect(),
+                options: bp.options.clone(),
+                prefault: None,
+                phases: Phases {
+                    map: Some(map_secs),
+                    ..Phases::default()
+                },
+                pin: PinReport {
+                    kind: plan.config.pin.kind.clone(),
+                    status: PinStatus::Off,
+                    reason: None,
+                    details: Value::Null,
+                },
+                registrations: Vec::new(),
+                capacity: bp.capacity.clone(),
+                teardown_issues: Vec::new(),
+            },
+        };
+        // From here on, an early return drops `pool`, which tears down.
+        let (outcome, secs) = timed(observer, Phase::Prefault, plan.prefault.extent.len, || {
+            prefault::run(&region, &plan.prefault, &|done| observer.progress(Phase::Prefault, done))
+        });
+        pool.report.prefault = Some(outcome?);
+        pool.report.phases.prefault = Some(secs);
+
+        if let Some(pinner) = &plan.pinner {
+            let (pinned, secs) = timed(observer, Phase::Pin, region.mapped_len(), || pinner.pin(region, &plan.config));
+            pool.report.phases.pin = Some(secs);
+            match pinned {
+                Ok(pin) => {
+                    pool.report.pin.status = PinStatus::Pinned;
+                    pool.report.pin.details = pin.details();
+                    pool.pin = Some(pin);
+                }
+                Err(e) if !plan.config.pin.required => {
+                    tracing::warn!("pinning with {} skipped, the pool stays pageable: {e}", pinner.name());
+                    pool.report.pin.status = PinStatus::Skipped;
+                    pool.report.pin.reason = Some(e.to_string());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+
+        if !plan.registrars.is_empty() {
+            let (registered, secs) = timed(observer, Phase::Register, region.mapped_len(), || {
+                for r in &plan.registrars {
+                    let reg = r.register(region, &plan.config)?;
+                    pool.report.registrations.push(RegistrationReport {
+                        kind: r.name().to_string(),
+                        details: reg.details(),
+                    });
+                    pool.registrations.push(reg);
+                }
+                Ok::<(), crate::Error>(())
+            });
+            pool.report.phases.register = Some(secs);
+            registered?;
+        }
+        Ok(pool)
+    }
+
+    /// The pool's memory.
+    pub fn region(&self) -> Option<Region> {
+        self.mapping.as_ref().map(|m| m.region())
+    }
+
+    /// The report so far (teardown not yet included).
+    pub fn report(&self) -> &PoolReport {
+        &self.report
+    }
+
+    /// Files backing the pool that exist right now.
+    pub fn files(&self) -> Vec<std::path::PathBuf> {
+        self.mapping.as_ref().map(|m| m.files()).unwrap_or_default()
+    }
+
+    /// Tear down in reverse (deregister, unpin, unmap/close/unlink) and return
+    /// the final report, with the teardown time and anything not undone.
+    pub fn teardown(mut self) -> PoolReport {
+        self.release(&Quiet);
+        self.report.clone()
+    }
+
+    /// As [`Pool::teardown`], reporting the phase to an observer.
+    pub fn teardown_observed(mut self, observer: &dyn Observer) -> PoolReport {
+        self.release(observer);
+        self.report.clone()
+    }
+
+    fn release(&mut self, observer: &dyn Observer) {
+        if self.mapping.is_none() {
+            return;
+        }
+        let (issues, secs) = timed(observer, Phase::Teardown, self.report.mapped_bytes, || {
+            let mut issues = Vec::new();
+            while let Some(reg) = self.registrations.pop() {
+                issues.extend(reg.deregister());
+            }
+            if let Some(pin) = self.pin.take() {
+                issues.extend(pin.unpin());
+            }
+            if let Some(mapping) = self.mapping.take() {
+                issues.extend(mapping.teardown());
+            }
+            issues
+        });
+        self.report.phases.teardown = Some(secs);
+        self.report.teardown_issues.extend(issues);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.release(&Quiet);
+    }
+}

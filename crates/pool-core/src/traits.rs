@@ -1,0 +1,200 @@
+//! The three plugin traits and the region they hand each other.
+//!
+//! A pool is one [`Mapping`] made by one [`Backing`], optionally pinned by one
+//! [`Pinner`] (a [`Pin`]), then registered by zero or more [`Registrar`]s
+//! (each a [`Registration`]). Teardown runs in reverse: deregister, unpin,
+//! then the mapping's own teardown (unmap, close, unlink). Teardown methods
+//! consume their object, never panic, and return what they could not undo.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::ptr::NonNull;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::capacity::CapacityCheck;
+use crate::config::PoolConfig;
+use crate::error::{Result, TeardownIssue};
+use crate::layout::{Extent, MappedSize, PageSize};
+
+/// A mapped range of pool memory: base address, logical and mapped size, page size.
+///
+/// A `Region` is a description, not an owner: the [`Mapping`] that produced it
+/// keeps the memory alive, and the pool makes sure pins and registrations are
+/// released before the mapping is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    base: NonNull<u8>,
+    size: MappedSize,
+}
+
+// SAFETY: a Region is an address and a length. Reading or writing the memory
+// it names takes `unsafe` code whose caller must uphold the mapping's
+// lifetime; sending the description to another thread is harmless.
+unsafe impl Send for Region {}
+// SAFETY: as for Send; `&Region` gives no access to the memory.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Describe a mapping.
+    ///
+    /// # Safety
+    /// `[base, base + size.mapped())` must be mapped read-write, `base` aligned
+    /// to `size.page()`, and stay mapped for as long as the region is used.
+    pub unsafe fn new(base: NonNull<u8>, size: MappedSize) -> Region {
+        Region { base, size }
+    }
+
+    /// The base address.
+    pub fn addr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// The sizes and page size.
+    pub fn size(&self) -> MappedSize {
+        self.size
+    }
+
+    /// The page size.
+    pub fn page(&self) -> PageSize {
+        self.size.page()
+    }
+
+    /// Bytes mapped (a multiple of the page size).
+    pub fn mapped_len(&self) -> u64 {
+        self.size.mapped()
+    }
+
+    /// Bytes the caller asked for.
+    pub fn logical_len(&self) -> u64 {
+        self.size.logical()
+    }
+
+    /// The address of an offset inside the region, or `None` past its end.
+    pub fn at(&self, offset: u64) -> Option<*mut u8> {
+        if offset > self.size.mapped() {
+            return None;
+        }
+        let offset = usize::try_from(offset).ok()?;
+        Some(self.base.as_ptr().wrapping_add(offset))
+    }
+}
+
+/// What a backing will do, resolved from the config: pure, nothing created.
+#[derive(Debug, Clone)]
+pub struct BackingPlan {
+    /// The backing's name.
+    pub backing: &'static str,
+    /// Logical and mapped size and the page size.
+    pub size: MappedSize,
+    /// Segments of a multi-file mapping (one extent for a single mapping).
+    pub segments: Vec<Extent>,
+    /// Files that will be created, if any.
+    pub files: Vec<PathBuf>,
+    /// Capacity checks made against the node.
+    pub capacity: Vec<CapacityCheck>,
+    /// Resolved plugin options, for the report.
+    pub options: Value,
+    /// Why each choice was made, one line each.
+    pub explain: Vec<String>,
+}
+
+/// Where pool memory comes from.
+pub trait Backing: Send + Sync + fmt::Debug {
+    /// The plugin name.
+    fn name(&self) -> &'static str;
+
+    /// Resolve sizes, page size and segments, and check capacity. May read
+    /// system state; creates, maps and reserves nothing.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] for settings this backing cannot honour.
+    fn plan(&self, config: &PoolConfig) -> Result<BackingPlan>;
+
+    /// Create the mapping the plan describes.
+    ///
+    /// # Errors
+    /// Whatever the system refused, with path, size, page size and remedy.
+    fn map(&self, plan: &BackingPlan) -> Result<Box<dyn Mapping>>;
+}
+
+/// A live mapping made by a backing; its owner.
+pub trait Mapping: Send + Sync + fmt::Debug {
+    /// The mapped memory.
+    fn region(&self) -> Region;
+
+    /// Files that exist while the mapping lives (checked gone after teardown).
+    fn files(&self) -> Vec<PathBuf> {
+        Vec::new()
+    }
+
+    /// Unmap, close, unlink. Never panics; returns what could not be undone.
+    fn teardown(self: Box<Self>) -> Vec<TeardownIssue>;
+}
+
+/// Makes a pool DMA-able (for example `cuMemHostRegister`, or `mlock`).
+pub trait Pinner: Send + Sync + fmt::Debug {
+    /// The plugin name.
+    fn name(&self) -> &'static str;
+
+    /// Pin the region.
+    ///
+    /// # Errors
+    /// [`crate::Error::NotAvailable`] when the host lacks what the pinner
+    /// needs; other variants when pinning itself failed (nothing is left
+    /// pinned either way).
+    fn pin(&self, region: Region, config: &PoolConfig) -> Result<Box<dyn Pin>>;
+}
+
+/// A live pin.
+pub trait Pin: Send + Sync + fmt::Debug {
+    /// Chunks and other details for the report.
+    fn details(&self) -> Value {
+        Value::Null
+    }
+
+    /// Release the pin. Never panics; returns what could not be undone.
+    fn unpin(self: Box<Self>) -> Vec<TeardownIssue>;
+}
+
+/// Registers a pool with a device (for example an RDMA NIC).
+pub trait Registrar: Send + Sync + fmt::Debug {
+    /// The plugin name.
+    fn name(&self) -> &'static str;
+
+    /// Register the region.
+    ///
+    /// # Errors
+    /// As for [`Pinner::pin`]; nothing is left registered on error.
+    fn register(&self, region: Region, config: &PoolConfig) -> Result<Box<dyn Registration>>;
+}
+
+/// A live registration.
+pub trait Registration: Send + Sync + fmt::Debug {
+    /// Regions and keys for the report.
+    fn details(&self) -> Value {
+        Value::Null
+    }
+
+    /// Deregister. Never panics; returns what could not be undone.
+    fn deregister(self: Box<Self>) -> Vec<TeardownIssue>;
+}
+
+/// An extent as it appears in reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ExtentReport {
+    /// Offset from the start of the pool.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl From<Extent> for ExtentReport {
+    fn from(e: Extent) -> Self {
+        ExtentReport {
+            offset: e.offset,
+            len: e.len,
+        }
+    }
+}

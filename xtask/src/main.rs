@@ -1,0 +1,109 @@
+//! `cargo xtask`: automation for the hostpool workspace.
+//!
+//! Subcommands (see [`USAGE`]):
+//!
+//! * `test [ARGS...]`: reserve huge pages, mount hugetlbfs, run
+//!   `cargo test --workspace --all-targets ARGS...` with the `HOSTPOOL_TEST_*`
+//!   variables exported, and always restore the machine afterwards.
+//! * `hugepages up` / `hugepages down`: the same huge page setup as a
+//!   standalone step for manual work; `down` restores what `up` recorded.
+//! * `ci`: fmt, clippy, doc, `test`, bench build; stops at the first failure.
+//! * `help`: usage text.
+//!
+//! Restoring the machine is guaranteed by [`session::Session`], an RAII guard
+//! whose `Drop` unmounts, removes the temporary dir and restores the sysfs
+//! counters, together with [`signals`], which keeps SIGINT/SIGTERM/SIGHUP from
+//! killing xtask (they are forwarded to the running child instead) so that the
+//! guard always gets to run.
+//!
+//! Self-test hook (not part of the public interface): when `XTASK_TEST_CMD`
+//! is set, `cargo xtask test` runs `sh -c "$XTASK_TEST_CMD" xtask-test ARGS...`
+//! instead of `cargo test`, so the setup/restore logic can be exercised with
+//! commands such as `false` or `sleep 60`.
+
+mod ci;
+mod cmd;
+mod hugepages;
+mod mounts;
+mod session;
+mod signals;
+mod test_suite;
+
+use std::process::ExitCode;
+
+/// Usage text printed by `cargo xtask help` and for unknown commands.
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  test [CARGO-TEST-ARGS...] [-- TEST-BINARY-ARGS...]
+        Reserve huge pages (2 MiB: >= 1024, 1 GiB: >= 2 where the kernel
+        allows), mount hugetlbfs under /tmp/hostpool-xtask-<pid>, run
+        `cargo test --workspace --all-targets ARGS...` with HOSTPOOL_TEST_*
+        exported, then restore everything (also on failure or Ctrl-C).
+        Needs root for the huge page part; without it the tests run with
+        huge page tests skipped.
+  hugepages up
+        Do the same huge page setup for manual work and keep it; prints the
+        environment to use (eval \"$(cargo xtask hugepages up)\").
+        What to restore is recorded in /tmp/hostpool-xtask-state.
+  hugepages down
+        Undo `hugepages up` from /tmp/hostpool-xtask-state.
+  ci    cargo fmt --check, clippy -D warnings, doc -D warnings, `test`,
+        cargo bench --no-run; stops at the first failure.
+  help  Show this text.
+";
+
+/// Exit status for usage errors (and `help`).
+const USAGE_EXIT: i32 = 2;
+
+fn main() -> ExitCode {
+    // Must happen before any other thread exists, so that every thread
+    // inherits the blocked signal mask.
+    if let Err(err) = signals::install() {
+        eprintln!("xtask: error: {err}");
+        return ExitCode::FAILURE;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match dispatch(&args) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("xtask: error: {err}");
+            1
+        }
+    };
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Runs the subcommand named by `args[0]` and returns the exit status.
+fn dispatch(args: &[String]) -> Result<i32, String> {
+    let (command, rest) = match args.split_first() {
+        Some((command, rest)) => (command.as_str(), rest),
+        None => return Ok(usage(None)),
+    };
+    match command {
+        "test" => test_suite::run(rest),
+        "ci" if rest.is_empty() => ci::run(),
+        "hugepages" => hugepages_command(rest),
+        "help" | "-h" | "--help" => Ok(usage(None)),
+        _ => Ok(usage(Some(&args.join(" ")))),
+    }
+}
+
+/// `cargo xtask hugepages up|down`.
+fn hugepages_command(args: &[String]) -> Result<i32, String> {
+    match args {
+        [action] if action == "up" => session::hugepages_up(),
+        [action] if action == "down" => session::hugepages_down(),
+        _ => Ok(usage(Some(&format!("hugepages {}", args.join(" "))))),
+    }
+}
+
+/// Prints the usage text (after a complaint about `bad`, if any).
+fn usage(bad: Option<&str>) -> i32 {
+    if let Some(bad) = bad {
+        eprintln!("xtask: unknown command `{}`\n", bad.trim());
+    }
+    eprint!("{USAGE}");
+    USAGE_EXIT
+}

@@ -1,0 +1,105 @@
+//! hugetlbfs mounts, done with the `mount`/`umount` commands.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::thread::sleep;
+use std::time::Duration;
+
+use crate::cmd::run_tool;
+use crate::hugepages::PageSize;
+
+/// How often a busy mount is retried before falling back to `umount -l`.
+const UMOUNT_ATTEMPTS: u32 = 4;
+/// Pause between unmount attempts (lets dying test processes close files).
+const UMOUNT_RETRY_DELAY: Duration = Duration::from_millis(250);
+
+/// How a mount point was removed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unmounted {
+    /// Plain `umount` succeeded.
+    Cleanly,
+    /// The mount was busy; it was detached with `umount -l` and disappears
+    /// once the last user closes it (its pages stay in use until then).
+    Lazily,
+}
+
+/// Mounts hugetlbfs with pages of `size` at the existing directory `at`.
+pub fn mount_hugetlbfs(size: PageSize, at: &Path) -> Result<(), String> {
+    let options = format!("pagesize={},mode=0700", size.tag());
+    let target = path_str(at)?;
+    run_tool(
+        "mount",
+        &["-t", "hugetlbfs", "-o", &options, "none", target],
+    )
+    .map_err(|err| {
+        format!(
+            "could not mount hugetlbfs ({} pages) at {target}: {err}; \
+             mounting needs root/CAP_SYS_ADMIN and a kernel with CONFIG_HUGETLBFS",
+            size.human()
+        )
+    })
+}
+
+/// Unmounts `at`, retrying while busy and finally detaching it lazily.
+pub fn unmount(at: &Path) -> Result<Unmounted, String> {
+    let target = path_str(at)?;
+    let mut last_error = String::new();
+    for attempt in 1..=UMOUNT_ATTEMPTS {
+        match run_tool("umount", &[target]) {
+            Ok(()) => return Ok(Unmounted::Cleanly),
+            Err(err) => last_error = err,
+        }
+        if attempt < UMOUNT_ATTEMPTS {
+            sleep(UMOUNT_RETRY_DELAY);
+        }
+    }
+    eprintln!("xtask: warning: {last_error}; retrying with `umount -l`");
+    run_tool("umount", &["-l", target])
+        .map(|()| Unmounted::Lazily)
+        .map_err(|err| format!("could not unmount {target}: {err}; check `fuser -vm {target}`"))
+}
+
+/// Mount points at or below `dir`, deepest first (the unmount order).
+pub fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let table = fs::read_to_string("/proc/mounts")
+        .map_err(|err| format!("could not read /proc/mounts: {err}"))?;
+    let mut found: Vec<PathBuf> = table
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .map(|field| PathBuf::from(unescape(field)))
+        .filter(|point| point.starts_with(dir))
+        .collect();
+    found.sort_by_key(|point| std::cmp::Reverse(point.components().count()));
+    found.dedup();
+    Ok(found)
+}
+
+/// Undoes the octal escapes (`\040` for space, ...) of /proc/mounts fields.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).and_then(|digits| {
+            let text = std::str::from_utf8(digits).ok()?;
+            u8::from_str_radix(text, 8).ok()
+        });
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `path` as UTF-8, which the `mount` command line needs.
+fn path_str(path: &Path) -> Result<&str, String> {
+    path.to_str()
+        .ok_or_else(|| format!("path {} is not valid UTF-8", path.display()))
+}
