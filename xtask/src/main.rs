@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("xtask: error: {err}");
-            1
+            signals::received().map_or(1, signals::exit_code_for)
         }
     };
     ExitCode::from(u8::try_from(code).unwrap_or(1))

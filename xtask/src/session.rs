@@ -230,11 +230,14 @@ impl Pool {
 
     /// One header line about this pool.
     fn describe(&self) -> String {
+        let change = if self.obtained == self.original.nr {
+            format!("{} (unchanged)", self.obtained)
+        } else {
+            format!("{} -> {}", self.original.nr, self.obtained)
+        };
         let mut line = format!(
-            "{} pages: nr_hugepages {} -> {} (wanted >= {}), {} free, nr_overcommit_hugepages {}",
+            "{} pages: nr_hugepages {change} (wanted >= {}), {} free, nr_overcommit_hugepages {}",
             self.size.human(),
-            self.original.nr,
-            self.obtained,
             self.size.wanted(),
             self.free,
             self.original.overcommit,
@@ -429,8 +432,8 @@ fn report_leftover_files(point: &Path, footer: &mut Footer) {
         .collect();
     if !names.is_empty() {
         footer.warnings.push(format!(
-            "tests left {} file(s) in {}: {} (a test leaks hugetlbfs files; \
-             the unmount frees them)",
+            "tests left {} file(s) in {}: {} (a test leaks hugetlbfs \
+             files; unmounting frees them once no process uses them)",
             names.len(),
             point.display(),
             names.join(", ")
@@ -479,7 +482,7 @@ fn check_pages_released(pool: &Pool, footer: &mut Footer) {
         return;
     }
     footer.warnings.push(format!(
-        "{} {} huge page(s) are STILL IN USE after restore (before: {before}; now nr_hugepages \
+        "{} huge page(s) of {} are STILL IN USE after restore (before: {before}; now nr_hugepages \
          {}, surplus {}, free {}). A test leaked a hugetlbfs file or mapping; \
          check `grep -i huge /proc/meminfo` and `grep -l huge /proc/*/maps`",
         after - before,

@@ -13,9 +13,9 @@
 //!   too. A third signal is forwarded as SIGKILL for children that ignore the
 //!   first two.
 //!
-//! Children start with an empty signal mask: `std::process::Command` resets
-//! the mask in the child before `exec`, so blocking here does not leak into
-//! `cargo`.
+//! Children start with an empty signal mask (`std::process::Command` resets
+//! the mask before `exec`) and with the default actions for these signals
+//! (see [`reset_dispositions`]), so none of this leaks into `cargo`.
 
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -46,10 +46,32 @@ pub fn install() -> Result<(), String> {
             io::Error::from_raw_os_error(rc)
         ));
     }
+    reset_dispositions()?;
     std::thread::Builder::new()
         .name("xtask-signals".into())
         .spawn(move || watch(set))
         .map_err(|err| format!("could not start the signal watcher thread: {err}"))?;
+    Ok(())
+}
+
+/// Sets [`HANDLED`] back to their default action. They are blocked, so
+/// this only matters for children: a parent such as a non-interactive shell
+/// running xtask in the background leaves SIGINT ignored, and ignored signals
+/// stay ignored across `exec`, which would make `cargo test` deaf to the
+/// SIGINT that xtask forwards.
+fn reset_dispositions() -> Result<(), String> {
+    for sig in HANDLED {
+        // SAFETY: installs the default action (no handler code runs in this
+        // process); `sig` is a valid, catchable signal number.
+        let previous = unsafe { libc::signal(sig, libc::SIG_DFL) };
+        if previous == libc::SIG_ERR {
+            return Err(format!(
+                "could not reset the action of {}: {}",
+                name(sig),
+                io::Error::last_os_error()
+            ));
+        }
+    }
     Ok(())
 }
 

@@ -1,1 +1,348 @@
-//! backing-anon
+//! `anon`: anonymous memory, the embedded default that works on any Linux box.
+//!
+//! `mmap(MAP_ANONYMOUS | MAP_PRIVATE)` by default; `shared = true` maps
+//! `MAP_SHARED` (shared with children after `fork`); `thp = true` aligns the
+//! start to the transparent-huge-page size and asks for huge pages with
+//! `madvise(MADV_HUGEPAGE)`. Nothing is left behind: the kernel frees the
+//! memory on `munmap` or when the process dies, however it dies.
+//!
+//! ```toml
+//! backing = "anon"
+//! [anon]
+//! shared = false
+//! thp = true
+//! ```
+
+use std::ptr::NonNull;
+
+use pool_core::capacity;
+use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
+use pool_core::plugin::parse_table;
+use pool_core::sys::{self, AnonMapOptions};
+use pool_core::{Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Region, Result, TeardownIssue};
+use serde::{Deserialize, Serialize};
+
+/// The plugin name.
+pub const NAME: &str = "anon";
+
+/// The `[anon]` table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnonOptions {
+    /// `MAP_SHARED` instead of `MAP_PRIVATE`.
+    #[serde(default)]
+    pub shared: bool,
+    /// Transparent huge pages (`MADV_HUGEPAGE`, start aligned to the THP size).
+    #[serde(default)]
+    pub thp: bool,
+}
+
+/// The configured backing.
+#[derive(Debug, Clone, Copy)]
+pub struct AnonBacking {
+    options: AnonOptions,
+}
+
+fn build(table: Option<&serde_json::Value>) -> Result<Box<dyn Backing>> {
+    Ok(Box::new(AnonBacking {
+        options: parse_table(NAME, table)?,
+    }))
+}
+
+inventory::submit! {
+    BackingPlugin {
+        name: NAME,
+        summary: "anonymous memory (MAP_PRIVATE, or MAP_SHARED with shared = true; THP with thp = true)",
+        origin: env!("CARGO_PKG_NAME"),
+        build,
+    }
+}
+
+/// The transparent huge page size (`hpage_pmd_size`), 2 MiB when unreadable.
+fn thp_size() -> u64 {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(2 << 20)
+}
+
+/// The system-wide THP mode (`always`, `madvise` or `never`).
+fn thp_mode() -> Option<String> {
+    let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    let start = s.find('[')? + 1;
+    let end = s[start..].find(']')? + start;
+    Some(s[start..end].to_string())
+}
+
+impl AnonBacking {
+    /// A backing with these options.
+    pub fn new(options: AnonOptions) -> AnonBacking {
+        AnonBacking { options }
+    }
+}
+
+impl Backing for AnonBacking {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn plan(&self, config: &PoolConfig) -> Result<BackingPlan> {
+        if let Some(dir) = &config.dir {
+            return Err(Error::config(format!(
+                "backing anon maps anonymous memory and takes no dir (got {}); drop dir, or use \
+                 backing hugetlbfs or shm-segmented for a file-backed pool",
+                dir.display()
+            )));
+        }
+        let base = PageSize::new(sys::base_page_size() as u64)?;
+        if let Some(asked) = config.page_size
+            && asked.get() != base.get()
+        {
+            return Err(Error::config(format!(
+                "backing anon maps {base} base pages, not the {} page_size asked for; for huge pages \
+                 use backing hugetlbfs (reserved, guaranteed) or [anon] thp = true (transparent, best effort)",
+                format_bytes(asked.get())
+            )));
+        }
+        let size = round_to_page(config.size.get(), base)?;
+        let mut explain = vec![format!(
+            "anonymous {} mapping of {} ({} mapped in {base} pages)",
+            if self.options.shared { "MAP_SHARED" } else { "MAP_PRIVATE" },
+            format_bytes(size.logical()),
+            format_bytes(size.mapped()),
+        )];
+        if self.options.thp {
+            explain.push(format!(
+                "thp: start aligned to {} and MADV_HUGEPAGE (system THP mode: {})",
+                format_bytes(thp_size()),
+                thp_mode().unwrap_or_else(|| "unknown".into())
+            ));
+            if thp_mode().as_deref() == Some("never") {
+                explain.push("warning: THP is disabled system-wide (never); thp = true has no effect".into());
+            }
+        }
+        Ok(BackingPlan {
+            backing: NAME,
+            size,
+            segments: vec![Extent {
+                offset: 0,
+                len: size.mapped(),
+            }],
+            files: Vec::new(),
+            capacity: capacity::ordinary_memory(size.mapped()),
+            options: serde_json::to_value(self.options).unwrap_or_default(),
+            explain,
+        })
+    }
+
+    fn map(&self, plan: &BackingPlan) -> Result<Box<dyn Mapping>> {
+        let len = usize::try_from(plan.size.mapped()).map_err(|_| Error::config("pool larger than the address space"))?;
+        let align = if self.options.thp {
+            usize::try_from(thp_size()).unwrap_or(2 << 20)
+        } else {
+            sys::base_page_size()
+        };
+        let base = sys::map_anonymous(
+            len,
+            AnonMapOptions {
+                shared: self.options.shared,
+                align,
+            },
+        )
+        .map_err(|source| Error::Os {
+            op: "mmap(MAP_ANONYMOUS)",
+            path: None,
+            addr: None,
+            size: plan.size.mapped(),
+            page: plan.size.page(),
+            remedy: "the kernel refused the size (overcommit policy or address space); free memory, \
+                     check vm.overcommit_memory, or ask for a smaller --size"
+                .into(),
+            source,
+        })?;
+        let mapping = AnonMapping {
+            base,
+            len,
+            // SAFETY: `base` is a fresh read-write mapping of `len` bytes,
+            // aligned to at least the base page, owned by the AnonMapping
+            // built here until its teardown.
+            region: unsafe { Region::new(base, plan.size) },
+            released: false,
+        };
+        if self.options.thp {
+            // SAFETY: our own fresh mapping.
+            if let Err(e) = unsafe { sys::advise_hugepage(base.as_ptr(), len) } {
+                tracing::warn!("MADV_HUGEPAGE failed ({e}); the pool uses base pages");
+            }
+        }
+        Ok(Box::new(mapping))
+    }
+}
+
+/// A live anonymous mapping.
+#[derive(Debug)]
+struct AnonMapping {
+    base: NonNull<u8>,
+    len: usize,
+    region: Region,
+    released: bool,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; the raw pointer is
+// only used to unmap it, once, from whichever thread tears it down.
+unsafe impl Send for AnonMapping {}
+// SAFETY: &AnonMapping gives out only the Region description.
+unsafe impl Sync for AnonMapping {}
+
+impl AnonMapping {
+    fn release(&mut self) -> Vec<TeardownIssue> {
+        if std::mem::replace(&mut self.released, true) {
+            return Vec::new();
+        }
+        // SAFETY: we own the mapping; the pool released pins and registrations
+        // before calling teardown, and nothing uses the memory afterwards.
+        match unsafe { sys::unmap(self.base.as_ptr(), self.len) } {
+            Ok(()) => Vec::new(),
+            Err(e) => vec![TeardownIssue::log(
+                "munmap",
+                format!("{:p}+{} ({}): {e}", self.base, self.len, format_bytes(self.len as u64)),
+            )],
+        }
+    }
+}
+
+impl Mapping for AnonMapping {
+    fn region(&self) -> Region {
+        self.region
+    }
+
+    fn teardown(mut self: Box<Self>) -> Vec<TeardownIssue> {
+        self.release()
+    }
+}
+
+impl Drop for AnonMapping {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pool_core::conformance::{self, BadConfig, Suite};
+    use pool_core::{ByteSize, Pool, PoolPlan, Quiet};
+    use serde_json::json;
+
+    use super::*;
+
+    fn config(size: u64, table: Option<serde_json::Value>) -> PoolConfig {
+        let mut c = PoolConfig {
+            size: ByteSize(size),
+            backing: NAME.into(),
+            ..PoolConfig::default()
+        };
+        if let Some(t) = table {
+            c.plugins.insert(NAME.into(), t);
+        }
+        c
+    }
+
+    #[test]
+    fn anon_passes_the_conformance_suite() {
+        let bad = vec![
+            BadConfig {
+                config: config(4 << 20, Some(json!({"thpp": true}))),
+                expect: "unknown field `thpp`",
+            },
+            BadConfig {
+                config: PoolConfig {
+                    dir: Some("/dev/shm".into()),
+                    ..config(4 << 20, None)
+                },
+                expect: "takes no dir",
+            },
+            BadConfig {
+                config: PoolConfig {
+                    page_size: Some(ByteSize::mib(2)),
+                    ..config(4 << 20, None)
+                },
+                expect: "use backing hugetlbfs",
+            },
+            BadConfig {
+                config: config(0, None),
+                expect: "zero",
+            },
+            BadConfig {
+                config: config(1 << 60, None),
+                expect: "cannot hold the pool",
+            },
+        ];
+        let suite = Suite {
+            good: vec![
+                config(64 << 20, None),
+                config((64 << 20) + 12345, Some(json!({"shared": true}))),
+                config(40 << 20, Some(json!({"thp": true}))),
+                config(4096, Some(json!({"shared": true, "thp": true}))),
+            ],
+            bad,
+            populates_at_map: false,
+        };
+        let failures = conformance::run(&suite);
+        assert!(failures.is_empty(), "conformance failures:\n{}", failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    }
+
+    #[test]
+    fn auto_without_dir_selects_anon() {
+        let plan = PoolPlan::new(PoolConfig::default()).unwrap();
+        assert_eq!(plan.backing_plan.backing, NAME);
+        assert!(plan.report().explain[0].contains("no dir"));
+    }
+
+    #[test]
+    fn thp_pool_starts_on_a_thp_boundary() {
+        let pool = Pool::build(&PoolPlan::new(config(8 << 20, Some(json!({"thp": true})))).unwrap(), &Quiet).unwrap();
+        let addr = pool.region().unwrap().addr() as u64;
+        assert_eq!(addr % thp_size(), 0, "thp pool at {addr:#x}");
+        assert_eq!(pool.report().options, json!({"shared": false, "thp": true}));
+        assert!(pool.teardown().teardown_issues.is_empty());
+    }
+
+    #[test]
+    fn shared_pool_is_shared_with_a_forked_child() {
+        let pool = Pool::build(&PoolPlan::new(config(1 << 20, Some(json!({"shared": true})))).unwrap(), &Quiet).unwrap();
+        let p = pool.region().unwrap().addr();
+        // SAFETY: fork in a test: the child only writes one byte to the
+        // shared pool and calls _exit, which is async-signal-safe.
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                p.add(4096).write_volatile(0xab);
+                libc::_exit(0);
+            }
+            let mut status = 0;
+            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+            assert_eq!(p.add(4096).read_volatile(), 0xab, "the child's write must be visible");
+        }
+        assert!(pool.teardown().teardown_issues.is_empty());
+    }
+
+    #[test]
+    fn private_pool_is_not_shared_with_a_forked_child() {
+        let pool = Pool::build(&PoolPlan::new(config(1 << 20, None)).unwrap(), &Quiet).unwrap();
+        let p = pool.region().unwrap().addr();
+        // SAFETY: as above.
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                p.add(4096).write_volatile(0xab);
+                libc::_exit(0);
+            }
+            let mut status = 0;
+            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+            assert_eq!(p.add(4096).read_volatile(), 0, "a private pool must not see the child's write");
+        }
+        drop(pool);
+    }
+}

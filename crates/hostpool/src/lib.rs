@@ -1,1 +1,30 @@
-//! hostpool
+//! `hostpool`: large host-memory pools for GPU KV-cache offload.
+//!
+//! This facade links every built-in plugin and ships the `hostpool` CLI. A
+//! program that embeds hostpool depends on this crate (or on `pool-core` plus
+//! the plugin crates it wants, naming each one so it is linked).
+//!
+//! ```no_run
+//! use hostpool::pool_core::{ByteSize, Pool, PoolConfig, PoolPlan, Quiet};
+//!
+//! let config = PoolConfig { size: ByteSize::gib(4), ..PoolConfig::default() };
+//! let plan = PoolPlan::new(config)?;
+//! let pool = Pool::build(&plan, &Quiet)?;
+//! println!("{} bytes at {}", pool.report().mapped_bytes, pool.report().address);
+//! let report = pool.teardown();
+//! # Ok::<(), hostpool::pool_core::Error>(())
+//! ```
+
+pub use pool_core;
+
+// A plugin crate that is never named is not linked and its records vanish
+// silently: name every built-in. `tests/cli.rs` asserts the exact set.
+use backing_anon as _;
+use backing_hugetlbfs as _;
+use backing_shm_segmented as _;
+use pinner_cuda as _;
+use registrar_rdma as _;
+
+pub mod cli;
+pub mod reference;
+mod sys;

@@ -1,0 +1,100 @@
+//! Human-readable reports (the JSON forms are the serialized structs).
+
+use pool_core::PoolReport;
+use pool_core::layout::format_bytes;
+use pool_core::pool::PlanReport;
+
+fn rate(bytes: u64, secs: f64) -> String {
+    if secs > 0.0 {
+        format!("{:.2} GiB/s", bytes as f64 / secs / (1u64 << 30) as f64)
+    } else {
+        "-".to_string()
+    }
+}
+
+/// The report of `alloc` without `--json`.
+pub fn human_report(r: &PoolReport, status: &str) -> String {
+    let mut s = format!(
+        "pool {status}\n  backing    {} ({} pages)\n  size       {} asked, {} mapped at {}\n",
+        r.backing,
+        format_bytes(r.page_size),
+        format_bytes(r.logical_bytes),
+        format_bytes(r.mapped_bytes),
+        r.address,
+    );
+    let phases = [
+        ("map", r.phases.map),
+        ("prefault", r.phases.prefault),
+        ("pin", r.phases.pin),
+        ("register", r.phases.register),
+        ("teardown", r.phases.teardown),
+    ];
+    for (name, secs) in phases {
+        let Some(secs) = secs else { continue };
+        let extra = match (name, &r.prefault) {
+            ("prefault", Some(p)) => format!(
+                "  {} of {}, {}, {} thread(s){}",
+                rate(p.bytes, p.seconds),
+                format_bytes(p.bytes),
+                p.method,
+                p.threads,
+                if p.fell_back_to_touch { ", fell back to touch" } else { "" }
+            ),
+            _ => String::new(),
+        };
+        s.push_str(&format!("  {name:<10} {secs:.3} s{extra}\n"));
+    }
+    let status = serde_json::to_value(r.pin.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    s.push_str(&match (&*r.pin.kind, &r.pin.reason) {
+        ("off", _) => "  pin        off\n".to_string(),
+        (kind, Some(reason)) => format!("  pin        {kind}: {status}: {reason}\n"),
+        (kind, None) => format!("  pin        {kind}: {status}\n"),
+    });
+    for reg in &r.registrations {
+        s.push_str(&format!("  register   {}\n", reg.kind));
+    }
+    for issue in &r.teardown_issues {
+        s.push_str(&format!("  NOT UNDONE {}: {}\n", issue.step, issue.detail));
+    }
+    s.trim_end().to_string()
+}
+
+/// The plan without `--json`.
+pub fn human_plan(p: &PlanReport) -> String {
+    let mut s = format!(
+        "plan: {} pool of {} ({} mapped, {} pages), {} segment(s)\n",
+        p.backing,
+        format_bytes(p.logical_bytes),
+        format_bytes(p.mapped_bytes),
+        format_bytes(p.page_size),
+        p.segments.len()
+    );
+    for f in &p.files {
+        s.push_str(&format!("  file       {f}\n"));
+    }
+    s.push_str(&format!(
+        "  prefault   {} with {} thread(s) over {}\n",
+        p.prefault.method,
+        p.prefault.threads,
+        format_bytes(p.prefault.bytes)
+    ));
+    for c in &p.capacity {
+        s.push_str(&format!(
+            "  capacity   {:<22} need {:>10}  free {:>10}  {:?}  ({})\n",
+            c.resource,
+            format_bytes(c.need),
+            c.free.map_or("unknown".into(), format_bytes),
+            c.verdict,
+            c.source
+        ));
+    }
+    s.push_str(if p.fits {
+        "  verdict    fits\nwhy:\n"
+    } else {
+        "  verdict    DOES NOT FIT\nwhy:\n"
+    });
+    for line in &p.explain {
+        s.push_str(&format!("  - {line}\n"));
+    }
+    s.trim_end().to_string()
+}

@@ -1,0 +1,191 @@
+//! The plain-C prefault reference, used by the benches and `hostpool bench`.
+//!
+//! `benches/c/raw_populate.c` (compiled by `build.rs`) is the kernel's path
+//! with nothing around it: the range is cut into page-aligned contiguous
+//! slices, as even as pages allow, one pthread per slice, and each thread makes
+//! a single `madvise(MADV_POPULATE_WRITE)` over its whole slice. The prefault
+//! engine ([`pool_core::prefault::run`]) must reach 0.9 of its throughput.
+//! [`raw_memset`] writes every byte with the same split: the memory-bandwidth
+//! limit that faulting (which zeroes every page) cannot beat.
+
+use std::ffi::c_int;
+use std::io;
+
+use pool_core::Region;
+
+unsafe extern "C" {
+    fn hostpool_raw_populate(addr: *mut u8, len: usize, threads: c_int) -> c_int;
+    fn hostpool_raw_memset(addr: *mut u8, len: usize, threads: c_int) -> c_int;
+}
+
+/// The region's length and the thread count as the C functions take them.
+fn c_args(region: &Region, threads: usize) -> io::Result<(usize, c_int)> {
+    let len = usize::try_from(region.mapped_len()).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    // The C side clamps to 1024 threads and rejects 0 with EINVAL.
+    let threads = c_int::try_from(threads).unwrap_or(c_int::MAX);
+    Ok((len, threads))
+}
+
+fn check(rc: c_int) -> io::Result<()> {
+    match rc {
+        0 => Ok(()),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}
+
+/// Fault every page of `region` in with `madvise(MADV_POPULATE_WRITE)`, one
+/// call per thread over `threads` even page-aligned slices. Data already
+/// present is left unchanged.
+///
+/// # Errors
+/// The first errno of a slice (`EFAULT` when the backing cannot supply a page,
+/// `ENOMEM`, `EINVAL` for `threads == 0` or a kernel without the advice), or
+/// of `pthread_create`.
+pub fn raw_populate(region: &Region, threads: usize) -> io::Result<()> {
+    let (len, threads) = c_args(region, threads)?;
+    // SAFETY: `Region::new`'s contract makes `[addr, addr + len)` a read-write
+    // mapping, page-aligned at `addr`, that stays mapped while the region is
+    // used, which covers this call. MADV_POPULATE_WRITE only faults pages in
+    // and never changes their contents, so no Rust reference into the memory
+    // can observe a write.
+    check(unsafe { hostpool_raw_populate(region.addr(), len, threads) })
+}
+
+/// Write `1` to every byte of `region` with `memset`, one call per thread over
+/// `threads` even page-aligned slices: the memory-bandwidth limit.
+///
+/// This overwrites the region's contents; it is meant for benchmark buffers.
+///
+/// # Errors
+/// `EINVAL` for `threads == 0`, or the errno of `pthread_create`.
+pub fn raw_memset(region: &Region, threads: usize) -> io::Result<()> {
+    let (len, threads) = c_args(region, threads)?;
+    // SAFETY: `Region::new`'s contract makes the whole range mapped read-write
+    // for as long as the region is used. A `Region` gives no safe access to its
+    // bytes, so any other access to them goes through `unsafe` code that must
+    // not hold references across a call that writes the pool (documented
+    // above); plain bytes have no invalid values.
+    check(unsafe { hostpool_raw_memset(region.addr(), len, threads) })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ptr::NonNull;
+
+    use pool_core::layout::{PageSize, round_to_page};
+    use pool_core::sys::{AnonMapOptions, base_page_size, map_anonymous, resident_base_pages, unmap};
+
+    use super::*;
+
+    /// A private anonymous mapping of `len` bytes, unmapped on drop.
+    struct Anon {
+        region: Region,
+        len: usize,
+    }
+
+    impl Anon {
+        fn new(len: usize) -> Anon {
+            let page = base_page_size();
+            let base = map_anonymous(len, AnonMapOptions { shared: false, align: page }).unwrap();
+            let size = round_to_page(len as u64, PageSize::BASE_4K).unwrap();
+            // SAFETY: `base` is a fresh read-write mapping of `len` bytes (a
+            // page multiple), page-aligned, unmapped only by `drop`.
+            let region = unsafe { Region::new(base, size) };
+            Anon { region, len }
+        }
+
+        fn resident(&self) -> u64 {
+            // SAFETY: the range is our live mapping, page-aligned.
+            unsafe { resident_base_pages(self.region.addr(), self.len) }.unwrap()
+        }
+
+        fn pages(&self) -> u64 {
+            (self.len / base_page_size()) as u64
+        }
+    }
+
+    impl Drop for Anon {
+        fn drop(&mut self) {
+            // SAFETY: our mapping; nothing refers to it after the test.
+            unsafe { unmap(self.region.addr(), self.len) }.unwrap();
+        }
+    }
+
+    #[test]
+    fn raw_populate_makes_every_page_resident_and_keeps_data() {
+        // 1000 pages over 3 threads: the slices are uneven by one page.
+        for threads in [1, 3] {
+            let m = Anon::new(1000 * base_page_size());
+            // SAFETY: byte 5000 is inside our exclusive mapping.
+            unsafe { m.region.addr().add(5000).write(42) };
+            assert_eq!(m.resident(), 1);
+            raw_populate(&m.region, threads).unwrap();
+            assert_eq!(m.resident(), m.pages(), "{threads} thread(s)");
+            // SAFETY: as above; populate left the page in place.
+            assert_eq!(unsafe { m.region.addr().add(5000).read() }, 42, "populate must not change data");
+        }
+    }
+
+    #[test]
+    fn raw_memset_makes_every_page_resident_and_writes_every_byte() {
+        let m = Anon::new(257 * base_page_size());
+        raw_memset(&m.region, 4).unwrap();
+        assert_eq!(m.resident(), m.pages());
+        // SAFETY: the whole mapping is ours, initialised and not written
+        // while this slice lives.
+        let bytes = unsafe { std::slice::from_raw_parts(m.region.addr(), m.len) };
+        assert!(bytes.iter().all(|b| *b == 1));
+    }
+
+    #[test]
+    fn more_threads_than_pages_still_covers_everything() {
+        let m = Anon::new(3 * base_page_size());
+        raw_populate(&m.region, 8).unwrap();
+        assert_eq!(m.resident(), 3);
+    }
+
+    #[test]
+    fn zero_threads_is_einval() {
+        let m = Anon::new(base_page_size());
+        assert_eq!(raw_populate(&m.region, 0).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(raw_memset(&m.region, 0).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(m.resident(), 0);
+    }
+
+    #[test]
+    fn raw_populate_past_the_end_of_a_memfd_is_efault() {
+        // A shared mapping of 4 MiB over a 1 MiB memfd: the pages past EOF
+        // would SIGBUS on access, so MADV_POPULATE_WRITE returns EFAULT.
+        // SAFETY: a NUL-terminated name; the fd is ours and closed below.
+        let fd = unsafe { libc::memfd_create(c"hostpool-reference-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: our fd.
+        assert_eq!(unsafe { libc::ftruncate(fd, 1 << 20) }, 0);
+        let len = 4usize << 20;
+        // SAFETY: a fresh shared mapping of our memfd at a kernel-chosen address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "{}", io::Error::last_os_error());
+        let base = NonNull::new(p.cast::<u8>()).unwrap();
+        // SAFETY: mapped read-write above for `len` bytes, page-aligned; only
+        // the populate call (never a direct access) touches it.
+        let region = unsafe { Region::new(base, round_to_page(len as u64, PageSize::BASE_4K).unwrap()) };
+        for threads in [1, 2] {
+            let e = raw_populate(&region, threads).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{threads} thread(s): {e}");
+        }
+        // SAFETY: our mapping and fd; nothing refers to them any more.
+        unsafe {
+            unmap(base.as_ptr(), len).unwrap();
+            libc::close(fd);
+        }
+    }
+}
