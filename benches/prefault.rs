@@ -1,1 +1,334 @@
-fn main(){}
+//! Prefault throughput: the engine against the plain-C kernel path and the
+//! memory-bandwidth limit.
+//!
+//! For a size S (`HOSTPOOL_BENCH_SIZE`, bytes or an IEC unit such as `512MiB`;
+//! default 1 GiB, at most 8 GiB) and T in {1, available cores}:
+//!
+//! - `memset`: the C `raw_memset` over an already-resident buffer, the
+//!   bandwidth limit (faulting a page zeroes it, so it cannot be beaten);
+//! - `raw-c`: the C `raw_populate` (one `madvise(MADV_POPULATE_WRITE)` per
+//!   thread) on a fresh private anonymous 4 KiB mapping;
+//! - `engine`: `pool_core::prefault::run` with `populate-write` and T threads
+//!   on a fresh mapping.
+//!
+//! `HOSTPOOL_BENCH_THP=1` adds the two populate methods on a 2 MiB-aligned
+//! mapping advised `MADV_HUGEPAGE`.
+//!
+//! Each fresh mapping is made before the clock starts and unmapped after it
+//! stops. Every iteration's bytes/second is collected; at the end the medians,
+//! engine/raw-c (the engine must reach 0.9) and engine/memset are printed and
+//! written to `$CARGO_TARGET_DIR/criterion/hostpool-prefault-ratios.json`.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, measurement::WallTime};
+use hostpool::reference::{raw_memset, raw_populate};
+use pool_core::layout::{Extent, PageSize, round_to_page};
+use pool_core::sys::{AnonMapOptions, advise_hugepage, base_page_size, map_anonymous, unmap};
+use pool_core::{PrefaultChoice, Region, prefault};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// The most one benchmark mapping may use (only one is alive at a time).
+const MAX_SIZE: u64 = 8 * GIB;
+
+/// Bytes/second of every timed iteration, by (group, method, threads).
+static SAMPLES: Mutex<BTreeMap<(&'static str, &'static str, usize), Vec<f64>>> = Mutex::new(BTreeMap::new());
+
+fn record(group: &'static str, method: &'static str, threads: usize, bytes: u64, took: Duration) {
+    let rate = bytes as f64 / took.as_secs_f64().max(1e-9);
+    let mut samples = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
+    samples.entry((group, method, threads)).or_default().push(rate);
+}
+
+/// Whether criterion measures (`cargo bench`) rather than smoke-tests
+/// (`cargo test --benches` runs each routine once).
+fn measuring() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+fn bench_size() -> u64 {
+    let default = if measuring() { GIB } else { 64 * MIB };
+    let size = match std::env::var("HOSTPOOL_BENCH_SIZE") {
+        Ok(s) => match s.parse::<pool_core::ByteSize>() {
+            Ok(b) => b.0,
+            Err(e) => panic!("HOSTPOOL_BENCH_SIZE: {e}"),
+        },
+        Err(_) => default,
+    };
+    assert!(
+        (1..=MAX_SIZE).contains(&size),
+        "HOSTPOOL_BENCH_SIZE must be between 1 byte and 8 GiB, not {size}"
+    );
+    PageSize::HUGE_2M.round_up(size).expect("at most 8 GiB rounds up")
+}
+
+fn thread_counts() -> Vec<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+    let mut counts = vec![1, cores];
+    counts.dedup();
+    counts
+}
+
+/// A private anonymous mapping, unmapped on drop.
+struct Mapping {
+    region: Region,
+}
+
+impl Mapping {
+    fn new(size: u64, thp: bool) -> Mapping {
+        let len = usize::try_from(size).expect("size fits in usize");
+        let align = if thp { 2 << 20 } else { base_page_size() };
+        let base = map_anonymous(len, AnonMapOptions { shared: false, align }).expect("mmap");
+        if thp {
+            // SAFETY: the fresh mapping just made, aligned to 2 MiB.
+            unsafe { advise_hugepage(base.as_ptr(), len) }.expect("madvise(MADV_HUGEPAGE)");
+        }
+        let size = round_to_page(size, PageSize::BASE_4K).expect("a 2 MiB multiple");
+        // SAFETY: `base` is a fresh read-write mapping of `size` bytes,
+        // page-aligned, unmapped only by `drop`.
+        let region = unsafe { Region::new(base, size) };
+        Mapping { region }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        let len = usize::try_from(self.region.mapped_len()).unwrap_or(usize::MAX);
+        // SAFETY: our mapping; the region is not used after this.
+        unsafe { unmap(self.region.addr(), len) }.expect("munmap");
+    }
+}
+
+/// Map, fill and unmap the size twice with every core, so the benchmarks do
+/// not pay for the host handing the memory back to the VM on first touch.
+fn warm_up(size: u64) {
+    let cores = *thread_counts().last().unwrap_or(&1);
+    for round in 1..=2 {
+        let start = Instant::now();
+        let m = Mapping::new(size, false);
+        raw_memset(&m.region, cores).expect("warm-up memset");
+        drop(m);
+        eprintln!("warm-up {round}: map+fill+unmap of {} MiB took {:.2?}", size / MIB, start.elapsed());
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Method {
+    RawC,
+    Engine,
+}
+
+impl Method {
+    fn name(self) -> &'static str {
+        match self {
+            Method::RawC => "raw-c",
+            Method::Engine => "engine",
+        }
+    }
+}
+
+/// Prefault a fresh mapping per iteration, timing only the prefault.
+fn populate(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    group: &'static str,
+    method: Method,
+    size: u64,
+    threads: usize,
+    thp: bool,
+) {
+    g.bench_function(BenchmarkId::new(method.name(), threads), |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let m = Mapping::new(size, thp);
+                let region = black_box(&m.region);
+                let mut plan = prefault::plan(
+                    PrefaultChoice::PopulateWrite,
+                    Extent { offset: 0, len: size },
+                    PageSize::BASE_4K,
+                    NonZeroUsize::new(threads),
+                )
+                .expect("populate-write plan");
+                plan.threads = threads;
+                let start = Instant::now();
+                match method {
+                    Method::RawC => raw_populate(region, threads).expect("raw populate"),
+                    Method::Engine => {
+                        black_box(prefault::run(region, &plan, &|done| {
+                            black_box(done);
+                        }))
+                        .expect("engine prefault");
+                    }
+                }
+                let took = start.elapsed();
+                total += took;
+                record(group, method.name(), threads, size, took);
+                drop(m);
+            }
+            total
+        })
+    });
+}
+
+fn configure(g: &mut BenchmarkGroup<'_, WallTime>, size: u64) {
+    // Flat sampling: 10 samples of the same iteration count, at least one
+    // each, instead of criterion's 1+2+...+10 linear ramp.
+    g.sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .throughput(Throughput::Bytes(size));
+}
+
+fn prefault_4k(c: &mut Criterion) {
+    let size = bench_size();
+    warm_up(size);
+    let mut g = c.benchmark_group("prefault-4k");
+    configure(&mut g, size);
+    for threads in thread_counts() {
+        let buffer = Mapping::new(size, false);
+        raw_memset(&buffer.region, threads).expect("memset buffer");
+        g.bench_function(BenchmarkId::new("memset", threads), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    raw_memset(black_box(&buffer.region), threads).expect("memset");
+                    let took = start.elapsed();
+                    total += took;
+                    record("prefault-4k", "memset", threads, size, took);
+                }
+                total
+            })
+        });
+        drop(buffer);
+        populate(&mut g, "prefault-4k", Method::RawC, size, threads, false);
+        populate(&mut g, "prefault-4k", Method::Engine, size, threads, false);
+    }
+    g.finish();
+}
+
+fn prefault_thp(c: &mut Criterion) {
+    if std::env::var("HOSTPOOL_BENCH_THP").as_deref() != Ok("1") {
+        return;
+    }
+    let size = bench_size();
+    let mut g = c.benchmark_group("prefault-thp");
+    configure(&mut g, size);
+    for threads in thread_counts() {
+        populate(&mut g, "prefault-thp", Method::RawC, size, threads, true);
+        populate(&mut g, "prefault-thp", Method::Engine, size, threads, true);
+    }
+    g.finish();
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+fn ratios_path() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target")));
+    target.join("criterion").join("hostpool-prefault-ratios.json")
+}
+
+/// Print the medians and ratios and write them as JSON.
+fn report(size: u64) {
+    let samples = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
+    if samples.is_empty() {
+        return;
+    }
+    let gbs = |bps: f64| bps / 1e9;
+    println!("\nprefault of {} MiB, medians of every timed iteration:", size / MIB);
+    println!("{:<14} {:<8} {:>7} {:>9} {:>9} {:>9} {:>6}", "group", "method", "threads", "GB/s", "min", "max", "n");
+    let mut rows = Vec::new();
+    for ((group, method, threads), v) in samples.iter() {
+        let Some(med) = median(v) else { continue };
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(0.0, f64::max);
+        println!(
+            "{group:<14} {method:<8} {threads:>7} {:>9.2} {:>9.2} {:>9.2} {:>6}",
+            gbs(med),
+            gbs(min),
+            gbs(max),
+            v.len()
+        );
+        rows.push(serde_json::json!({
+            "group": group, "method": method, "threads": threads,
+            "median_bytes_per_second": med, "min_bytes_per_second": min,
+            "max_bytes_per_second": max, "iterations": v.len(),
+        }));
+    }
+    let med = |group: &str, method: &str, threads: usize| {
+        samples
+            .iter()
+            .find(|((g, m, t), _)| *g == group && *m == method && *t == threads)
+            .and_then(|(_, v)| median(v))
+    };
+    let mut ratios = Vec::new();
+    let mut below = false;
+    for group in ["prefault-4k", "prefault-thp"] {
+        for threads in thread_counts() {
+            let Some(engine) = med(group, "engine", threads) else { continue };
+            let vs_c = med(group, "raw-c", threads).map(|c| engine / c);
+            let vs_memset = med("prefault-4k", "memset", threads).map(|m| engine / m);
+            let fmt = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.3}"));
+            let ok = vs_c.is_none_or(|r| r >= 0.9);
+            below |= !ok;
+            println!(
+                "{group} threads {threads}: engine/raw-c {} {}, engine/memset {}",
+                fmt(vs_c),
+                if ok { "(>= 0.9)" } else { "(BELOW 0.9)" },
+                fmt(vs_memset)
+            );
+            ratios.push(serde_json::json!({
+                "group": group, "threads": threads,
+                "engine_over_raw_c": vs_c, "engine_over_memset": vs_memset,
+                "engine_meets_0_9_of_raw_c": ok,
+            }));
+        }
+    }
+    if !measuring() {
+        return;
+    }
+    let json = serde_json::json!({
+        "size_bytes": size,
+        "page_size_bytes": base_page_size(),
+        "statistic": "median bytes/second over every timed iteration",
+        "target_engine_over_raw_c": 0.9,
+        "all_meet_target": !below,
+        "medians": rows,
+        "ratios": ratios,
+    });
+    let path = ratios_path();
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap_or_default()));
+    match written {
+        Ok(()) => println!("ratios written to {}", path.display()),
+        Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    }
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    prefault_4k(&mut c);
+    prefault_thp(&mut c);
+    c.final_summary();
+    report(bench_size());
+}

@@ -103,3 +103,15 @@ fn path_str(path: &Path) -> Result<&str, String> {
     path.to_str()
         .ok_or_else(|| format!("path {} is not valid UTF-8", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::unescape;
+
+    #[test]
+    fn unescapes_proc_mounts_fields() {
+        assert_eq!(unescape("/tmp/a\\040b"), "/tmp/a b");
+        assert_eq!(unescape("/tmp/plain"), "/tmp/plain");
+        assert_eq!(unescape("/tmp/trailing\\"), "/tmp/trailing\\");
+    }
+}

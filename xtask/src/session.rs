@@ -13,19 +13,24 @@
 //! 5. checks `/dev/shm` for leftover `hostpool*` files,
 //!
 //! and prints a footer saying what it did. Termination signals cannot bypass
-//! this: see [`crate::signals`]. `hugepages up` disarms the guard with
+//! this: see [`crate::signals`]. Restoring lives in [`restore`], the state
+//! file in [`state`]. `hugepages up` disarms the guard with
 //! [`Session::keep`] after persisting the recorded state to [`STATE_FILE`];
 //! `hugepages down` rebuilds an armed guard from that file.
 
+mod restore;
+mod state;
+
 use std::fmt::Write as _;
 use std::fs;
-use std::io::{ErrorKind, Write as _};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::hugepages::{self, Counters, PageSize};
-use crate::mounts::{self, Unmounted};
+use crate::mounts;
 use crate::signals;
+
+pub use state::{hugepages_down, hugepages_up};
 
 /// Where `hugepages up` records what `hugepages down` restores.
 pub const STATE_FILE: &str = "/tmp/hostpool-xtask-state";
@@ -217,6 +222,7 @@ impl Session {
         footer.warnings.is_empty()
     }
 
+    /// The pool of `size`, if the kernel supports that size.
     fn pool(&self, size: PageSize) -> Option<&Pool> {
         self.pools.iter().find(|pool| pool.size == size)
     }
@@ -302,330 +308,6 @@ fn shm_leftovers() -> Vec<String> {
     names
 }
 
-/// What restoring did, printed as the footer.
-#[derive(Default)]
-struct Footer {
-    done: Vec<String>,
-    warnings: Vec<String>,
-}
-
-impl Footer {
-    fn print(&self) {
-        eprintln!("xtask: ---- huge page restore ----");
-        for line in &self.done {
-            eprintln!("xtask:   {line}");
-        }
-        if self.warnings.is_empty() {
-            eprintln!("xtask:   machine restored cleanly");
-            return;
-        }
-        eprintln!("xtask: !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-        for warning in &self.warnings {
-            eprintln!("xtask: !!! WARNING: {warning}");
-        }
-        eprintln!("xtask: !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-    }
-}
-
-/// Restoring (steps 1-5 of the module docs).
-impl Session {
-    fn restore(&mut self) -> Footer {
-        let mut footer = Footer::default();
-        if self.dir_owned {
-            self.unmount_all(&mut footer);
-            self.remove_dirs(&mut footer);
-        }
-        for pool in &self.pools {
-            restore_counter(pool, "nr_hugepages", pool.original.nr, &mut footer);
-            restore_counter(
-                pool,
-                "nr_overcommit_hugepages",
-                pool.original.overcommit,
-                &mut footer,
-            );
-            check_pages_released(pool, &mut footer);
-        }
-        self.check_dev_shm(&mut footer);
-        self.remove_state_file(&mut footer);
-        footer
-    }
-
-    /// Unmounts everything mounted at or below the session dir.
-    fn unmount_all(&self, footer: &mut Footer) {
-        let points = match mounts::mounts_under(&self.dir) {
-            Ok(points) => points,
-            Err(err) => {
-                footer.warnings.push(err);
-                return;
-            }
-        };
-        for point in points {
-            report_leftover_files(&point, footer);
-            match mounts::unmount(&point) {
-                Ok(Unmounted::Cleanly) => {
-                    footer.done.push(format!("unmounted {}", point.display()));
-                }
-                Ok(Unmounted::Lazily) => footer.warnings.push(format!(
-                    "{} was busy and was only lazily unmounted (`umount -l`); a process still \
-                     uses it and its huge pages stay in use until that process exits",
-                    point.display()
-                )),
-                Err(err) => footer.warnings.push(err),
-            }
-        }
-    }
-
-    /// Removes the mount points and the session dir (never their contents).
-    fn remove_dirs(&self, footer: &mut Footer) {
-        let subdirs = PageSize::ALL.map(|size| self.dir.join(size.tag()));
-        for dir in subdirs.iter().chain([&self.dir]) {
-            match fs::remove_dir(dir) {
-                Ok(()) if *dir == self.dir => {
-                    footer.done.push(format!("removed {}", dir.display()));
-                }
-                Ok(()) => {}
-                Err(err) if err.kind() == ErrorKind::NotFound => {}
-                Err(err) => footer.warnings.push(format!(
-                    "could not remove {}: {err}; check /proc/mounts and remove it by hand",
-                    dir.display()
-                )),
-            }
-        }
-    }
-
-    /// Warns about `hostpool*` files in /dev/shm.
-    fn check_dev_shm(&self, footer: &mut Footer) {
-        let left = shm_leftovers();
-        if left.is_empty() {
-            footer
-                .done
-                .push(format!("no {SHM_PREFIX}* files in {SHM_DIR}"));
-            return;
-        }
-        let listed: Vec<String> = left
-            .iter()
-            .map(|name| {
-                let before = if self.shm_before.contains(name) {
-                    " (already there before)"
-                } else {
-                    ""
-                };
-                format!("{SHM_DIR}/{name}{before}")
-            })
-            .collect();
-        footer.warnings.push(format!(
-            "{} file(s) starting with `{SHM_PREFIX}` remain in {SHM_DIR} (leaked shared memory?): {}",
-            left.len(),
-            listed.join(", ")
-        ));
-    }
-}
-
-/// Warns about files the tests left in the mount at `point`.
-fn report_leftover_files(point: &Path, footer: &mut Footer) {
-    let Ok(entries) = fs::read_dir(point) else {
-        return;
-    };
-    let names: Vec<String> = entries
-        .filter_map(Result::ok)
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .collect();
-    if !names.is_empty() {
-        footer.warnings.push(format!(
-            "tests left {} file(s) in {}: {} (a test leaks hugetlbfs \
-             files; unmounting frees them once no process uses them)",
-            names.len(),
-            point.display(),
-            names.join(", ")
-        ));
-    }
-}
-
-/// Writes `original` back to `counter` of `pool` if it differs now.
-fn restore_counter(pool: &Pool, counter: &str, original: u64, footer: &mut Footer) {
-    let label = format!("{} {counter}", pool.size.human());
-    let now = match hugepages::read_counter(pool.size, counter) {
-        Ok(now) => now,
-        Err(err) => return footer.warnings.push(err),
-    };
-    if now == original {
-        footer.done.push(format!("{label} = {now} (unchanged)"));
-        return;
-    }
-    if let Err(err) = hugepages::write_counter(pool.size, counter, original) {
-        return footer.warnings.push(format!("{err}; restore it by hand"));
-    }
-    match hugepages::read_counter(pool.size, counter) {
-        Ok(back) if back == original => footer.done.push(format!("{label} {now} -> {back}")),
-        Ok(back) => footer.warnings.push(format!(
-            "{label} is {back} after writing {original} (was {now}): pages still in use \
-             stay allocated (as surplus) until their user releases them"
-        )),
-        Err(err) => footer.warnings.push(err),
-    }
-}
-
-/// Warns if more huge pages of `pool` are in use than before the session.
-fn check_pages_released(pool: &Pool, footer: &mut Footer) {
-    let now = match Counters::read(pool.size) {
-        Ok(now) => now,
-        Err(err) => return footer.warnings.push(err),
-    };
-    let (before, after) = (pool.original.in_use(), now.in_use());
-    if after <= before {
-        footer.done.push(format!(
-            "{} pages: {} free of {} (in use: {after}, before: {before})",
-            pool.size.human(),
-            now.free,
-            now.nr
-        ));
-        return;
-    }
-    footer.warnings.push(format!(
-        "{} huge page(s) of {} are STILL IN USE after restore (before: {before}; now nr_hugepages \
-         {}, surplus {}, free {}). A test leaked a hugetlbfs file or mapping; \
-         check `grep -i huge /proc/meminfo` and `grep -l huge /proc/*/maps`",
-        after - before,
-        pool.size.human(),
-        now.nr,
-        now.surplus,
-        now.free
-    ));
-}
-
-/// State file of `hugepages up` / `down`.
-impl Session {
-    /// Writes the recorded state to `path` (which must not exist yet); from
-    /// then on restoring also deletes it.
-    fn persist(&mut self, path: &Path) -> Result<(), String> {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(|err| format!("could not create state file {}: {err}", path.display()))?;
-        self.state_file = Some(path.to_path_buf());
-        file.write_all(self.state_text().as_bytes())
-            .map_err(|err| format!("could not write state file {}: {err}", path.display()))
-    }
-
-    fn state_text(&self) -> String {
-        let mut text = String::from(
-            "# hostpool xtask huge page state; restore with `cargo xtask hugepages down`\n",
-        );
-        let _ = writeln!(text, "dir={}", self.dir.display());
-        for pool in &self.pools {
-            let tag = pool.size.tag();
-            let _ = writeln!(text, "{tag}.nr_hugepages={}", pool.original.nr);
-            let _ = writeln!(
-                text,
-                "{tag}.nr_overcommit_hugepages={}",
-                pool.original.overcommit
-            );
-            let _ = writeln!(text, "{tag}.free_hugepages={}", pool.original.free);
-            let _ = writeln!(text, "{tag}.surplus_hugepages={}", pool.original.surplus);
-        }
-        for name in &self.shm_before {
-            let _ = writeln!(text, "shm_before={name}");
-        }
-        text
-    }
-
-    /// Rebuilds an armed guard from a state file written by [`Self::persist`].
-    pub fn from_state(path: &Path) -> Result<Self, String> {
-        let text = fs::read_to_string(path)
-            .map_err(|err| format!("could not read state file {}: {err}", path.display()))?;
-        let mut session = Session {
-            pools: Vec::new(),
-            dir: PathBuf::new(),
-            dir_owned: true,
-            shm_before: Vec::new(),
-            state_file: None,
-            armed: false,
-        };
-        for (number, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            session.apply_state_line(line).map_err(|err| {
-                format!(
-                    "{}:{}: {err}; fix the file, or restore by hand and delete it",
-                    path.display(),
-                    number + 1
-                )
-            })?;
-        }
-        let dir = session.dir.to_string_lossy();
-        let suffix = dir.strip_prefix(DIR_PREFIX).unwrap_or("/");
-        if suffix.is_empty() || suffix.contains('/') || suffix.contains("..") {
-            return Err(format!(
-                "{}: `dir` must name a {DIR_PREFIX}<id> directory, got `{dir}`",
-                path.display()
-            ));
-        }
-        session.state_file = Some(path.to_path_buf());
-        session.armed = true;
-        Ok(session)
-    }
-
-    fn apply_state_line(&mut self, line: &str) -> Result<(), String> {
-        let (key, value) = line
-            .split_once('=')
-            .ok_or_else(|| format!("expected KEY=VALUE, got {line:?}"))?;
-        match key {
-            "dir" => self.dir = PathBuf::from(value),
-            "shm_before" => self.shm_before.push(value.to_string()),
-            _ => self.apply_counter(key, value)?,
-        }
-        Ok(())
-    }
-
-    fn apply_counter(&mut self, key: &str, value: &str) -> Result<(), String> {
-        let unknown = || format!("unknown key {key:?}");
-        let (tag, counter) = key.split_once('.').ok_or_else(unknown)?;
-        let size = PageSize::from_tag(tag).ok_or_else(unknown)?;
-        let value: u64 = value
-            .parse()
-            .map_err(|err| format!("{key}: {value:?} is not a number: {err}"))?;
-        if !self.pools.iter().any(|pool| pool.size == size) {
-            self.pools.push(Pool {
-                size,
-                original: Counters::default(),
-                obtained: 0,
-                free: 0,
-                mount: None,
-            });
-        }
-        let pool = self
-            .pools
-            .iter_mut()
-            .find(|pool| pool.size == size)
-            .ok_or_else(unknown)?;
-        match counter {
-            "nr_hugepages" => pool.original.nr = value,
-            "nr_overcommit_hugepages" => pool.original.overcommit = value,
-            "free_hugepages" => pool.original.free = value,
-            "surplus_hugepages" => pool.original.surplus = value,
-            _ => return Err(unknown()),
-        }
-        Ok(())
-    }
-
-    /// Deletes the state file once its state has been restored.
-    fn remove_state_file(&self, footer: &mut Footer) {
-        let Some(path) = &self.state_file else {
-            return;
-        };
-        match fs::remove_file(path) {
-            Ok(()) => footer.done.push(format!("removed {}", path.display())),
-            Err(err) if err.kind() == ErrorKind::NotFound => {}
-            Err(err) => footer
-                .warnings
-                .push(format!("could not remove {}: {err}", path.display())),
-        }
-    }
-}
-
 impl Drop for Session {
     fn drop(&mut self) {
         if self.armed {
@@ -635,48 +317,104 @@ impl Drop for Session {
     }
 }
 
-/// `cargo xtask hugepages up`.
-pub fn hugepages_up() -> Result<i32, String> {
-    let state = Path::new(STATE_FILE);
-    if state.exists() {
-        return Err(format!(
-            "huge pages are already set up by an earlier `cargo xtask hugepages up` \
-             ({STATE_FILE} exists); run `cargo xtask hugepages down` first"
-        ));
-    }
-    let session = match Session::start(Some(state))? {
-        Setup::Ready(session) => session,
-        Setup::Unavailable(reason) => {
-            return Err(format!("huge pages could not be reserved: {reason}"));
-        }
-    };
-    session.print_header();
-    if let Some(sig) = signals::received() {
-        drop(session);
-        return Ok(signals::exit_code_for(sig));
-    }
-    for (name, value) in session.env() {
-        println!("export {name}={value}");
-    }
-    eprintln!(
-        "xtask: setup kept; state in {STATE_FILE}; undo with `cargo xtask hugepages down`\n\
-         xtask: (the export lines above went to stdout: eval \"$(cargo xtask hugepages up)\")"
-    );
-    session.keep();
-    Ok(0)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// `cargo xtask hugepages down`.
-pub fn hugepages_down() -> Result<i32, String> {
-    let state = Path::new(STATE_FILE);
-    if !state.exists() {
-        eprintln!(
-            "xtask: nothing to restore: {STATE_FILE} does not exist (no `hugepages up` active)"
-        );
-        return Ok(0);
+    /// A disarmed session (dropping it must never touch the machine).
+    fn session(obtained_1g: u64) -> Session {
+        let pool = |size, nr, obtained, mount: Option<&str>| Pool {
+            size,
+            original: Counters {
+                nr,
+                overcommit: 3,
+                free: nr,
+                surplus: 0,
+            },
+            obtained,
+            free: obtained,
+            mount: mount.map(PathBuf::from),
+        };
+        let mount_1g = (obtained_1g > 0).then_some("/tmp/hostpool-xtask-42/1G");
+        Session {
+            pools: vec![
+                pool(PageSize::Huge1G, 0, obtained_1g, mount_1g),
+                pool(PageSize::Huge2M, 7, 1024, Some("/tmp/hostpool-xtask-42/2M")),
+            ],
+            dir: PathBuf::from("/tmp/hostpool-xtask-42"),
+            dir_owned: false,
+            shm_before: vec!["hostpool-old".into()],
+            state_file: None,
+            armed: false,
+        }
     }
-    let session = Session::from_state(state)?;
-    eprintln!("xtask: restoring the state recorded in {STATE_FILE}");
-    let clean = session.finish();
-    Ok(i32::from(!clean))
+
+    #[test]
+    fn env_without_1g_pages_exports_zero_and_no_mount() {
+        let env = session(0).env();
+        let names: Vec<&str> = env.iter().map(|(name, _)| name.as_str()).collect();
+        assert!(!names.contains(&"HOSTPOOL_TEST_HUGETLBFS_1G"));
+        assert!(env.contains(&("HOSTPOOL_TEST_HUGEPAGES_1G".into(), "0".into())));
+        assert!(env.contains(&("HOSTPOOL_TEST_HUGEPAGES_2M".into(), "1024".into())));
+        assert!(env.contains(&(REQUIRE_VAR.into(), "1".into())));
+        assert!(names.iter().all(|name| ENV_VARS.contains(name)));
+    }
+
+    #[test]
+    fn env_with_1g_pages_exports_mount() {
+        let env = session(2).env();
+        let mount = (
+            "HOSTPOOL_TEST_HUGETLBFS_1G".into(),
+            "/tmp/hostpool-xtask-42/1G".into(),
+        );
+        assert!(env.contains(&mount));
+        assert!(env.contains(&("HOSTPOOL_TEST_HUGEPAGES_1G".into(), "2".into())));
+    }
+
+    #[test]
+    fn header_reports_zero_1g_pages_clearly() {
+        let original = session(0);
+        let line = original.pools[0].describe();
+        assert!(line.contains("gave NO 1 GiB pages"), "{line}");
+        assert!(!original.pools[0].wants_mount());
+        assert!(original.pools[1].wants_mount());
+    }
+
+    #[test]
+    fn state_file_round_trips() {
+        let original = session(2);
+        let path = std::env::temp_dir().join(format!("xtask-state-test-{}", std::process::id()));
+        fs::write(&path, original.state_text()).unwrap();
+        let loaded = Session::from_state(&path).map(|mut loaded| {
+            loaded.armed = false;
+            loaded
+        });
+        let loaded = loaded.unwrap();
+        fs::remove_file(&path).unwrap();
+        assert_eq!(loaded.dir, original.dir);
+        assert_eq!(loaded.shm_before, original.shm_before);
+        for size in PageSize::ALL {
+            let (a, b) = (loaded.pool(size).unwrap(), original.pool(size).unwrap());
+            assert_eq!(a.original, b.original);
+        }
+    }
+
+    #[test]
+    fn state_file_rejects_foreign_dirs() {
+        let mut session = session(0);
+        for bad in [
+            "/",
+            "/tmp",
+            "/tmp/hostpool-xtask-",
+            "/tmp/hostpool-xtask-1/../../etc",
+        ] {
+            session.dir = PathBuf::from(bad);
+            let path = std::env::temp_dir().join(format!("xtask-bad-state-{}", std::process::id()));
+            fs::write(&path, session.state_text()).unwrap();
+            // Disarm at once: an accepted bad dir must not be "restored".
+            let result = Session::from_state(&path).map(|mut loaded| loaded.armed = false);
+            fs::remove_file(&path).unwrap();
+            assert!(result.is_err(), "accepted dir {bad}");
+        }
+    }
 }
