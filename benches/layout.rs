@@ -5,7 +5,9 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use pool_core::layout::{PageSize, SegmentSpec, registration_chunks, round_to_page, segments, shards};
+use pool_core::layout::{
+    PageSize, SegmentSpec, registration_chunks, round_to_page, segments, shards,
+};
 
 const GIB: u64 = 1 << 30;
 const POOL: u64 = 400 * GIB;
@@ -13,16 +15,19 @@ const POOL: u64 = 400 * GIB;
 fn layout(c: &mut Criterion) {
     let mut g = c.benchmark_group("layout");
 
-    g.bench_function("registration_chunks/400GiB-4KiB-2MiB-block-64GiB-cap", |b| {
-        b.iter(|| {
-            registration_chunks(
-                black_box(POOL),
-                black_box(PageSize::BASE_4K),
-                black_box(2 << 20),
-                black_box(64 * GIB),
-            )
-        })
-    });
+    g.bench_function(
+        "registration_chunks/400GiB-4KiB-2MiB-block-64GiB-cap",
+        |b| {
+            b.iter(|| {
+                registration_chunks(
+                    black_box(POOL),
+                    black_box(PageSize::BASE_4K),
+                    black_box(2 << 20),
+                    black_box(64 * GIB),
+                )
+            })
+        },
+    );
 
     g.bench_function("shards/400GiB-4KiB-16", |b| {
         b.iter(|| shards(black_box(POOL), black_box(PageSize::BASE_4K), black_box(16)))

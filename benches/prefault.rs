@@ -26,7 +26,9 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, measurement::WallTime};
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, measurement::WallTime,
+};
 use hostpool::reference::{raw_memset, raw_populate};
 use pool_core::layout::{Extent, PageSize, round_to_page};
 use pool_core::sys::{AnonMapOptions, advise_hugepage, base_page_size, map_anonymous, unmap};
@@ -38,12 +40,16 @@ const GIB: u64 = 1 << 30;
 const MAX_SIZE: u64 = 8 * GIB;
 
 /// Bytes/second of every timed iteration, by (group, method, threads).
-static SAMPLES: Mutex<BTreeMap<(&'static str, &'static str, usize), Vec<f64>>> = Mutex::new(BTreeMap::new());
+static SAMPLES: Mutex<BTreeMap<(&'static str, &'static str, usize), Vec<f64>>> =
+    Mutex::new(BTreeMap::new());
 
 fn record(group: &'static str, method: &'static str, threads: usize, bytes: u64, took: Duration) {
     let rate = bytes as f64 / took.as_secs_f64().max(1e-9);
     let mut samples = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
-    samples.entry((group, method, threads)).or_default().push(rate);
+    samples
+        .entry((group, method, threads))
+        .or_default()
+        .push(rate);
 }
 
 /// Whether criterion measures (`cargo bench`) rather than smoke-tests
@@ -65,7 +71,9 @@ fn bench_size() -> u64 {
         (1..=MAX_SIZE).contains(&size),
         "HOSTPOOL_BENCH_SIZE must be between 1 byte and 8 GiB, not {size}"
     );
-    PageSize::HUGE_2M.round_up(size).expect("at most 8 GiB rounds up")
+    PageSize::HUGE_2M
+        .round_up(size)
+        .expect("at most 8 GiB rounds up")
 }
 
 fn thread_counts() -> Vec<usize> {
@@ -84,7 +92,14 @@ impl Mapping {
     fn new(size: u64, thp: bool) -> Mapping {
         let len = usize::try_from(size).expect("size fits in usize");
         let align = if thp { 2 << 20 } else { base_page_size() };
-        let base = map_anonymous(len, AnonMapOptions { shared: false, align }).expect("mmap");
+        let base = map_anonymous(
+            len,
+            AnonMapOptions {
+                shared: false,
+                align,
+            },
+        )
+        .expect("mmap");
         if thp {
             // SAFETY: the fresh mapping just made, aligned to 2 MiB.
             unsafe { advise_hugepage(base.as_ptr(), len) }.expect("madvise(MADV_HUGEPAGE)");
@@ -114,7 +129,11 @@ fn warm_up(size: u64) {
         let m = Mapping::new(size, false);
         raw_memset(&m.region, cores).expect("warm-up memset");
         drop(m);
-        eprintln!("warm-up {round}: map+fill+unmap of {} MiB took {:.2?}", size / MIB, start.elapsed());
+        eprintln!(
+            "warm-up {round}: map+fill+unmap of {} MiB took {:.2?}",
+            size / MIB,
+            start.elapsed()
+        );
     }
 }
 
@@ -150,7 +169,10 @@ fn populate(
                 let region = black_box(&m.region);
                 let mut plan = prefault::plan(
                     PrefaultChoice::PopulateWrite,
-                    Extent { offset: 0, len: size },
+                    Extent {
+                        offset: 0,
+                        len: size,
+                    },
                     PageSize::BASE_4K,
                     NonZeroUsize::new(threads),
                 )
@@ -243,7 +265,9 @@ fn ratios_path() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target")));
-    target.join("criterion").join("hostpool-prefault-ratios.json")
+    target
+        .join("criterion")
+        .join("hostpool-prefault-ratios.json")
 }
 
 /// Print the medians and ratios and write them as JSON.
@@ -253,8 +277,14 @@ fn report(size: u64) {
         return;
     }
     let gbs = |bps: f64| bps / 1e9;
-    println!("\nprefault of {} MiB, medians of every timed iteration:", size / MIB);
-    println!("{:<14} {:<8} {:>7} {:>9} {:>9} {:>9} {:>6}", "group", "method", "threads", "GB/s", "min", "max", "n");
+    println!(
+        "\nprefault of {} MiB, medians of every timed iteration:",
+        size / MIB
+    );
+    println!(
+        "{:<14} {:<8} {:>7} {:>9} {:>9} {:>9} {:>6}",
+        "group", "method", "threads", "GB/s", "min", "max", "n"
+    );
     let mut rows = Vec::new();
     for ((group, method, threads), v) in samples.iter() {
         let Some(med) = median(v) else { continue };
@@ -283,7 +313,9 @@ fn report(size: u64) {
     let mut below = false;
     for group in ["prefault-4k", "prefault-thp"] {
         for threads in thread_counts() {
-            let Some(engine) = med(group, "engine", threads) else { continue };
+            let Some(engine) = med(group, "engine", threads) else {
+                continue;
+            };
             let vs_c = med(group, "raw-c", threads).map(|c| engine / c);
             let vs_memset = med("prefault-4k", "memset", threads).map(|m| engine / m);
             let fmt = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.3}"));
@@ -318,7 +350,12 @@ fn report(size: u64) {
     let written = path
         .parent()
         .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap_or_default()));
+        .and_then(|()| {
+            std::fs::write(
+                &path,
+                serde_json::to_string_pretty(&json).unwrap_or_default(),
+            )
+        });
     match written {
         Ok(()) => println!("ratios written to {}", path.display()),
         Err(e) => eprintln!("could not write {}: {e}", path.display()),

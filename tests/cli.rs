@@ -27,16 +27,26 @@ fn stdout(o: &Output) -> String {
 /// No panic message or backtrace ever reaches the operator.
 fn assert_no_panic(o: &Output) {
     let e = stderr(o);
-    assert!(!e.contains("panicked") && !e.contains("RUST_BACKTRACE") && !e.contains("stack backtrace"), "{e}");
+    assert!(
+        !e.contains("panicked") && !e.contains("RUST_BACKTRACE") && !e.contains("stack backtrace"),
+        "{e}"
+    );
 }
 
 fn assert_exit(o: &Output, code: i32) {
-    assert_eq!(o.status.code(), Some(code), "stdout:\n{}\nstderr:\n{}", stdout(o), stderr(o));
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stdout:\n{}\nstderr:\n{}",
+        stdout(o),
+        stderr(o)
+    );
     assert_no_panic(o);
 }
 
 fn json(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", stdout(o)))
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", stdout(o)))
 }
 
 /// A config file that is removed when dropped.
@@ -55,7 +65,8 @@ impl Drop for TempFile {
 }
 
 fn temp_file(name: &str, text: &str) -> TempFile {
-    let path = std::env::temp_dir().join(format!("hostpool-cli-test-{}-{name}", std::process::id()));
+    let path =
+        std::env::temp_dir().join(format!("hostpool-cli-test-{}-{name}", std::process::id()));
     std::fs::write(&path, text).unwrap();
     TempFile(path)
 }
@@ -66,7 +77,12 @@ fn the_binary_registers_exactly_the_built_in_plugins() {
     assert_exit(&o, 0);
     let v = json(&o);
     let names = |kind: &str| -> Vec<String> {
-        v[kind].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap().to_string()).collect()
+        v[kind]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap().to_string())
+            .collect()
     };
     // Update these lists when a plugin lands; a plugin that silently stops
     // being linked fails here.
@@ -89,7 +105,11 @@ fn alloc_4gib_json_reports_every_contract_field() {
     assert_eq!(r["logical_bytes"], 4u64 << 30);
     assert_eq!(r["mapped_bytes"], 4u64 << 30);
     for phase in ["map", "prefault", "teardown"] {
-        assert!(r["phases"][phase].is_f64(), "phases.{phase} must be seconds as a float: {}", r["phases"]);
+        assert!(
+            r["phases"][phase].is_f64(),
+            "phases.{phase} must be seconds as a float: {}",
+            r["phases"]
+        );
     }
     assert!(r["phases"].get("pin").is_none(), "pin did not run");
     assert_eq!(r["pin"]["kind"], "off");
@@ -99,7 +119,11 @@ fn alloc_4gib_json_reports_every_contract_field() {
     assert_eq!(r["prefault"]["bytes"], 4u64 << 30);
     assert_eq!(r["prefault"]["method"], "populate-write");
     assert_eq!(r["teardown_issues"], serde_json::json!([]));
-    assert!(stderr(&o).is_empty(), "no progress bar with --json: {}", stderr(&o));
+    assert!(
+        stderr(&o).is_empty(),
+        "no progress bar with --json: {}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -109,10 +133,21 @@ fn alloc_with_no_arguments_allocates_one_gib_of_anonymous_memory() {
     let r = json(&o);
     assert_eq!(r["logical_bytes"], 1u64 << 30);
     assert_eq!(r["backing"], "anon");
-    let human = hostpool(&["alloc", "--size", "8MiB", "--threads", "1", "--prefault", "touch"]);
+    let human = hostpool(&[
+        "alloc",
+        "--size",
+        "8MiB",
+        "--threads",
+        "1",
+        "--prefault",
+        "touch",
+    ]);
     assert_exit(&human, 0);
     let out = stdout(&human);
-    assert!(out.contains("pool built, prefaulted and released") && out.contains("touch"), "{out}");
+    assert!(
+        out.contains("pool built, prefaulted and released") && out.contains("touch"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -125,7 +160,11 @@ fn decimal_sizes_are_usage_errors_that_show_the_iec_spelling() {
     let cfg = temp_file("decimal.toml", "size = \"384GB\"\n");
     let o = hostpool(&["plan", "--config", cfg.to_str().unwrap()]);
     assert_exit(&o, 2);
-    assert!(stderr(&o).contains("384GiB") && stderr(&o).contains("decimal.toml"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("384GiB") && stderr(&o).contains("decimal.toml"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -133,7 +172,10 @@ fn unknown_backing_is_a_usage_error_listing_the_available_ones() {
     let o = hostpool(&["alloc", "--backing", "nope", "--size", "1MiB"]);
     assert_exit(&o, 2);
     let e = stderr(&o);
-    assert!(e.contains("unknown backing `nope`") && e.contains("available: anon"), "{e}");
+    assert!(
+        e.contains("unknown backing `nope`") && e.contains("available: anon"),
+        "{e}"
+    );
     assert_eq!(e.trim().lines().count(), 1, "one paragraph: {e}");
 }
 
@@ -142,7 +184,10 @@ fn a_pool_the_node_cannot_hold_fails_with_exit_1_before_mapping() {
     let o = hostpool(&["alloc", "--size", "1PiB"]);
     assert_exit(&o, 1);
     let e = stderr(&o);
-    assert!(e.contains("cannot hold the pool") && e.contains("1 PiB") && e.contains("MemAvailable"), "{e}");
+    assert!(
+        e.contains("cannot hold the pool") && e.contains("1 PiB") && e.contains("MemAvailable"),
+        "{e}"
+    );
     // plan says the same without side effects, and exits 1 so scripts can gate on it.
     let p = hostpool(&["plan", "--size", "1PiB", "--json"]);
     assert_exit(&p, 1);
@@ -151,16 +196,33 @@ fn a_pool_the_node_cannot_hold_fails_with_exit_1_before_mapping() {
 
 #[test]
 fn config_files_work_in_toml_and_json_and_flags_override_them() {
-    let toml = temp_file("pool.toml", "size = \"16MiB\"\nbacking = \"anon\"\nthreads = 1\n[anon]\nshared = true\n");
+    let toml = temp_file(
+        "pool.toml",
+        "size = \"16MiB\"\nbacking = \"anon\"\nthreads = 1\n[anon]\nshared = true\n",
+    );
     let o = hostpool(&["alloc", "--config", toml.to_str().unwrap(), "--json"]);
     assert_exit(&o, 0);
     let r = json(&o);
     assert_eq!(r["logical_bytes"], 16 << 20);
     assert_eq!(r["options"]["shared"], true);
-    let o = hostpool(&["alloc", "--config", toml.to_str().unwrap(), "--size", "8MiB", "--json"]);
+    let o = hostpool(&[
+        "alloc",
+        "--config",
+        toml.to_str().unwrap(),
+        "--size",
+        "8MiB",
+        "--json",
+    ]);
     assert_exit(&o, 0);
-    assert_eq!(json(&o)["logical_bytes"], 8 << 20, "--size overrides the file");
-    let js = temp_file("pool.json", "{\"size\": \"12MiB\", \"anon\": {\"thp\": true}}");
+    assert_eq!(
+        json(&o)["logical_bytes"],
+        8 << 20,
+        "--size overrides the file"
+    );
+    let js = temp_file(
+        "pool.json",
+        "{\"size\": \"12MiB\", \"anon\": {\"thp\": true}}",
+    );
     let o = hostpool(&["alloc", "--config", js.to_str().unwrap(), "--json"]);
     assert_exit(&o, 0);
     assert_eq!(json(&o)["options"]["thp"], true);
@@ -171,11 +233,19 @@ fn unknown_config_keys_are_usage_errors_naming_the_key() {
     let bad = temp_file("bad.toml", "size = \"8MiB\"\nthreadz = 2\n");
     let o = hostpool(&["alloc", "--config", bad.to_str().unwrap()]);
     assert_exit(&o, 2);
-    assert!(stderr(&o).contains("unknown key `threadz`"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unknown key `threadz`"),
+        "{}",
+        stderr(&o)
+    );
     let bad = temp_file("badtable.toml", "[anon]\nhuge = true\n");
     let o = hostpool(&["alloc", "--config", bad.to_str().unwrap()]);
     assert_exit(&o, 2);
-    assert!(stderr(&o).contains("[anon]") && stderr(&o).contains("huge"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("[anon]") && stderr(&o).contains("huge"),
+        "{}",
+        stderr(&o)
+    );
     let o = hostpool(&["alloc", "--config", "/nonexistent/pool.toml"]);
     assert_exit(&o, 2);
 }
@@ -185,7 +255,14 @@ fn plan_explains_its_choices_and_changes_nothing() {
     let o = hostpool(&["plan", "--size", "2GiB", "--threads", "2"]);
     assert_exit(&o, 0);
     let out = stdout(&o);
-    for want in ["anon", "no dir given", "MADV_POPULATE_WRITE", "2 prefault thread(s)", "MemAvailable", "fits"] {
+    for want in [
+        "anon",
+        "no dir given",
+        "MADV_POPULATE_WRITE",
+        "2 prefault thread(s)",
+        "MemAvailable",
+        "fits",
+    ] {
         assert!(out.contains(want), "plan must explain {want:?}:\n{out}");
     }
     let j = hostpool(&["plan", "--size", "2GiB", "--json"]);
@@ -204,7 +281,16 @@ fn usage_errors_exit_2_and_help_exits_0() {
     assert_exit(&hostpool(&[]), 2);
     let h = hostpool(&["alloc", "--help"]);
     assert_exit(&h, 0);
-    for flag in ["--config", "--size", "--backing", "--dir", "--page-size", "--threads", "--hold", "--json"] {
+    for flag in [
+        "--config",
+        "--size",
+        "--backing",
+        "--dir",
+        "--page-size",
+        "--threads",
+        "--hold",
+        "--json",
+    ] {
         assert!(stdout(&h).contains(flag), "alloc --help must list {flag}");
     }
 }
@@ -213,10 +299,18 @@ fn usage_errors_exit_2_and_help_exits_0() {
 fn unknown_pinner_or_registrar_is_a_usage_error() {
     let o = hostpool(&["alloc", "--size", "1MiB", "--pin", "warp-drive"]);
     assert_exit(&o, 2);
-    assert!(stderr(&o).contains("unknown pinner `warp-drive`"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unknown pinner `warp-drive`"),
+        "{}",
+        stderr(&o)
+    );
     let o = hostpool(&["alloc", "--size", "1MiB", "--register", "carrier-pigeon"]);
     assert_exit(&o, 2);
-    assert!(stderr(&o).contains("unknown registrar `carrier-pigeon`"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unknown registrar `carrier-pigeon`"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 fn hold_then_signal(signal: i32) {
@@ -242,18 +336,40 @@ fn hold_then_signal(signal: i32) {
     }
     let r: Value = serde_json::from_str(&report).unwrap_or_else(|e| panic!("{e}: {report}"));
     assert_eq!(r["logical_bytes"], 32 << 20);
-    assert!(r["phases"].get("teardown").is_none(), "held pool not yet torn down");
+    assert!(
+        r["phases"].get("teardown").is_none(),
+        "held pool not yet torn down"
+    );
     // The pool is live while held: its address is mapped in the child.
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
-    let addr = r["address"].as_str().unwrap().trim_start_matches("0x").to_string();
-    assert!(maps.lines().any(|l| l.starts_with(&addr)), "held pool {addr} not mapped in the child");
+    let addr = r["address"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("0x")
+        .to_string();
+    assert!(
+        maps.lines().any(|l| l.starts_with(&addr)),
+        "held pool {addr} not mapped in the child"
+    );
     // SAFETY: kill() with the pid of our own child and a valid signal number.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
     let status = child.wait().unwrap();
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert_eq!(status.code(), Some(0), "clean teardown exits 0; stderr: {err}");
-    assert!(err.contains(&format!("signal {signal} received; pool released")), "{err}");
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "clean teardown exits 0; stderr: {err}"
+    );
+    assert!(
+        err.contains(&format!("signal {signal} received; pool released")),
+        "{err}"
+    );
 }
 
 #[test]

@@ -10,8 +10,8 @@
 use std::sync::Mutex;
 
 use pool_core::{
-    ByteSize, Error, Pin, PinStatus, Pinner, PinnerPlugin, Pool, PoolConfig, PoolPlan, Quiet, Region, Registrar,
-    RegistrarPlugin, Registration, Result, TeardownIssue,
+    ByteSize, Error, Pin, PinStatus, Pinner, PinnerPlugin, Pool, PoolConfig, PoolPlan, Quiet,
+    Region, Registrar, RegistrarPlugin, Registration, Result, TeardownIssue,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -26,7 +26,13 @@ fn record(tag: &str, event: String) {
 }
 
 fn events(tag: &str) -> Vec<String> {
-    EVENTS.lock().unwrap().iter().filter(|(t, _)| t == tag).map(|(_, e)| e.clone()).collect()
+    EVENTS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _)| t == tag)
+        .map(|(_, e)| e.clone())
+        .collect()
 }
 
 fn mapped(region: Region) -> &'static str {
@@ -84,7 +90,10 @@ impl Recorder {
 
 impl Held {
     fn release(self) -> Vec<TeardownIssue> {
-        record(&self.opts.tag, format!("release {} {}", self.name, mapped(self.region)));
+        record(
+            &self.opts.tag,
+            format!("release {} {}", self.name, mapped(self.region)),
+        );
         if self.opts.fail_release {
             vec![TeardownIssue::log(self.name, "device refused to let go")]
         } else {
@@ -129,7 +138,11 @@ impl Registration for Held {
     }
 }
 
-fn recorder<T: ?Sized>(name: &'static str, table: Option<&Value>, wrap: fn(Recorder) -> Box<T>) -> Result<Box<T>> {
+fn recorder<T: ?Sized>(
+    name: &'static str,
+    table: Option<&Value>,
+    wrap: fn(Recorder) -> Box<T>,
+) -> Result<Box<T>> {
     let opts: Opts = pool_core::plugin::parse_table(name, table)?;
     Ok(wrap(Recorder { name, opts }))
 }
@@ -213,14 +226,26 @@ fn best_effort_pin_that_is_unavailable_is_skipped_with_the_reason() {
     let r = pool.report();
     assert_eq!(r.pin.status, PinStatus::Skipped);
     let reason = r.pin.reason.clone().unwrap();
-    assert!(reason.contains("not available on this host") && reason.contains("no such device"), "{reason}");
+    assert!(
+        reason.contains("not available on this host") && reason.contains("no such device"),
+        "{reason}"
+    );
     drop(pool);
-    assert_eq!(events("skip"), ["test-pin mapped"], "a skipped pin must not be released");
+    assert_eq!(
+        events("skip"),
+        ["test-pin mapped"],
+        "a skipped pin must not be released"
+    );
 }
 
 #[test]
 fn required_pin_that_fails_fails_the_build_and_releases_the_mapping() {
-    let mut c = config("required", Some(json!({"fail": "driver said no"})), None, None);
+    let mut c = config(
+        "required",
+        Some(json!({"fail": "driver said no"})),
+        None,
+        None,
+    );
     c.pin.required = true;
     let e = Pool::build(&PoolPlan::new(c).unwrap(), &Quiet).unwrap_err();
     assert!(e.to_string().contains("driver said no"), "{e}");
@@ -230,7 +255,12 @@ fn required_pin_that_fails_fails_the_build_and_releases_the_mapping() {
 
 #[test]
 fn a_failed_registration_rolls_back_earlier_ones_and_the_pin_in_reverse() {
-    let c = config("rollback", Some(json!({})), Some(json!({})), Some(json!({"fail": "mr refused"})));
+    let c = config(
+        "rollback",
+        Some(json!({})),
+        Some(json!({})),
+        Some(json!({"fail": "mr refused"})),
+    );
     let e = Pool::build(&PoolPlan::new(c).unwrap(), &Quiet).unwrap_err();
     assert!(e.to_string().contains("mr refused"), "{e}");
     assert_eq!(
@@ -247,14 +277,24 @@ fn a_failed_registration_rolls_back_earlier_ones_and_the_pin_in_reverse() {
 
 #[test]
 fn teardown_carries_on_past_a_step_it_cannot_undo_and_reports_it() {
-    let c = config("stuck", Some(json!({})), Some(json!({"fail_release": true})), None);
+    let c = config(
+        "stuck",
+        Some(json!({})),
+        Some(json!({"fail_release": true})),
+        None,
+    );
     let pool = Pool::build(&PoolPlan::new(c).unwrap(), &Quiet).unwrap();
     let r = pool.teardown();
     assert_eq!(r.teardown_issues.len(), 1);
     assert!(r.teardown_issues[0].detail.contains("refused to let go"));
     assert_eq!(
         events("stuck"),
-        ["test-pin mapped", "test-reg-a mapped", "release test-reg-a mapped", "release test-pin mapped"]
+        [
+            "test-pin mapped",
+            "test-reg-a mapped",
+            "release test-reg-a mapped",
+            "release test-pin mapped"
+        ]
     );
 }
 
@@ -263,7 +303,10 @@ fn a_bad_key_in_a_plugin_table_is_rejected_by_that_plugin() {
     let mut c = config("badkey", Some(json!({})), None, None);
     c.plugins.get_mut("test-pin").unwrap()["colour"] = json!("red");
     let e = PoolPlan::new(c).unwrap_err();
-    assert!(e.to_string().contains("[test-pin]") && e.to_string().contains("colour"), "{e}");
+    assert!(
+        e.to_string().contains("[test-pin]") && e.to_string().contains("colour"),
+        "{e}"
+    );
     assert_eq!(e.exit_code(), 2);
 }
 
@@ -273,5 +316,8 @@ fn unknown_pinner_names_the_available_ones_sorted() {
     c.pin.kind = "cudaa".into();
     let e = PoolPlan::new(c).unwrap_err();
     assert!(e.to_string().contains("unknown pinner `cudaa`"), "{e}");
-    assert!(e.to_string().contains("available: ") && e.to_string().contains("test-pin"), "{e}");
+    assert!(
+        e.to_string().contains("available: ") && e.to_string().contains("test-pin"),
+        "{e}"
+    );
 }

@@ -19,7 +19,9 @@ use pool_core::capacity;
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::parse_table;
 use pool_core::sys::{self, AnonMapOptions};
-use pool_core::{Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Region, Result, TeardownIssue};
+use pool_core::{
+    Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Region, Result, TeardownIssue,
+};
 use serde::{Deserialize, Serialize};
 
 /// The plugin name.
@@ -107,7 +109,11 @@ impl Backing for AnonBacking {
         let size = round_to_page(config.size.get(), base)?;
         let mut explain = vec![format!(
             "anonymous {} mapping of {} ({} mapped in {base} pages)",
-            if self.options.shared { "MAP_SHARED" } else { "MAP_PRIVATE" },
+            if self.options.shared {
+                "MAP_SHARED"
+            } else {
+                "MAP_PRIVATE"
+            },
             format_bytes(size.logical()),
             format_bytes(size.mapped()),
         )];
@@ -118,7 +124,9 @@ impl Backing for AnonBacking {
                 thp_mode().unwrap_or_else(|| "unknown".into())
             ));
             if thp_mode().as_deref() == Some("never") {
-                explain.push("warning: THP is disabled system-wide (never); thp = true has no effect".into());
+                explain.push(
+                    "warning: THP is disabled system-wide (never); thp = true has no effect".into(),
+                );
             }
         }
         Ok(BackingPlan {
@@ -136,7 +144,8 @@ impl Backing for AnonBacking {
     }
 
     fn map(&self, plan: &BackingPlan) -> Result<Box<dyn Mapping>> {
-        let len = usize::try_from(plan.size.mapped()).map_err(|_| Error::config("pool larger than the address space"))?;
+        let len = usize::try_from(plan.size.mapped())
+            .map_err(|_| Error::config("pool larger than the address space"))?;
         let align = if self.options.thp {
             usize::try_from(thp_size()).unwrap_or(2 << 20)
         } else {
@@ -155,9 +164,10 @@ impl Backing for AnonBacking {
             addr: None,
             size: plan.size.mapped(),
             page: plan.size.page(),
-            remedy: "the kernel refused the size (overcommit policy or address space); free memory, \
+            remedy:
+                "the kernel refused the size (overcommit policy or address space); free memory, \
                      check vm.overcommit_memory, or ask for a smaller --size"
-                .into(),
+                    .into(),
             source,
         })?;
         let mapping = AnonMapping {
@@ -205,7 +215,12 @@ impl AnonMapping {
             Ok(()) => Vec::new(),
             Err(e) => vec![TeardownIssue::log(
                 "munmap",
-                format!("{:p}+{} ({}): {e}", self.base, self.len, format_bytes(self.len as u64)),
+                format!(
+                    "{:p}+{} ({}): {e}",
+                    self.base,
+                    self.len,
+                    format_bytes(self.len as u64)
+                ),
             )],
         }
     }
@@ -288,7 +303,15 @@ mod tests {
             populates_at_map: false,
         };
         let failures = conformance::run(&suite);
-        assert!(failures.is_empty(), "conformance failures:\n{}", failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+        assert!(
+            failures.is_empty(),
+            "conformance failures:\n{}",
+            failures
+                .iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
 
     #[test]
@@ -300,7 +323,11 @@ mod tests {
 
     #[test]
     fn thp_pool_starts_on_a_thp_boundary() {
-        let pool = Pool::build(&PoolPlan::new(config(8 << 20, Some(json!({"thp": true})))).unwrap(), &Quiet).unwrap();
+        let pool = Pool::build(
+            &PoolPlan::new(config(8 << 20, Some(json!({"thp": true})))).unwrap(),
+            &Quiet,
+        )
+        .unwrap();
         let addr = pool.region().unwrap().addr() as u64;
         assert_eq!(addr % thp_size(), 0, "thp pool at {addr:#x}");
         assert_eq!(pool.report().options, json!({"shared": false, "thp": true}));
@@ -309,7 +336,11 @@ mod tests {
 
     #[test]
     fn shared_pool_is_shared_with_a_forked_child() {
-        let pool = Pool::build(&PoolPlan::new(config(1 << 20, Some(json!({"shared": true})))).unwrap(), &Quiet).unwrap();
+        let pool = Pool::build(
+            &PoolPlan::new(config(1 << 20, Some(json!({"shared": true})))).unwrap(),
+            &Quiet,
+        )
+        .unwrap();
         let p = pool.region().unwrap().addr();
         // SAFETY: fork in a test: the child only writes one byte to the
         // shared pool and calls _exit, which is async-signal-safe.
@@ -322,7 +353,11 @@ mod tests {
             }
             let mut status = 0;
             assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
-            assert_eq!(p.add(4096).read_volatile(), 0xab, "the child's write must be visible");
+            assert_eq!(
+                p.add(4096).read_volatile(),
+                0xab,
+                "the child's write must be visible"
+            );
         }
         assert!(pool.teardown().teardown_issues.is_empty());
     }
@@ -341,7 +376,11 @@ mod tests {
             }
             let mut status = 0;
             assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
-            assert_eq!(p.add(4096).read_volatile(), 0, "a private pool must not see the child's write");
+            assert_eq!(
+                p.add(4096).read_volatile(),
+                0,
+                "a private pool must not see the child's write"
+            );
         }
         drop(pool);
     }

@@ -20,7 +20,8 @@ unsafe extern "C" {
 
 /// The region's length and the thread count as the C functions take them.
 fn c_args(region: &Region, threads: usize) -> io::Result<(usize, c_int)> {
-    let len = usize::try_from(region.mapped_len()).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    let len = usize::try_from(region.mapped_len())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
     // The C side clamps to 1024 threads and rejects 0 with EINVAL.
     let threads = c_int::try_from(threads).unwrap_or(c_int::MAX);
     Ok((len, threads))
@@ -73,7 +74,9 @@ mod tests {
     use std::ptr::NonNull;
 
     use pool_core::layout::{PageSize, round_to_page};
-    use pool_core::sys::{AnonMapOptions, base_page_size, map_anonymous, resident_base_pages, unmap};
+    use pool_core::sys::{
+        AnonMapOptions, base_page_size, map_anonymous, resident_base_pages, unmap,
+    };
 
     use super::*;
 
@@ -86,7 +89,14 @@ mod tests {
     impl Anon {
         fn new(len: usize) -> Anon {
             let page = base_page_size();
-            let base = map_anonymous(len, AnonMapOptions { shared: false, align: page }).unwrap();
+            let base = map_anonymous(
+                len,
+                AnonMapOptions {
+                    shared: false,
+                    align: page,
+                },
+            )
+            .unwrap();
             let size = round_to_page(len as u64, PageSize::BASE_4K).unwrap();
             // SAFETY: `base` is a fresh read-write mapping of `len` bytes (a
             // page multiple), page-aligned, unmapped only by `drop`.
@@ -122,7 +132,11 @@ mod tests {
             raw_populate(&m.region, threads).unwrap();
             assert_eq!(m.resident(), m.pages(), "{threads} thread(s)");
             // SAFETY: as above; populate left the page in place.
-            assert_eq!(unsafe { m.region.addr().add(5000).read() }, 42, "populate must not change data");
+            assert_eq!(
+                unsafe { m.region.addr().add(5000).read() },
+                42,
+                "populate must not change data"
+            );
         }
     }
 
@@ -147,8 +161,14 @@ mod tests {
     #[test]
     fn zero_threads_is_einval() {
         let m = Anon::new(base_page_size());
-        assert_eq!(raw_populate(&m.region, 0).unwrap_err().raw_os_error(), Some(libc::EINVAL));
-        assert_eq!(raw_memset(&m.region, 0).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(
+            raw_populate(&m.region, 0).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
+        );
+        assert_eq!(
+            raw_memset(&m.region, 0).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
+        );
         assert_eq!(m.resident(), 0);
     }
 
@@ -157,7 +177,8 @@ mod tests {
         // A shared mapping of 4 MiB over a 1 MiB memfd: the pages past EOF
         // would SIGBUS on access, so MADV_POPULATE_WRITE returns EFAULT.
         // SAFETY: a NUL-terminated name; the fd is ours and closed below.
-        let fd = unsafe { libc::memfd_create(c"hostpool-reference-test".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd =
+            unsafe { libc::memfd_create(c"hostpool-reference-test".as_ptr(), libc::MFD_CLOEXEC) };
         assert!(fd >= 0, "{}", io::Error::last_os_error());
         // SAFETY: our fd.
         assert_eq!(unsafe { libc::ftruncate(fd, 1 << 20) }, 0);
@@ -177,10 +198,15 @@ mod tests {
         let base = NonNull::new(p.cast::<u8>()).unwrap();
         // SAFETY: mapped read-write above for `len` bytes, page-aligned; only
         // the populate call (never a direct access) touches it.
-        let region = unsafe { Region::new(base, round_to_page(len as u64, PageSize::BASE_4K).unwrap()) };
+        let region =
+            unsafe { Region::new(base, round_to_page(len as u64, PageSize::BASE_4K).unwrap()) };
         for threads in [1, 2] {
             let e = raw_populate(&region, threads).unwrap_err();
-            assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{threads} thread(s): {e}");
+            assert_eq!(
+                e.raw_os_error(),
+                Some(libc::EFAULT),
+                "{threads} thread(s): {e}"
+            );
         }
         // SAFETY: our mapping and fd; nothing refers to them any more.
         unsafe {

@@ -43,7 +43,13 @@ pub struct CapacityCheck {
 
 impl CapacityCheck {
     /// A check from a need and a free figure.
-    pub fn new(resource: &str, source: &str, need: u64, free: Option<u64>, remedy: &str) -> CapacityCheck {
+    pub fn new(
+        resource: &str,
+        source: &str,
+        need: u64,
+        free: Option<u64>,
+        remedy: &str,
+    ) -> CapacityCheck {
         let verdict = match free {
             Some(f) if need <= f => Verdict::Fits,
             Some(_) => Verdict::Short,
@@ -133,8 +139,16 @@ pub fn cgroup_memory() -> Option<CgroupMemory> {
                 }
             }
         } else if controllers.split(',').any(|c| c == "memory") {
-            for dir in [Path::new("/sys/fs/cgroup/memory").join(rel), PathBuf::from("/sys/fs/cgroup/memory")] {
-                if let Some(m) = read_limit(&dir, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_cache") {
+            for dir in [
+                Path::new("/sys/fs/cgroup/memory").join(rel),
+                PathBuf::from("/sys/fs/cgroup/memory"),
+            ] {
+                if let Some(m) = read_limit(
+                    &dir,
+                    "memory.limit_in_bytes",
+                    "memory.usage_in_bytes",
+                    "total_cache",
+                ) {
                     return Some(m);
                 }
             }
@@ -150,7 +164,11 @@ fn read_limit(dir: &Path, limit: &str, usage: &str, cache_key: &str) -> Option<C
     if limit >= UNLIMITED {
         return None;
     }
-    let usage: u64 = fs::read_to_string(dir.join(usage)).ok()?.trim().parse().ok()?;
+    let usage: u64 = fs::read_to_string(dir.join(usage))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     let cache = fs::read_to_string(dir.join("memory.stat"))
         .ok()
         .and_then(|s| {
@@ -196,7 +214,8 @@ mod tests {
 
     #[test]
     fn meminfo_parses_kb_fields() {
-        let text = "MemTotal:       24684096 kB\nMemAvailable:   20000000 kB\nHugePages_Total:       4\n";
+        let text =
+            "MemTotal:       24684096 kB\nMemAvailable:   20000000 kB\nHugePages_Total:       4\n";
         assert_eq!(parse_meminfo(text, "MemAvailable"), Some(20_000_000 * 1024));
         assert_eq!(parse_meminfo(text, "HugePages_Total"), Some(4));
         assert_eq!(parse_meminfo(text, "MemFree"), None);
@@ -206,20 +225,41 @@ mod tests {
 
     #[test]
     fn verdicts_follow_need_and_free() {
-        assert_eq!(CapacityCheck::new("m", "s", 10, Some(10), "r").verdict, Verdict::Fits);
-        let short = CapacityCheck::new("memory", "MemAvailable", 11 << 30, Some(10 << 30), "free some");
+        assert_eq!(
+            CapacityCheck::new("m", "s", 10, Some(10), "r").verdict,
+            Verdict::Fits
+        );
+        let short = CapacityCheck::new(
+            "memory",
+            "MemAvailable",
+            11 << 30,
+            Some(10 << 30),
+            "free some",
+        );
         assert_eq!(short.verdict, Verdict::Short);
         let msg = short.to_error().unwrap().to_string();
-        assert!(msg.contains("11 GiB") && msg.contains("10 GiB") && msg.contains("free some"), "{msg}");
-        assert_eq!(CapacityCheck::new("m", "s", 1, None, "r").verdict, Verdict::Unknown);
+        assert!(
+            msg.contains("11 GiB") && msg.contains("10 GiB") && msg.contains("free some"),
+            "{msg}"
+        );
+        assert_eq!(
+            CapacityCheck::new("m", "s", 1, None, "r").verdict,
+            Verdict::Unknown
+        );
         assert!(require(&[short]).is_err());
     }
 
     #[test]
     fn an_absurd_pool_is_short_on_this_node() {
         let checks = ordinary_memory(1 << 60);
-        assert!(checks.iter().any(|c| c.verdict == Verdict::Short), "{checks:?}");
+        assert!(
+            checks.iter().any(|c| c.verdict == Verdict::Short),
+            "{checks:?}"
+        );
         let small = ordinary_memory(4096);
-        assert!(small.iter().all(|c| c.verdict == Verdict::Fits), "{small:?}");
+        assert!(
+            small.iter().all(|c| c.verdict == Verdict::Fits),
+            "{small:?}"
+        );
     }
 }

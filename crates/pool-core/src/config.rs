@@ -180,9 +180,7 @@ impl PoolConfig {
             _ => Format::Toml,
         };
         PoolConfig::parse(&text, format).map_err(|e| match e {
-            Error::Config { message } => {
-                Error::config(format!("in {}: {message}", path.display()))
-            }
+            Error::Config { message } => Error::config(format!("in {}: {message}", path.display())),
             other => other,
         })
     }
@@ -269,7 +267,10 @@ mod tests {
         keys.sort();
         let mut want: Vec<_> = POOL_KEYS.iter().map(|s| s.to_string()).collect();
         want.sort();
-        assert_eq!(keys, want, "POOL_KEYS must list exactly the fields of PoolConfig");
+        assert_eq!(
+            keys, want,
+            "POOL_KEYS must list exactly the fields of PoolConfig"
+        );
     }
 
     #[test]
@@ -283,7 +284,10 @@ mod tests {
         assert_eq!(c.backing, "anon");
         assert_eq!(c.threads, NonZeroUsize::new(2));
         assert_eq!(c.prefault, PrefaultChoice::Touch);
-        assert_eq!(c.plugin_table("anon"), Some(&serde_json::json!({"thp": true})));
+        assert_eq!(
+            c.plugin_table("anon"),
+            Some(&serde_json::json!({"thp": true}))
+        );
     }
 
     #[test]
@@ -292,7 +296,10 @@ mod tests {
         assert_eq!(c.size, ByteSize(1 << 20));
         assert_eq!(c.backing, "auto");
         assert!(!c.pin.is_on());
-        assert_eq!(PoolConfig::parse("{}", Format::Json).unwrap(), PoolConfig::default());
+        assert_eq!(
+            PoolConfig::parse("{}", Format::Json).unwrap(),
+            PoolConfig::default()
+        );
     }
 
     #[test]
@@ -306,12 +313,21 @@ mod tests {
 
     #[test]
     fn mistyped_values_name_the_key() {
-        let msg = PoolConfig::parse("size = \"384G\"", Format::Toml).unwrap_err().to_string();
+        let msg = PoolConfig::parse("size = \"384G\"", Format::Toml)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("`size`") && msg.contains("384GiB"), "{msg}");
-        let msg = PoolConfig::parse("threads = 0", Format::Toml).unwrap_err().to_string();
+        let msg = PoolConfig::parse("threads = 0", Format::Toml)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("`threads`"), "{msg}");
-        let msg = PoolConfig::parse("prefault = \"fast\"", Format::Toml).unwrap_err().to_string();
-        assert!(msg.contains("`prefault`") && msg.contains("populate-write"), "{msg}");
+        let msg = PoolConfig::parse("prefault = \"fast\"", Format::Toml)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("`prefault`") && msg.contains("populate-write"),
+            "{msg}"
+        );
         let msg = PoolConfig::parse("[pin]\nkind = \"cuda\"\nrequird = true", Format::Toml)
             .unwrap_err()
             .to_string();

@@ -71,7 +71,10 @@ pub fn run(suite: &Suite) -> Vec<Failure> {
         for (check, result) in [
             ("size and alignment", size_and_alignment(config)),
             ("writes visible", writes_visible(config)),
-            ("prefault residency", prefault_residency(config, suite.populates_at_map)),
+            (
+                "prefault residency",
+                prefault_residency(config, suite.populates_at_map),
+            ),
             ("teardown leaves nothing", teardown_leaves_nothing(config)),
         ] {
             if let Err(message) = result {
@@ -133,18 +136,56 @@ pub fn size_and_alignment(config: &PoolConfig) -> Result<(), String> {
     let page = region.page().get();
     let r = pool.report();
     let checks = [
-        (region.addr() as u64 % page == 0, format!("address {:p} not aligned to {page}", region.addr())),
-        (region.logical_len() == config.size.get(), format!("logical {} != asked {}", region.logical_len(), config.size.get())),
-        (region.mapped_len() % page == 0, format!("mapped {} not a multiple of {page}", region.mapped_len())),
-        (region.mapped_len() >= region.logical_len() && region.mapped_len() - region.logical_len() < page,
-            format!("mapped {} is not logical {} rounded up to {page}", region.mapped_len(), region.logical_len())),
-        (r.page_size == page && r.mapped_bytes == region.mapped_len() && r.logical_bytes == region.logical_len(),
-            "report disagrees with the region".to_string()),
-        (config.page_size.is_none_or(|p| p.get() == page), format!("page size {page} is not the {:?} asked for", config.page_size)),
+        (
+            (region.addr() as u64).is_multiple_of(page),
+            format!("address {:p} not aligned to {page}", region.addr()),
+        ),
+        (
+            region.logical_len() == config.size.get(),
+            format!(
+                "logical {} != asked {}",
+                region.logical_len(),
+                config.size.get()
+            ),
+        ),
+        (
+            region.mapped_len().is_multiple_of(page),
+            format!("mapped {} not a multiple of {page}", region.mapped_len()),
+        ),
+        (
+            region.mapped_len() >= region.logical_len()
+                && region.mapped_len() - region.logical_len() < page,
+            format!(
+                "mapped {} is not logical {} rounded up to {page}",
+                region.mapped_len(),
+                region.logical_len()
+            ),
+        ),
+        (
+            r.page_size == page
+                && r.mapped_bytes == region.mapped_len()
+                && r.logical_bytes == region.logical_len(),
+            "report disagrees with the region".to_string(),
+        ),
+        (
+            config.page_size.is_none_or(|p| p.get() == page),
+            format!(
+                "page size {page} is not the {:?} asked for",
+                config.page_size
+            ),
+        ),
     ];
-    let failed: Vec<_> = checks.into_iter().filter(|(ok, _)| !ok).map(|(_, m)| m).collect();
+    let failed: Vec<_> = checks
+        .into_iter()
+        .filter(|(ok, _)| !ok)
+        .map(|(_, m)| m)
+        .collect();
     finish(pool)?;
-    if failed.is_empty() { Ok(()) } else { Err(failed.join("; ")) }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
 }
 
 /// A pattern written across the whole mapped range reads back intact.
@@ -165,7 +206,9 @@ pub fn writes_visible(config: &PoolConfig) -> Result<(), String> {
     finish(pool)?;
     match bad {
         None => Ok(()),
-        Some(off) => Err(format!("byte at offset {off} did not read back what was written")),
+        Some(off) => Err(format!(
+            "byte at offset {off} did not read back what was written"
+        )),
     }
 }
 
@@ -173,8 +216,12 @@ fn resident(pool: &Pool) -> Result<(u64, u64), String> {
     let region = pool.region().ok_or("built pool has no region")?;
     let len = usize::try_from(region.mapped_len()).map_err(|e| e.to_string())?;
     // SAFETY: the pool's mapping is live while `pool` is borrowed.
-    let n = unsafe { sys::resident_base_pages(region.addr(), len) }.map_err(|e| format!("mincore: {e}"))?;
-    Ok((n, region.mapped_len().div_ceil(sys::base_page_size() as u64)))
+    let n = unsafe { sys::resident_base_pages(region.addr(), len) }
+        .map_err(|e| format!("mincore: {e}"))?;
+    Ok((
+        n,
+        region.mapped_len().div_ceil(sys::base_page_size() as u64),
+    ))
 }
 
 /// After prefault every page is resident; without it fewer are.
@@ -190,7 +237,9 @@ pub fn prefault_residency(config: &PoolConfig, populates_at_map: bool) -> Result
     let (res, total) = resident(&pool)?;
     finish(pool)?;
     if res != total {
-        return Err(format!("after prefault {res} of {total} base pages are resident"));
+        return Err(format!(
+            "after prefault {res} of {total} base pages are resident"
+        ));
     }
     if !populates_at_map {
         let mut without = config.clone();
@@ -226,22 +275,33 @@ fn maps_has(start: u64, end: u64) -> bool {
 pub fn teardown_leaves_nothing(config: &PoolConfig) -> Result<(), String> {
     let pool = build(config)?;
     let region = pool.region().ok_or("built pool has no region")?;
-    let (start, end) = (region.addr() as u64, region.addr() as u64 + region.mapped_len());
+    let (start, end) = (
+        region.addr() as u64,
+        region.addr() as u64 + region.mapped_len(),
+    );
     let files: Vec<PathBuf> = pool.files();
     if !maps_has(start, end) {
-        return Err(format!("the live pool {start:#x}-{end:#x} is not in /proc/self/maps as one mapping"));
+        return Err(format!(
+            "the live pool {start:#x}-{end:#x} is not in /proc/self/maps as one mapping"
+        ));
     }
     finish(pool)?;
     let mut left = Vec::new();
     if maps_has(start, end) {
-        left.push(format!("mapping {start:#x}-{end:#x} still in /proc/self/maps"));
+        left.push(format!(
+            "mapping {start:#x}-{end:#x} still in /proc/self/maps"
+        ));
     }
     for f in files {
         if std::fs::symlink_metadata(&f).is_ok() {
             left.push(format!("file {} still exists", f.display()));
         }
     }
-    if left.is_empty() { Ok(()) } else { Err(left.join("; ")) }
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(left.join("; "))
+    }
 }
 
 /// A bad config fails, before mapping, with the expected words.

@@ -31,7 +31,7 @@ pub enum Error {
         key: String,
         /// What was wrong with it.
         #[source]
-        source: SizeError,
+        source: Box<SizeError>,
     },
 
     /// Layout arithmetic refused the sizes (exit status 2).
@@ -53,7 +53,9 @@ pub enum Error {
     },
 
     /// Two plugins of one kind registered the same name.
-    #[error("{kind} `{name}` is registered twice, by `{first}` and by `{second}`; rename one of them")]
+    #[error(
+        "{kind} `{name}` is registered twice, by `{first}` and by `{second}`; rename one of them"
+    )]
     DuplicatePlugin {
         /// "backing", "pinner" or "registrar".
         kind: &'static str,
@@ -207,7 +209,14 @@ mod tests {
             source: io::Error::from_raw_os_error(libc::ENOMEM),
         };
         let msg = e.to_string();
-        for want in ["mmap", "0x7f0000000000", "3 GiB", "2 MiB", "/dev/hugepages/pool", "reserve more"] {
+        for want in [
+            "mmap",
+            "0x7f0000000000",
+            "3 GiB",
+            "2 MiB",
+            "/dev/hugepages/pool",
+            "reserve more",
+        ] {
             assert!(msg.contains(want), "missing {want:?} in {msg}");
         }
         assert_eq!(e.errno(), Some(libc::ENOMEM));

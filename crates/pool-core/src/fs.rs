@@ -48,7 +48,10 @@ mod tests {
 
     #[test]
     fn proc_is_other_and_missing_dirs_are_errors() {
-        assert!(matches!(filesystem_kind(Path::new("/proc")), Ok(FsKind::Other { .. })));
+        assert!(matches!(
+            filesystem_kind(Path::new("/proc")),
+            Ok(FsKind::Other { .. })
+        ));
         let e = filesystem_kind(Path::new("/nonexistent/x")).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
     }

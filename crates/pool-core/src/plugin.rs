@@ -193,7 +193,10 @@ pub struct BackingSelection {
 /// backing serves.
 pub fn auto_backing_name(dir: Option<&Path>) -> Result<(&'static str, String)> {
     let Some(dir) = dir else {
-        return Ok(("anon", "backing = auto and no dir given: anonymous memory".into()));
+        return Ok((
+            "anon",
+            "backing = auto and no dir given: anonymous memory".into(),
+        ));
     };
     match filesystem_kind(dir) {
         Ok(FsKind::Hugetlbfs { page_size }) => Ok((
@@ -206,7 +209,10 @@ pub fn auto_backing_name(dir: Option<&Path>) -> Result<(&'static str, String)> {
         )),
         Ok(FsKind::Tmpfs) => Ok((
             "shm-segmented",
-            format!("backing = auto and {} is tmpfs: segmented shared-memory files", dir.display()),
+            format!(
+                "backing = auto and {} is tmpfs: segmented shared-memory files",
+                dir.display()
+            ),
         )),
         Ok(FsKind::Other { magic }) => Err(Error::config(format!(
             "backing = auto cannot serve dir {}: it is neither hugetlbfs nor tmpfs (filesystem magic \
@@ -306,17 +312,38 @@ mod tests {
 
     #[test]
     fn duplicate_names_are_an_error_naming_both_crates() {
-        let e = index(vec![fake("a", "crate-two"), fake("b", "x"), fake("a", "crate-one")]).unwrap_err();
+        let e = index(vec![
+            fake("a", "crate-two"),
+            fake("b", "x"),
+            fake("a", "crate-one"),
+        ])
+        .unwrap_err();
         assert!(
-            matches!(e, Error::DuplicatePlugin { name: "a", first: "crate-one", second: "crate-two", .. }),
+            matches!(
+                e,
+                Error::DuplicatePlugin {
+                    name: "a",
+                    first: "crate-one",
+                    second: "crate-two",
+                    ..
+                }
+            ),
             "{e:?}"
         );
     }
 
     #[test]
     fn index_is_sorted_whatever_the_submission_order() {
-        let m = index(vec![fake("zeta", "z"), fake("alpha", "a"), fake("mid", "m")]).unwrap();
-        assert_eq!(m.keys().copied().collect::<Vec<_>>(), ["alpha", "mid", "zeta"]);
+        let m = index(vec![
+            fake("zeta", "z"),
+            fake("alpha", "a"),
+            fake("mid", "m"),
+        ])
+        .unwrap();
+        assert_eq!(
+            m.keys().copied().collect::<Vec<_>>(),
+            ["alpha", "mid", "zeta"]
+        );
     }
 
     #[test]
@@ -337,22 +364,34 @@ mod tests {
     #[test]
     fn auto_on_tmpfs_is_shm_segmented_and_on_other_filesystems_an_error() {
         if let Ok(FsKind::Tmpfs) = filesystem_kind(Path::new("/dev/shm")) {
-            assert_eq!(auto_backing_name(Some(Path::new("/dev/shm"))).unwrap().0, "shm-segmented");
+            assert_eq!(
+                auto_backing_name(Some(Path::new("/dev/shm"))).unwrap().0,
+                "shm-segmented"
+            );
         } else {
             eprintln!("skip: /dev/shm is not tmpfs on this host");
         }
         let e = auto_backing_name(Some(Path::new("/proc"))).unwrap_err();
         assert!(e.to_string().contains("neither hugetlbfs nor tmpfs"), "{e}");
         let e = auto_backing_name(Some(Path::new("/nonexistent/dir"))).unwrap_err();
-        assert!(e.to_string().contains("cannot examine dir /nonexistent/dir"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("cannot examine dir /nonexistent/dir"),
+            "{e}"
+        );
     }
 
     #[test]
     fn unknown_plugin_tables_are_rejected() {
         let mut c = PoolConfig::default();
-        c.plugins.insert("anno".into(), serde_json::json!({"thp": true}));
+        c.plugins
+            .insert("anno".into(), serde_json::json!({"thp": true}));
         let e = validate_plugin_tables(&c).unwrap_err();
-        assert!(e.to_string().contains("table [anno] belongs to no registered plugin"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("table [anno] belongs to no registered plugin"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -18,7 +18,9 @@ use crate::error::{Result, TeardownIssue};
 use crate::layout::{Extent, format_bytes};
 use crate::plugin::{self, PinnerPlugin, RegistrarPlugin};
 use crate::prefault::{self, FaultIn, PrefaultOutcome, PrefaultPlan};
-use crate::traits::{Backing, BackingPlan, ExtentReport, Mapping, Pin, Pinner, Region, Registrar, Registration};
+use crate::traits::{
+    Backing, BackingPlan, ExtentReport, Mapping, Pin, Pinner, Region, Registrar, Registration,
+};
 
 /// The phases of a build, for progress reporting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +102,12 @@ impl PoolPlan {
             offset: 0,
             len: backing_plan.size.mapped(),
         };
-        let prefault = prefault::plan(config.prefault, whole, backing_plan.size.page(), config.threads)?;
+        let prefault = prefault::plan(
+            config.prefault,
+            whole,
+            backing_plan.size.page(),
+            config.threads,
+        )?;
         let pinner = if config.pin.is_on() {
             let p = plugin::lookup::<PinnerPlugin>(&config.pin.kind)?;
             Some((p.build)(config.plugin_table(p.name))?)
@@ -136,7 +143,11 @@ impl PoolPlan {
             Some(p) => format!(
                 "pin with {} ({})",
                 p.name(),
-                if self.config.pin.required { "required" } else { "best effort" }
+                if self.config.pin.required {
+                    "required"
+                } else {
+                    "best effort"
+                }
             ),
             None => "no pinning (pin kind off)".to_string(),
         });
@@ -158,7 +169,12 @@ impl PoolPlan {
             page_size: bp.size.page().get(),
             logical_bytes: bp.size.logical(),
             mapped_bytes: bp.size.mapped(),
-            segments: bp.segments.iter().copied().map(ExtentReport::from).collect(),
+            segments: bp
+                .segments
+                .iter()
+                .copied()
+                .map(ExtentReport::from)
+                .collect(),
             files: bp.files.iter().map(|p| p.display().to_string()).collect(),
             options: bp.options.clone(),
             prefault: PrefaultPlanReport {
@@ -171,9 +187,16 @@ impl PoolPlan {
                 kind: self.config.pin.kind.clone(),
                 required: self.config.pin.required,
             },
-            registrations: self.registrars.iter().map(|r| r.name().to_string()).collect(),
+            registrations: self
+                .registrars
+                .iter()
+                .map(|r| r.name().to_string())
+                .collect(),
             capacity: bp.capacity.clone(),
-            fits: bp.capacity.iter().all(|c| c.verdict != capacity::Verdict::Short),
+            fits: bp
+                .capacity
+                .iter()
+                .all(|c| c.verdict != capacity::Verdict::Short),
             explain,
         }
     }
@@ -346,7 +369,9 @@ impl Pool {
     pub fn build(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
         let bp = &plan.backing_plan;
         capacity::require(&bp.capacity)?;
-        let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || plan.backing.map(bp));
+        let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
+            plan.backing.map(bp)
+        });
         let mapping = mapping?;
         let region = mapping.region();
         let mut pool = Pool {
@@ -359,7 +384,12 @@ impl Pool {
                 logical_bytes: region.logical_len(),
                 mapped_bytes: region.mapped_len(),
                 address: format!("{:#x}", region.addr() as usize),
-                segments: bp.segments.iter().copied().map(ExtentReport::from).collect(),
+                segments: bp
+                    .segments
+                    .iter()
+                    .copied()
+                    .map(ExtentReport::from)
+                    .collect(),
                 options: bp.options.clone(),
                 prefault: None,
                 phases: Phases {
@@ -379,13 +409,17 @@ impl Pool {
         };
         // From here on, an early return drops `pool`, which tears down.
         let (outcome, secs) = timed(observer, Phase::Prefault, plan.prefault.extent.len, || {
-            prefault::run(&region, &plan.prefault, &|done| observer.progress(Phase::Prefault, done))
+            prefault::run(&region, &plan.prefault, &|done| {
+                observer.progress(Phase::Prefault, done)
+            })
         });
         pool.report.prefault = Some(outcome?);
         pool.report.phases.prefault = Some(secs);
 
         if let Some(pinner) = &plan.pinner {
-            let (pinned, secs) = timed(observer, Phase::Pin, region.mapped_len(), || pinner.pin(region, &plan.config));
+            let (pinned, secs) = timed(observer, Phase::Pin, region.mapped_len(), || {
+                pinner.pin(region, &plan.config)
+            });
             pool.report.phases.pin = Some(secs);
             match pinned {
                 Ok(pin) => {
@@ -394,7 +428,10 @@ impl Pool {
                     pool.pin = Some(pin);
                 }
                 Err(e) if !plan.config.pin.required => {
-                    tracing::warn!("pinning with {} skipped, the pool stays pageable: {e}", pinner.name());
+                    tracing::warn!(
+                        "pinning with {} skipped, the pool stays pageable: {e}",
+                        pinner.name()
+                    );
                     pool.report.pin.status = PinStatus::Skipped;
                     pool.report.pin.reason = Some(e.to_string());
                 }

@@ -64,7 +64,11 @@ pub struct NoPrefault;
 
 fn checked_range(region: &Region, extent: Extent) -> io::Result<(*mut u8, usize)> {
     let inside = extent.end() <= region.mapped_len() && region.page().is_aligned(extent.offset);
-    let (Some(addr), Ok(len), true) = (region.at(extent.offset), usize::try_from(extent.len), inside) else {
+    let (Some(addr), Ok(len), true) = (
+        region.at(extent.offset),
+        usize::try_from(extent.len),
+        inside,
+    ) else {
         return Err(io::Error::from_raw_os_error(libc::ERANGE));
     };
     Ok((addr, len))
@@ -167,9 +171,10 @@ pub fn plan(
             PrefaultMethod::from(Touch),
             "prefault auto: the kernel lacks MADV_POPULATE_WRITE (needs Linux 5.14), so touch one byte per page",
         ),
-        PrefaultChoice::PopulateWrite if supported => {
-            (PopulateWrite.into(), "prefault populate-write was asked for")
-        }
+        PrefaultChoice::PopulateWrite if supported => (
+            PopulateWrite.into(),
+            "prefault populate-write was asked for",
+        ),
         PrefaultChoice::PopulateWrite => {
             return Err(Error::NotAvailable {
                 what: "prefault populate-write".into(),
@@ -225,7 +230,11 @@ pub struct PrefaultOutcome {
 /// # Errors
 /// [`Error::Os`] naming the call, the failing range and the remedy; the first
 /// error stops the other threads at their next step.
-pub fn run(region: &Region, plan: &PrefaultPlan, progress: &(dyn Fn(u64) + Sync)) -> Result<PrefaultOutcome> {
+pub fn run(
+    region: &Region,
+    plan: &PrefaultPlan,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<PrefaultOutcome> {
     let page = region.page();
     if plan.extent.end() > region.mapped_len() || !page.is_aligned(plan.extent.offset) {
         return Err(Error::config(format!(
@@ -264,14 +273,22 @@ pub fn run(region: &Region, plan: &PrefaultPlan, progress: &(dyn Fn(u64) + Sync)
         let last = slices.len() - 1;
         std::thread::scope(|s| {
             for (i, slice) in slices.iter().enumerate() {
-                let slice = if i == last { with_tail(*slice, tail) } else { *slice };
+                let slice = if i == last {
+                    with_tail(*slice, tail)
+                } else {
+                    *slice
+                };
                 let (worker, barrier) = (&worker, &barrier);
                 s.spawn(move || worker.run(slice, Some(barrier)));
             }
         });
     }
     let seconds = start.elapsed().as_secs_f64();
-    if let Some(e) = worker.first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    if let Some(e) = worker
+        .first_error
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+    {
         return Err(e);
     }
     Ok(PrefaultOutcome {
@@ -298,7 +315,9 @@ const MAX_RETRIES: u32 = 16;
 
 fn on_error(method: &PrefaultMethod, errno: Option<i32>, retries: u32) -> OnError {
     match errno {
-        Some(libc::EINVAL) if matches!(method, PrefaultMethod::PopulateWrite(_)) => OnError::FallBackToTouch,
+        Some(libc::EINVAL) if matches!(method, PrefaultMethod::PopulateWrite(_)) => {
+            OnError::FallBackToTouch
+        }
         Some(libc::EINTR | libc::EAGAIN) if retries < MAX_RETRIES => OnError::Retry,
         _ => OnError::Fail,
     }
@@ -357,7 +376,9 @@ impl Worker<'_> {
             };
             match on_error(method, e.raw_os_error(), retries) {
                 OnError::FallBackToTouch => {
-                    tracing::info!("MADV_POPULATE_WRITE returned EINVAL for this mapping; touching pages instead");
+                    tracing::info!(
+                        "MADV_POPULATE_WRITE returned EINVAL for this mapping; touching pages instead"
+                    );
                     self.fell_back.store(true, Ordering::Relaxed);
                     *method = Touch.into();
                 }
@@ -415,13 +436,28 @@ mod tests {
         assert_eq!(thread_count(1 << 30, None, 16), 16);
         assert_eq!(thread_count(1 << 40, None, 16), 16);
         assert_eq!(thread_count(1 << 40, nz(4), 16), 4);
-        assert_eq!(thread_count(1 << 40, nz(64), 16), 64, "an explicit count may exceed the cores");
-        assert_eq!(thread_count(128 * mib, nz(64), 16), 2, "but never below 64 MiB a thread");
+        assert_eq!(
+            thread_count(1 << 40, nz(64), 16),
+            64,
+            "an explicit count may exceed the cores"
+        );
+        assert_eq!(
+            thread_count(128 * mib, nz(64), 16),
+            2,
+            "but never below 64 MiB a thread"
+        );
         assert_eq!(thread_count(u64::MAX, None, 0), 1);
     }
 
     fn with_mapping(len: usize, f: impl FnOnce(Region)) {
-        let p = map_anonymous(len, AnonMapOptions { shared: false, align: 4096 }).unwrap();
+        let p = map_anonymous(
+            len,
+            AnonMapOptions {
+                shared: false,
+                align: 4096,
+            },
+        )
+        .unwrap();
         let size = round_to_page(len as u64, PageSize::BASE_4K).unwrap();
         // SAFETY: fresh private mapping of `len` bytes, unmapped below after `f`.
         let region = unsafe { Region::new(p, size) };
@@ -437,9 +473,16 @@ mod tests {
 
     #[test]
     fn every_method_makes_the_whole_extent_resident_with_several_threads() {
-        for choice in [PrefaultChoice::Auto, PrefaultChoice::PopulateWrite, PrefaultChoice::Touch] {
+        for choice in [
+            PrefaultChoice::Auto,
+            PrefaultChoice::PopulateWrite,
+            PrefaultChoice::Touch,
+        ] {
             with_mapping(200 << 20, |region| {
-                let extent = Extent { offset: 0, len: region.mapped_len() };
+                let extent = Extent {
+                    offset: 0,
+                    len: region.mapped_len(),
+                };
                 let mut plan = plan(choice, extent, region.page(), nz(3)).unwrap();
                 assert_eq!(plan.threads, 3);
                 plan.threads = 3;
@@ -452,9 +495,17 @@ mod tests {
                 .unwrap();
                 assert_eq!(out.bytes, 200 << 20);
                 assert_eq!(out.threads, 3);
-                assert_eq!(last.load(Ordering::Relaxed), 200 << 20, "progress must reach the total");
+                assert_eq!(
+                    last.load(Ordering::Relaxed),
+                    200 << 20,
+                    "progress must reach the total"
+                );
                 assert!(calls.load(Ordering::Relaxed) >= 3);
-                assert_eq!(resident(&region), (200 << 20) / 4096, "{choice:?} left pages unfaulted");
+                assert_eq!(
+                    resident(&region),
+                    (200 << 20) / 4096,
+                    "{choice:?} left pages unfaulted"
+                );
             });
         }
     }
@@ -462,7 +513,10 @@ mod tests {
     #[test]
     fn a_shard_faults_only_its_own_pages() {
         with_mapping(16 << 20, |region| {
-            let extent = Extent { offset: 4 << 20, len: (4 << 20) + 4096 };
+            let extent = Extent {
+                offset: 4 << 20,
+                len: (4 << 20) + 4096,
+            };
             let plan = plan(PrefaultChoice::Auto, extent, region.page(), None).unwrap();
             run(&region, &plan, &|_| {}).unwrap();
             assert_eq!(resident(&region), ((4 << 20) + 4096) / 4096);
@@ -472,7 +526,10 @@ mod tests {
     #[test]
     fn none_faults_nothing() {
         with_mapping(8 << 20, |region| {
-            let extent = Extent { offset: 0, len: region.mapped_len() };
+            let extent = Extent {
+                offset: 0,
+                len: region.mapped_len(),
+            };
             let plan = plan(PrefaultChoice::None, extent, region.page(), None).unwrap();
             let out = run(&region, &plan, &|_| {}).unwrap();
             assert_eq!(out.method, "none");
@@ -483,11 +540,32 @@ mod tests {
     #[test]
     fn out_of_range_extents_are_rejected() {
         with_mapping(1 << 20, |region| {
-            let mut plan = plan(PrefaultChoice::Auto, Extent { offset: 0, len: 1 << 20 }, region.page(), None).unwrap();
-            plan.extent = Extent { offset: 0, len: 2 << 20 };
-            assert!(matches!(run(&region, &plan, &|_| {}), Err(Error::Config { .. })));
-            plan.extent = Extent { offset: 1, len: 4096 };
-            assert!(matches!(run(&region, &plan, &|_| {}), Err(Error::Config { .. })));
+            let mut plan = plan(
+                PrefaultChoice::Auto,
+                Extent {
+                    offset: 0,
+                    len: 1 << 20,
+                },
+                region.page(),
+                None,
+            )
+            .unwrap();
+            plan.extent = Extent {
+                offset: 0,
+                len: 2 << 20,
+            };
+            assert!(matches!(
+                run(&region, &plan, &|_| {}),
+                Err(Error::Config { .. })
+            ));
+            plan.extent = Extent {
+                offset: 1,
+                len: 4096,
+            };
+            assert!(matches!(
+                run(&region, &plan, &|_| {}),
+                Err(Error::Config { .. })
+            ));
         });
     }
 
@@ -495,13 +573,23 @@ mod tests {
     fn only_einval_from_populate_write_falls_back() {
         let pw = PrefaultMethod::from(PopulateWrite);
         let touch = PrefaultMethod::from(Touch);
-        assert_eq!(on_error(&pw, Some(libc::EINVAL), 0), OnError::FallBackToTouch);
+        assert_eq!(
+            on_error(&pw, Some(libc::EINVAL), 0),
+            OnError::FallBackToTouch
+        );
         assert_eq!(on_error(&touch, Some(libc::EINVAL), 0), OnError::Fail);
         for errno in [libc::EFAULT, libc::ENOMEM, libc::EPERM, libc::EHWPOISON] {
-            assert_eq!(on_error(&pw, Some(errno), 0), OnError::Fail, "errno {errno}");
+            assert_eq!(
+                on_error(&pw, Some(errno), 0),
+                OnError::Fail,
+                "errno {errno}"
+            );
         }
         assert_eq!(on_error(&pw, Some(libc::EINTR), 0), OnError::Retry);
-        assert_eq!(on_error(&pw, Some(libc::EAGAIN), MAX_RETRIES), OnError::Fail);
+        assert_eq!(
+            on_error(&pw, Some(libc::EAGAIN), MAX_RETRIES),
+            OnError::Fail
+        );
         assert_eq!(on_error(&pw, None, 0), OnError::Fail);
     }
 
@@ -510,7 +598,8 @@ mod tests {
         // A shared file mapping longer than its 1 MiB file: the pages past EOF
         // would SIGBUS on access, so MADV_POPULATE_WRITE returns EFAULT, the
         // same errno as a full tmpfs. It must propagate, not fall back.
-        let fd = rustix::fs::memfd_create("hostpool-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let fd =
+            rustix::fs::memfd_create("hostpool-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
         let len = 4usize << 20;
         // SAFETY: a fresh shared mapping of our own memfd at a kernel-chosen address.
@@ -528,12 +617,27 @@ mod tests {
         let base = std::ptr::NonNull::new(p.cast::<u8>()).unwrap();
         // SAFETY: mapped above for `len` bytes; only the prefault engine
         // accesses it (through MADV_POPULATE_WRITE, never a direct access).
-        let region = unsafe { Region::new(base, round_to_page(len as u64, PageSize::BASE_4K).unwrap()) };
-        let plan = plan(PrefaultChoice::PopulateWrite, Extent { offset: 0, len: len as u64 }, region.page(), nz(1)).unwrap();
+        let region =
+            unsafe { Region::new(base, round_to_page(len as u64, PageSize::BASE_4K).unwrap()) };
+        let plan = plan(
+            PrefaultChoice::PopulateWrite,
+            Extent {
+                offset: 0,
+                len: len as u64,
+            },
+            region.page(),
+            nz(1),
+        )
+        .unwrap();
         let e = run(&region, &plan, &|_| {}).unwrap_err();
         assert_eq!(e.errno(), Some(libc::EFAULT), "{e:?}");
         let msg = e.to_string();
-        assert!(msg.contains("MADV_POPULATE_WRITE") && msg.contains("offset 0") && msg.contains("hostpool plan"), "{msg}");
+        assert!(
+            msg.contains("MADV_POPULATE_WRITE")
+                && msg.contains("offset 0")
+                && msg.contains("hostpool plan"),
+            "{msg}"
+        );
         // SAFETY: our mapping; nothing refers to it any more.
         unsafe { unmap(base.as_ptr(), len) }.unwrap();
     }

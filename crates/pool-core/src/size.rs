@@ -23,7 +23,9 @@ pub enum SizeError {
     #[error("empty size; write a number of bytes or a size with an IEC unit such as 4GiB")]
     Empty,
     /// No digits, or a malformed number.
-    #[error("`{input}` is not a size; write a number of bytes or a size with an IEC unit such as 4GiB")]
+    #[error(
+        "`{input}` is not a size; write a number of bytes or a size with an IEC unit such as 4GiB"
+    )]
     Malformed {
         /// What the operator wrote.
         input: String,
@@ -252,9 +254,15 @@ mod tests {
     fn decimal_and_single_letter_units_are_rejected_with_the_iec_spelling() {
         for input in ["384G", "384GB", "384gb", "384 G"] {
             let err = input.parse::<ByteSize>().unwrap_err();
-            assert!(matches!(err, SizeError::AmbiguousUnit { .. }), "{input}: {err:?}");
+            assert!(
+                matches!(err, SizeError::AmbiguousUnit { .. }),
+                "{input}: {err:?}"
+            );
             let msg = err.to_string();
-            assert!(msg.contains("384GiB"), "{input}: message must suggest 384GiB: {msg}");
+            assert!(
+                msg.contains("384GiB"),
+                "{input}: message must suggest 384GiB: {msg}"
+            );
             assert!(msg.contains(&(384u64 << 30).to_string()), "{msg}");
         }
         let msg = "2M".parse::<ByteSize>().unwrap_err().to_string();
@@ -264,12 +272,30 @@ mod tests {
     #[test]
     fn malformed_sizes_are_errors() {
         assert_eq!("".parse::<ByteSize>(), Err(SizeError::Empty));
-        assert!(matches!("GiB".parse::<ByteSize>(), Err(SizeError::Malformed { .. })));
-        assert!(matches!("1.GiB".parse::<ByteSize>(), Err(SizeError::Malformed { .. })));
-        assert!(matches!("-1GiB".parse::<ByteSize>(), Err(SizeError::Malformed { .. })));
-        assert!(matches!("4 parsecs".parse::<ByteSize>(), Err(SizeError::UnknownUnit { .. })));
-        assert!(matches!("1.5".parse::<ByteSize>(), Err(SizeError::Fractional { .. })));
-        assert!(matches!("16EiB".parse::<ByteSize>(), Err(SizeError::Overflow { .. })));
+        assert!(matches!(
+            "GiB".parse::<ByteSize>(),
+            Err(SizeError::Malformed { .. })
+        ));
+        assert!(matches!(
+            "1.GiB".parse::<ByteSize>(),
+            Err(SizeError::Malformed { .. })
+        ));
+        assert!(matches!(
+            "-1GiB".parse::<ByteSize>(),
+            Err(SizeError::Malformed { .. })
+        ));
+        assert!(matches!(
+            "4 parsecs".parse::<ByteSize>(),
+            Err(SizeError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            "1.5".parse::<ByteSize>(),
+            Err(SizeError::Fractional { .. })
+        ));
+        assert!(matches!(
+            "16EiB".parse::<ByteSize>(),
+            Err(SizeError::Overflow { .. })
+        ));
         assert!(matches!(
             "99999999999999999999999999999999999999999".parse::<ByteSize>(),
             Err(SizeError::Overflow { .. })
@@ -285,7 +311,9 @@ mod tests {
         assert_eq!(serde_json::to_string(&v).unwrap(), "1234567");
         assert!(serde_json::from_str::<ByteSize>("-1").is_err());
         assert!(serde_json::from_str::<ByteSize>("1.5").is_err());
-        let err = serde_json::from_str::<ByteSize>("\"384G\"").unwrap_err().to_string();
+        let err = serde_json::from_str::<ByteSize>("\"384G\"")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("384GiB"), "{err}");
     }
 }

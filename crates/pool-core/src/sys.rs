@@ -246,13 +246,27 @@ mod tests {
     fn aligned_anonymous_mapping_is_aligned_and_unmaps() {
         let align = 2 << 20;
         let len = 3 << 20;
-        let p = map_anonymous(len, AnonMapOptions { shared: false, align }).unwrap();
-        assert_eq!(p.as_ptr() as usize % align, 0, "start must be aligned to {align}");
+        let p = map_anonymous(
+            len,
+            AnonMapOptions {
+                shared: false,
+                align,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            p.as_ptr() as usize % align,
+            0,
+            "start must be aligned to {align}"
+        );
         // SAFETY: fresh private mapping of len bytes, owned here.
         unsafe {
             assert_eq!(resident_base_pages(p.as_ptr(), len).unwrap(), 0);
             populate_write(p.as_ptr(), len).unwrap();
-            assert_eq!(resident_base_pages(p.as_ptr(), len).unwrap(), (len / base_page_size()) as u64);
+            assert_eq!(
+                resident_base_pages(p.as_ptr(), len).unwrap(),
+                (len / base_page_size()) as u64
+            );
             write_pattern(p.as_ptr(), len, 4096, 7);
             assert_eq!(check_pattern(p.as_ptr(), len, 4096, 7), None);
             assert_eq!(check_pattern(p.as_ptr(), len, 4096, 8), Some(0));
@@ -264,7 +278,14 @@ mod tests {
     fn touch_faults_every_page_without_changing_data() {
         let page = base_page_size();
         let len = 64 * page;
-        let p = map_anonymous(len, AnonMapOptions { shared: true, align: page }).unwrap();
+        let p = map_anonymous(
+            len,
+            AnonMapOptions {
+                shared: true,
+                align: page,
+            },
+        )
+        .unwrap();
         // SAFETY: fresh mapping owned here.
         unsafe {
             *p.as_ptr().add(page) = 42;
@@ -277,9 +298,23 @@ mod tests {
 
     #[test]
     fn zero_length_and_bad_alignment_are_einval() {
-        let e = map_anonymous(0, AnonMapOptions { shared: false, align: 4096 }).unwrap_err();
+        let e = map_anonymous(
+            0,
+            AnonMapOptions {
+                shared: false,
+                align: 4096,
+            },
+        )
+        .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
-        let e = map_anonymous(4096, AnonMapOptions { shared: false, align: 3 << 12 }).unwrap_err();
+        let e = map_anonymous(
+            4096,
+            AnonMapOptions {
+                shared: false,
+                align: 3 << 12,
+            },
+        )
+        .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     }
 
@@ -287,6 +322,9 @@ mod tests {
     fn this_kernel_has_populate_write() {
         // The project targets Linux >= 5.14; CI runs 6.x. If this fails the
         // kernel is older and the touch fallback is what runs.
-        assert!(populate_write_supported(), "kernel lacks MADV_POPULATE_WRITE");
+        assert!(
+            populate_write_supported(),
+            "kernel lacks MADV_POPULATE_WRITE"
+        );
     }
 }

@@ -13,7 +13,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pool_core::plugin::{self, PluginRecord};
-use pool_core::{BackingPlugin, ByteSize, Error, PinnerPlugin, Pool, PoolConfig, PoolPlan, PrefaultChoice, RegistrarPlugin};
+use pool_core::{
+    BackingPlugin, ByteSize, Error, PinnerPlugin, Pool, PoolConfig, PoolPlan, PrefaultChoice,
+    RegistrarPlugin,
+};
 
 use crate::sys::TerminationSignals;
 
@@ -246,7 +249,11 @@ fn alloc(args: AllocArgs) -> Result<i32, Error> {
     let pool = Pool::build(&plan, &observer)?;
     match signals {
         Some(signals) => {
-            print_report(pool.report(), args.json, "ready; holding until SIGINT or SIGTERM")?;
+            print_report(
+                pool.report(),
+                args.json,
+                "ready; holding until SIGINT or SIGTERM",
+            )?;
             let sig = signals.wait().map_err(|e| Error::Plugin {
                 what: "alloc --hold".into(),
                 message: "waiting for SIGINT/SIGTERM failed".into(),
@@ -272,7 +279,10 @@ fn teardown_note(report: &pool_core::PoolReport) -> String {
     if report.teardown_issues.is_empty() {
         String::new()
     } else {
-        format!("; {} step(s) could not be undone (see warnings)", report.teardown_issues.len())
+        format!(
+            "; {} step(s) could not be undone (see warnings)",
+            report.teardown_issues.len()
+        )
     }
 }
 
@@ -287,11 +297,13 @@ fn print_report(report: &pool_core::PoolReport, json: bool, status: &str) -> Res
 
 fn write_stdout(text: &str) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{text}").and_then(|()| out.flush()).map_err(|e| Error::Plugin {
-        what: "writing the report".into(),
-        message: "stdout is closed or full".into(),
-        source: Some(Box::new(e)),
-    })
+    writeln!(out, "{text}")
+        .and_then(|()| out.flush())
+        .map_err(|e| Error::Plugin {
+            what: "writing the report".into(),
+            message: "stdout is closed or full".into(),
+            source: Some(Box::new(e)),
+        })
 }
 
 fn plan(args: PlanArgs) -> Result<i32, Error> {

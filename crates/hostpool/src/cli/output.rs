@@ -38,13 +38,20 @@ pub fn human_report(r: &PoolReport, status: &str) -> String {
                 format_bytes(p.bytes),
                 p.method,
                 p.threads,
-                if p.fell_back_to_touch { ", fell back to touch" } else { "" }
+                if p.fell_back_to_touch {
+                    ", fell back to touch"
+                } else {
+                    ""
+                }
             ),
             _ => String::new(),
         };
         s.push_str(&format!("  {name:<10} {secs:.3} s{extra}\n"));
     }
-    let status = serde_json::to_value(r.pin.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    let status = serde_json::to_value(r.pin.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
     s.push_str(&match (&*r.pin.kind, &r.pin.reason) {
         ("off", _) => "  pin        off\n".to_string(),
         (kind, Some(reason)) => format!("  pin        {kind}: {status}: {reason}\n"),

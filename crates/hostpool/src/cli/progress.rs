@@ -44,7 +44,12 @@ impl Observer for Bars {
     }
 
     fn end(&self, _phase: Phase, _seconds: f64) {
-        if let Some(bar) = self.current.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(bar) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             if let Some(total) = bar.length() {
                 bar.set_position(total);
             }
