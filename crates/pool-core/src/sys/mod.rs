@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use rustix::mm::{Advice, MapFlags, ProtFlags};
 
+pub mod numa;
+
 /// The base page size of this machine (4 KiB on x86-64).
 pub fn base_page_size() -> usize {
     rustix::param::page_size()

@@ -1,0 +1,1 @@
+//! Huge page pools and tmpfs capacity (being written).

@@ -1,0 +1,1 @@
+//! NUMA placement (being written).

@@ -1,0 +1,1 @@
+//! Raw NUMA system calls (being written).
