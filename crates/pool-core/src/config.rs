@@ -38,6 +38,8 @@ pub const POOL_KEYS: &[&str] = &[
     "block_size",
     "pin",
     "register",
+    "sharing",
+    "numa_node",
 ];
 
 /// How pages are faulted in before the pool is handed out.
@@ -88,6 +90,71 @@ impl PinConfig {
     }
 }
 
+/// A pool shared by the ranks of one engine on one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharingConfig {
+    /// The pool's name, the same for every rank: letters, digits, `.`, `_`, `-`.
+    pub name: String,
+    /// How many ranks share it.
+    pub world: u32,
+    /// This rank, `0..world`.
+    pub rank: u32,
+    /// Seconds a rank waits for the creator, and for ranks that never attach.
+    #[serde(default = "default_attach_timeout")]
+    pub attach_timeout_secs: f64,
+    /// Where control files live (default `/dev/shm`); a tmpfs all ranks see.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_dir: Option<PathBuf>,
+}
+
+fn default_attach_timeout() -> f64 {
+    30.0
+}
+
+impl SharingConfig {
+    /// Check name, world, rank and timeout.
+    ///
+    /// # Errors
+    /// [`Error::Config`] saying which and how to fix it.
+    pub fn validate(&self) -> Result<()> {
+        let n = &self.name;
+        if n.is_empty()
+            || n.len() > 64
+            || n.starts_with('.')
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(Error::config(format!(
+                "shared pool name `{n}` must be 1 to 64 letters, digits, `.`, `_` or `-`, not starting with `.`"
+            )));
+        }
+        if self.world == 0 || self.world > crate::shared::MAX_WORLD {
+            return Err(Error::config(format!(
+                "world {} must be between 1 and {}",
+                self.world,
+                crate::shared::MAX_WORLD
+            )));
+        }
+        if self.rank >= self.world {
+            return Err(Error::config(format!(
+                "rank {} must be below world {} (ranks are 0 to {})",
+                self.rank,
+                self.world,
+                self.world - 1
+            )));
+        }
+        if !(self.attach_timeout_secs.is_finite() && self.attach_timeout_secs > 0.0) {
+            return Err(Error::config(format!(
+                "attach timeout {} s must be a positive number of seconds",
+                self.attach_timeout_secs
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Everything that describes one pool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -120,6 +187,12 @@ pub struct PoolConfig {
     /// Registrars to register the pool with, in order.
     #[serde(default)]
     pub register: Vec<String>,
+    /// Share the pool between the ranks of one engine (default: private).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<SharingConfig>,
+    /// Bind the pool's pages to this NUMA node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
     /// Plugin tables by plugin name, each parsed by its plugin.
     #[serde(skip)]
     pub plugins: BTreeMap<String, Value>,
@@ -145,6 +218,8 @@ impl Default for PoolConfig {
             block_size: None,
             pin: PinConfig::default(),
             register: Vec::new(),
+            sharing: None,
+            numa_node: None,
             plugins: BTreeMap::new(),
         }
     }
@@ -259,6 +334,14 @@ mod tests {
             page_size: Some(ByteSize(4096)),
             threads: NonZeroUsize::new(1),
             block_size: Some(ByteSize(4096)),
+            sharing: Some(SharingConfig {
+                name: "n".into(),
+                world: 1,
+                rank: 0,
+                attach_timeout_secs: 1.0,
+                control_dir: None,
+            }),
+            numa_node: Some(0),
             ..PoolConfig::default()
         };
         full.register.push("r".into());
@@ -344,6 +427,39 @@ mod tests {
             PoolConfig::parse("[1, 2]", Format::Json),
             Err(Error::Config { .. })
         ));
+    }
+
+    #[test]
+    fn sharing_parses_and_validates() {
+        let c = PoolConfig::parse(
+            "[sharing]\nname = \"e0\"\nworld = 4\nrank = 3\n",
+            Format::Toml,
+        )
+        .unwrap();
+        let s = c.sharing.unwrap();
+        assert_eq!((s.world, s.rank, s.attach_timeout_secs), (4, 3, 30.0));
+        assert!(s.validate().is_ok());
+        let bad = |name: &str, world, rank, t: f64| {
+            SharingConfig {
+                name: name.into(),
+                world,
+                rank,
+                attach_timeout_secs: t,
+                control_dir: None,
+            }
+            .validate()
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(bad("e0", 4, 4, 1.0).contains("rank 4 must be below world 4"));
+        assert!(bad("e0", 0, 0, 1.0).contains("world 0"));
+        assert!(bad("../etc", 1, 0, 1.0).contains("must be 1 to 64"));
+        assert!(bad("", 1, 0, 1.0).contains("must be 1 to 64"));
+        assert!(bad("e0", 1, 0, 0.0).contains("positive"));
+        let msg = PoolConfig::parse("[sharing]\nname = \"e0\"\nworld = 4\n", Format::Toml)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("`sharing`") && msg.contains("rank"), "{msg}");
     }
 
     #[test]

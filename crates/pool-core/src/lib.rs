@@ -16,6 +16,7 @@ pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod error;
+pub mod file;
 pub mod fs;
 pub mod hugetlb;
 pub mod layout;
@@ -23,11 +24,12 @@ pub mod numa;
 pub mod plugin;
 pub mod pool;
 pub mod prefault;
+pub mod shared;
 pub mod size;
 pub mod sys;
 pub mod traits;
 
-pub use config::{PinConfig, PoolConfig, PrefaultChoice};
+pub use config::{PinConfig, PoolConfig, PrefaultChoice, SharingConfig};
 pub use error::{Error, Result, TeardownIssue};
 pub use layout::{Extent, MappedSize, PageSize};
 pub use plugin::{BackingPlugin, PinnerPlugin, RegistrarPlugin};

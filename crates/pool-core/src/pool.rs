@@ -18,6 +18,7 @@ use crate::error::{Result, TeardownIssue};
 use crate::layout::{Extent, format_bytes};
 use crate::plugin::{self, PinnerPlugin, RegistrarPlugin};
 use crate::prefault::{self, FaultIn, PrefaultOutcome, PrefaultPlan};
+use crate::shared::RankBarrier;
 use crate::traits::{
     Backing, BackingPlan, ExtentReport, Mapping, Pin, Pinner, Region, Registrar, Registration,
 };
@@ -336,6 +337,9 @@ pub struct PoolReport {
     pub registrations: Vec<RegistrationReport>,
     /// Capacity checks made before mapping.
     pub capacity: Vec<CapacityCheck>,
+    /// Name, world, rank, role and shard of a shared pool; absent when private.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<Value>,
     /// Steps teardown could not undo (empty when all went well).
     pub teardown_issues: Vec<TeardownIssue>,
 }
@@ -367,13 +371,32 @@ impl Pool {
     /// torn down. A best-effort pin that fails is not an error: the report
     /// says `skipped` with the reason.
     pub fn build(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
+        Pool::build_with(plan, observer, None)
+    }
+
+    /// As [`Pool::build`], with the embedding engine's own barrier for a
+    /// shared pool (the built-in one uses the pool's control file).
+    ///
+    /// # Errors
+    /// As for [`Pool::build`], and [`crate::Error::Peer`] when a peer rank
+    /// failed, died or never attached.
+    pub fn build_with(
+        plan: &PoolPlan,
+        observer: &dyn Observer,
+        barrier: Option<&dyn RankBarrier>,
+    ) -> Result<Pool> {
         let bp = &plan.backing_plan;
-        capacity::require(&bp.capacity)?;
+        // A shared pool's creator checks capacity itself: once it has
+        // reserved the pages, the counts look too low to joiners.
+        if plan.config.sharing.is_none() {
+            capacity::require(&bp.capacity)?;
+        }
         let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
             plan.backing.map(bp)
         });
         let mapping = mapping?;
         let region = mapping.region();
+        let sharing = mapping.sharing();
         let mut pool = Pool {
             mapping: Some(mapping),
             pin: None,
@@ -404,6 +427,7 @@ impl Pool {
                 },
                 registrations: Vec::new(),
                 capacity: bp.capacity.clone(),
+                sharing,
                 teardown_issues: Vec::new(),
             },
         };
@@ -413,8 +437,18 @@ impl Pool {
                 observer.progress(Phase::Prefault, done)
             })
         });
-        pool.report.prefault = Some(outcome?);
         pool.report.phases.prefault = Some(secs);
+        // Every rank of a shared pool meets its peers, even after a failure,
+        // so that they fail on its error instead of waiting for it.
+        let met = match pool.mapping.as_mut() {
+            Some(m) => m.rendezvous(
+                outcome.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+                barrier,
+            ),
+            None => Ok(()),
+        };
+        pool.report.prefault = Some(outcome?);
+        met?;
 
         if let Some(pinner) = &plan.pinner {
             let (pinned, secs) = timed(observer, Phase::Pin, region.mapped_len(), || {

@@ -129,6 +129,26 @@ pub trait Mapping: Send + Sync + fmt::Debug {
         Vec::new()
     }
 
+    /// Called once after prefault with its outcome: a shared mapping meets its
+    /// peers here (through `barrier`, or its built-in one) and the owner
+    /// unlinks the files. Private mappings have nothing to do.
+    ///
+    /// # Errors
+    /// [`crate::Error::Peer`] naming a rank that failed, died or never came.
+    fn rendezvous(
+        &mut self,
+        outcome: std::result::Result<(), String>,
+        barrier: Option<&dyn crate::shared::RankBarrier>,
+    ) -> Result<()> {
+        let _ = (outcome, barrier);
+        Ok(())
+    }
+
+    /// The `sharing` object of the report, for shared mappings.
+    fn sharing(&self) -> Option<Value> {
+        None
+    }
+
     /// Unmap, close, unlink. Never panics; returns what could not be undone.
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue>;
 }

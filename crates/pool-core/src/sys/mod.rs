@@ -4,6 +4,7 @@
 //! raw-pointer handling lives in one audited place.
 
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::{self, NonNull};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -240,6 +241,210 @@ pub unsafe fn fill(addr: *mut u8, len: usize, byte: u8) {
     unsafe { ptr::write_bytes(addr, byte, len) };
 }
 
+/// Reserve `len` bytes of address space, inaccessible (`PROT_NONE`,
+/// `MAP_NORESERVE`), with the start aligned to `align`: the frame that
+/// [`map_file_fixed`] maps segment files into.
+///
+/// # Errors
+/// The `mmap` errno.
+pub fn reserve(len: usize, align: usize) -> io::Result<NonNull<u8>> {
+    let page = base_page_size();
+    let align = align.max(page);
+    if len == 0 || !align.is_power_of_two() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let total = len
+        .checked_add(align - page)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    // SAFETY: a fresh inaccessible anonymous mapping at a kernel-chosen address
+    // aliases nothing.
+    let base = unsafe {
+        rustix::mm::mmap_anonymous(
+            ptr::null_mut(),
+            total,
+            ProtFlags::empty(),
+            MapFlags::PRIVATE | MapFlags::NORESERVE,
+        )
+    }?
+    .cast::<u8>();
+    let addr = base as usize;
+    let aligned = addr.next_multiple_of(align);
+    let head = aligned - addr;
+    let tail = total - head - len;
+    if head > 0 {
+        // SAFETY: the unused front of the reservation made above.
+        unsafe { unmap(base, head) }?;
+    }
+    if tail > 0 {
+        // SAFETY: the unused back of the same reservation.
+        unsafe { unmap(base.add(head + len), tail) }?;
+    }
+    NonNull::new(aligned as *mut u8).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))
+}
+
+/// Map `len` bytes of `fd` from `offset` read-write, `MAP_SHARED | MAP_FIXED`,
+/// at `addr`, replacing what is there (a reservation from [`reserve`]).
+///
+/// On hugetlbfs this reserves the huge pages: too few give `ENOMEM` here
+/// rather than SIGBUS later, because `MAP_NORESERVE` is not used.
+///
+/// # Safety
+/// `[addr, addr + len)` must lie inside a reservation the caller owns, with
+/// no live references into it; `addr` and `len` aligned to the file's page size.
+pub unsafe fn map_file_fixed(
+    addr: *mut u8,
+    len: usize,
+    fd: BorrowedFd<'_>,
+    offset: u64,
+) -> io::Result<()> {
+    // SAFETY: the caller owns the reserved range, so replacing it with
+    // MAP_FIXED cannot clobber anything else.
+    let got = unsafe {
+        rustix::mm::mmap(
+            addr.cast(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED | MapFlags::FIXED,
+            fd,
+            offset,
+        )
+    }?;
+    if got.cast::<u8>() != addr {
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
+    }
+    Ok(())
+}
+
+/// Map a whole shared file at `addr` `len` bytes read-write (`MAP_SHARED`,
+/// kernel-chosen address) — used for the small control file of shared pools.
+///
+/// # Errors
+/// The `mmap` errno.
+pub fn map_file(len: usize, fd: BorrowedFd<'_>) -> io::Result<NonNull<u8>> {
+    // SAFETY: a fresh shared mapping at a kernel-chosen address aliases no
+    // Rust object; the caller owns it and unmaps it.
+    let p = unsafe {
+        rustix::mm::mmap(
+            ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            fd,
+            0,
+        )
+    }?;
+    NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))
+}
+
+/// Types that may be viewed in shared memory written by other processes.
+///
+/// # Safety
+/// Every bit pattern (all-zero included) must be a valid value, all mutation
+/// must go through atomics, and the type must have no `Drop` glue: other
+/// processes read and write it concurrently without Rust's knowledge.
+pub unsafe trait AtomicsOnly: Sync {}
+
+/// A file mapped `MAP_SHARED` and viewed as one `T`: the control block of a
+/// shared pool that every rank maps.
+#[derive(Debug)]
+pub struct SharedView<T: AtomicsOnly> {
+    ptr: NonNull<T>,
+    len: usize,
+}
+
+// SAFETY: T is Sync and only mutated through atomics (AtomicsOnly); the view
+// owns its mapping and unmaps it once, in Drop.
+unsafe impl<T: AtomicsOnly> Send for SharedView<T> {}
+// SAFETY: as for Send; `&SharedView` gives out only `&T`.
+unsafe impl<T: AtomicsOnly> Sync for SharedView<T> {}
+
+impl<T: AtomicsOnly> SharedView<T> {
+    /// The mapped length for `T`: its size rounded up to the base page.
+    pub fn len_for() -> usize {
+        std::mem::size_of::<T>().next_multiple_of(base_page_size())
+    }
+
+    /// Map `fd`, which must already be at least [`Self::len_for`] bytes long.
+    ///
+    /// # Errors
+    /// `EINVAL` when the file is too short; the `mmap` errno otherwise.
+    pub fn map(fd: BorrowedFd<'_>) -> io::Result<Self> {
+        let len = Self::len_for();
+        let size = rustix::fs::fstat(fd)?.st_size;
+        if u64::try_from(size).unwrap_or(0) < len as u64 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let p = map_file(len, fd)?;
+        if !(p.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        Ok(SharedView { ptr: p.cast(), len })
+    }
+
+    /// The shared value.
+    pub fn get(&self) -> &T {
+        // SAFETY: the mapping is at least size_of::<T>() long and aligned
+        // (checked in `map`), lives until Drop, and T is valid for any bytes
+        // and mutated only through atomics (AtomicsOnly).
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T: AtomicsOnly> Drop for SharedView<T> {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping; `get` borrows end with `self`.
+        if let Err(e) = unsafe { unmap(self.ptr.as_ptr().cast(), self.len) } {
+            tracing::warn!(
+                "munmap of a shared control block at {:p} failed: {e}",
+                self.ptr
+            );
+        }
+    }
+}
+
+/// Take a non-blocking open-file-description write lock on one byte
+/// (`fcntl(F_OFD_SETLK)`). The lock lives as long as the open file
+/// description, and the kernel drops it when the process dies, however it
+/// dies: the liveness signal of shared-pool ranks.
+///
+/// # Errors
+/// `EAGAIN`/`EACCES` when another description holds it; other errnos as returned.
+pub fn ofd_lock_byte(fd: BorrowedFd<'_>, byte: i64) -> io::Result<()> {
+    let mut fl = flock_for(byte, libc::F_WRLCK);
+    // SAFETY: F_OFD_SETLK reads the fully initialised `flock` struct.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether some other open file description holds a lock on the byte
+/// (`fcntl(F_OFD_GETLK)`); our own locks do not count.
+///
+/// # Errors
+/// The `fcntl` errno.
+pub fn ofd_byte_locked(fd: BorrowedFd<'_>, byte: i64) -> io::Result<bool> {
+    let mut fl = flock_for(byte, libc::F_WRLCK);
+    // SAFETY: F_OFD_GETLK reads and writes back the `flock` struct we own.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+fn flock_for(byte: i64, kind: libc::c_int) -> libc::flock {
+    // SAFETY: `flock` is a plain C struct for which all-zero is valid.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = byte;
+    fl.l_len = 1;
+    fl
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +523,64 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn reservation_is_aligned_and_file_maps_into_it() {
+        let fd =
+            rustix::fs::memfd_create("hostpool-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, 2 << 20).unwrap();
+        let r = reserve(4 << 20, 2 << 20).unwrap();
+        assert_eq!(r.as_ptr() as usize % (2 << 20), 0);
+        // SAFETY: the second half of our own reservation.
+        unsafe {
+            map_file_fixed(
+                r.as_ptr().add(2 << 20),
+                2 << 20,
+                rustix::fd::AsFd::as_fd(&fd),
+                0,
+            )
+            .unwrap();
+            r.as_ptr().add((2 << 20) + 5).write_volatile(9);
+            unmap(r.as_ptr(), 4 << 20).unwrap();
+        }
+        let mut b = [0u8; 1];
+        rustix::io::pread(&fd, &mut b, 5).unwrap();
+        assert_eq!(b[0], 9, "the write landed in the file");
+    }
+
+    #[test]
+    fn ofd_locks_are_seen_by_other_descriptions_only() {
+        use rustix::fd::AsFd;
+        let path = std::env::temp_dir().join(format!("hostpool-ofd-test-{}", std::process::id()));
+        let a = std::fs::File::create(&path).unwrap();
+        let b = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(!ofd_byte_locked(b.as_fd(), 7).unwrap());
+        ofd_lock_byte(a.as_fd(), 7).unwrap();
+        assert!(
+            ofd_byte_locked(b.as_fd(), 7).unwrap(),
+            "b must see a's lock"
+        );
+        assert!(
+            !ofd_byte_locked(a.as_fd(), 7).unwrap(),
+            "a's own lock does not conflict"
+        );
+        assert!(!ofd_byte_locked(b.as_fd(), 8).unwrap());
+        let e = ofd_lock_byte(b.as_fd(), 7).unwrap_err();
+        assert!(
+            matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)),
+            "{e}"
+        );
+        drop(a);
+        assert!(
+            !ofd_byte_locked(b.as_fd(), 7).unwrap(),
+            "closing releases the lock"
+        );
     }
 
     #[test]

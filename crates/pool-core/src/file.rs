@@ -1,0 +1,557 @@
+//! File-backed mappings: one or more files stitched into one contiguous range.
+//!
+//! The whole range is reserved `PROT_NONE` first (aligned to the page size),
+//! then each file is mapped `MAP_SHARED | MAP_FIXED` at its offset, so a write
+//! across a seam lands in the next file. Without `MAP_NORESERVE`, a hugetlbfs
+//! mapping reserves its pages at `mmap`: a shortage is `ENOMEM` there, never a
+//! SIGBUS later.
+//!
+//! Files are created `0600` with `O_NOFOLLOW | O_EXCL`: `/dev/shm` is
+//! world-writable and a KV cache holds users' data. Existing files are opened
+//! with `O_NOFOLLOW` and refused when another user owns them or their mode is
+//! wider than `0600`. Private pools never leave a file behind: the file is an
+//! `O_TMPFILE` or a `memfd`, or it is unlinked right after it is created.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+
+use rustix::fs::{Mode, OFlags};
+
+use crate::error::{Error, Result, TeardownIssue};
+use crate::layout::{Extent, MappedSize, PageSize, format_bytes};
+use crate::sys;
+use crate::traits::{Mapping, Region};
+
+/// `(st_dev, st_ino)`: what a path named when we opened it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// Device.
+    pub dev: u64,
+    /// Inode.
+    pub ino: u64,
+}
+
+/// The identity of an open file.
+///
+/// # Errors
+/// The `fstat` errno.
+pub fn file_id(fd: impl AsFd) -> io::Result<FileId> {
+    let st = rustix::fs::fstat(fd)?;
+    Ok(FileId {
+        dev: st.st_dev,
+        ino: st.st_ino,
+    })
+}
+
+/// One file of a pool and where it maps.
+#[derive(Debug)]
+pub struct PoolFile {
+    /// The open file.
+    pub fd: OwnedFd,
+    /// The path while the file is linked and ours to unlink at teardown;
+    /// `None` for unlinked, `O_TMPFILE` and memfd files.
+    pub path: Option<PathBuf>,
+    /// Its identity, for unlinking by inode.
+    pub id: FileId,
+    /// Where it maps in the pool.
+    pub extent: Extent,
+}
+
+fn io_error(
+    op: &'static str,
+    path: Option<&Path>,
+    size: u64,
+    page: PageSize,
+    remedy: &str,
+    source: io::Error,
+) -> Error {
+    Error::Os {
+        op,
+        path: path.map(Path::to_path_buf),
+        addr: None,
+        size,
+        page,
+        remedy: remedy.to_string(),
+        source,
+    }
+}
+
+/// Create a private, already-unlinked file of `len` bytes in `dir`:
+/// `O_TMPFILE` where the filesystem has it, else a `0600` file created with
+/// `O_EXCL | O_NOFOLLOW` and unlinked at once.
+///
+/// # Errors
+/// [`Error::Os`] naming `dir`, for example when it does not exist or the
+/// size cannot be set.
+pub fn create_private(dir: &Path, len: u64, page: PageSize) -> Result<OwnedFd> {
+    let mode = Mode::RUSR | Mode::WUSR;
+    let fd = match rustix::fs::open(dir, OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, mode) {
+        Ok(fd) => fd,
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL
+            ) =>
+        {
+            let name = dir.join(format!(
+                ".hostpool-private-{}-{}",
+                std::process::id(),
+                unique()
+            ));
+            let fd = rustix::fs::open(
+                &name,
+                OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::RDWR | OFlags::CLOEXEC,
+                mode,
+            )
+            .map_err(|e| {
+                io_error(
+                    "create",
+                    Some(&name),
+                    len,
+                    page,
+                    "check that the directory exists and is writable",
+                    e.into(),
+                )
+            })?;
+            rustix::fs::unlink(&name).map_err(|e| {
+                io_error(
+                    "unlink",
+                    Some(&name),
+                    len,
+                    page,
+                    "check the directory's permissions",
+                    e.into(),
+                )
+            })?;
+            fd
+        }
+        Err(e) => {
+            return Err(io_error(
+                "open(O_TMPFILE)",
+                Some(dir),
+                len,
+                page,
+                "check that the directory exists, is writable, and is a hugetlbfs or tmpfs mount",
+                e.into(),
+            ));
+        }
+    };
+    set_len(&fd, dir, len, page)?;
+    Ok(fd)
+}
+
+/// A memfd (`memfd_create`) of `len` bytes; with `hugetlb`, backed by huge
+/// pages of that size (`MFD_HUGETLB | log2(page) << MFD_HUGE_SHIFT`), so no
+/// hugetlbfs mount is needed.
+///
+/// # Errors
+/// [`Error::NotAvailable`] when the kernel has no huge pages of that size;
+/// [`Error::Os`] otherwise.
+pub fn create_memfd(name: &str, len: u64, page: PageSize, hugetlb: bool) -> Result<OwnedFd> {
+    let mut flags = rustix::fs::MemfdFlags::CLOEXEC;
+    if hugetlb {
+        let log2 = page.get().trailing_zeros();
+        flags |=
+            rustix::fs::MemfdFlags::HUGETLB | rustix::fs::MemfdFlags::from_bits_retain(log2 << 26);
+    }
+    let fd = rustix::fs::memfd_create(name, flags).map_err(|e| {
+        if hugetlb && e.raw_os_error() == libc::EINVAL {
+            Error::NotAvailable {
+                what: format!("memfd with {page} huge pages"),
+                reason: "the kernel rejected the page size; check /sys/kernel/mm/hugepages for the sizes it has".into(),
+            }
+        } else {
+            io_error("memfd_create", None, len, page, "check the kernel supports memfd_create", e.into())
+        }
+    })?;
+    set_len(&fd, Path::new("memfd"), len, page)?;
+    Ok(fd)
+}
+
+fn set_len(fd: &OwnedFd, path: &Path, len: u64, page: PageSize) -> Result<()> {
+    rustix::fs::ftruncate(fd, len).map_err(|e| {
+        io_error(
+            "ftruncate",
+            Some(path),
+            len,
+            page,
+            "the size must be a multiple of the page size, and the filesystem must have room",
+            e.into(),
+        )
+    })
+}
+
+/// Create `path` exclusively: `O_CREAT | O_EXCL | O_NOFOLLOW`, mode `0600`.
+///
+/// # Errors
+/// The `open` errno (`EEXIST` when it exists, even as a symlink).
+pub fn create_exclusive(path: &Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        path,
+        OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::RUSR | Mode::WUSR,
+    )?)
+}
+
+/// Open an existing pool file read-write without following symlinks, and
+/// refuse it unless it is a regular file owned by this user with no group or
+/// other permissions.
+///
+/// # Errors
+/// [`Error::Config`] saying what is wrong with the file; the `open` errno as
+/// [`io::Error`] inside [`Error::Os`] otherwise.
+pub fn open_checked(path: &Path, page: PageSize) -> Result<OwnedFd> {
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        let remedy = if e.raw_os_error() == libc::ELOOP {
+            "it is a symbolic link; pool files are never followed through links: remove it"
+        } else {
+            "check that the pool's creator is running and the path is right"
+        };
+        io_error("open", Some(path), 0, page, remedy, e.into())
+    })?;
+    check_owner(&fd, path)?;
+    Ok(fd)
+}
+
+/// Refuse a file that is not a regular file owned by us with mode `0600` or
+/// narrower.
+///
+/// # Errors
+/// [`Error::Config`] naming the file, its owner and mode.
+pub fn check_owner(fd: &OwnedFd, path: &Path) -> Result<()> {
+    let st = rustix::fs::fstat(fd)
+        .map_err(|e| Error::config(format!("cannot stat {}: {e}", path.display())))?;
+    let me = rustix::process::geteuid().as_raw();
+    let mode = st.st_mode & 0o7777;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(Error::config(format!(
+            "refusing pool file {}: it is not a regular file; remove it",
+            path.display()
+        )));
+    }
+    if st.st_uid != me {
+        return Err(Error::config(format!(
+            "refusing pool file {}: it is owned by uid {}, not by this process's uid {me}; a pool \
+             holds users' data, so ranks must run as the same user (or remove the file)",
+            path.display(),
+            st.st_uid
+        )));
+    }
+    if mode & 0o077 != 0 {
+        return Err(Error::config(format!(
+            "refusing pool file {}: its mode is {mode:04o}, wider than 0600; other users could \
+             read the KV cache (remove the file, or chmod 600 it if you trust its contents)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Unlink `path` only if it still names `id`, so a stale generation never
+/// deletes a newer live file. Returns whether it unlinked.
+///
+/// # Errors
+/// The `stat` or `unlink` errno, except that a missing file is `Ok(false)`.
+pub fn unlink_if_same(path: &Path, id: FileId) -> io::Result<bool> {
+    match rustix::fs::lstat(path) {
+        Ok(st) if st.st_dev == id.dev && st.st_ino == id.ino => match rustix::fs::unlink(path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == libc::ENOENT => Ok(false),
+            Err(e) => Err(e.into()),
+        },
+        Ok(_) => Ok(false),
+        Err(e) if e.raw_os_error() == libc::ENOENT => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn unique() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+/// What to say when mapping a file fails.
+#[derive(Debug, Clone)]
+pub struct MapContext {
+    /// The remedy for `ENOMEM` at `mmap` (for hugetlbfs: too few huge pages).
+    pub enomem_remedy: String,
+}
+
+/// Map `files` contiguously into one range of `size.mapped()` bytes.
+///
+/// # Errors
+/// [`Error::Os`] naming the file, the segment's size and the page size; for
+/// `ENOMEM` with `ctx.enomem_remedy`. Nothing stays mapped on error.
+pub fn map_files(files: Vec<PoolFile>, size: MappedSize, ctx: &MapContext) -> Result<FileMapping> {
+    let page = size.page();
+    let len = usize::try_from(size.mapped())
+        .map_err(|_| Error::config("pool larger than the address space"))?;
+    let align = usize::try_from(page.get()).unwrap_or(usize::MAX);
+    let base = sys::reserve(len, align).map_err(|e| {
+        io_error(
+            "mmap(PROT_NONE reservation)",
+            None,
+            size.mapped(),
+            page,
+            "the address space is exhausted; ask for a smaller --size",
+            e,
+        )
+    })?;
+    let mut mapping = FileMapping {
+        base,
+        len,
+        // SAFETY: [base, base+len) is reserved by us and every byte of it is
+        // mapped read-write from a file below before the region is handed out
+        // (on error the mapping is dropped and unmapped first).
+        region: unsafe { Region::new(base, size) },
+        files: Vec::new(),
+        released: false,
+    };
+    for file in files {
+        let (Some(at), Ok(seg_len)) = (
+            mapping.region.at(file.extent.offset),
+            usize::try_from(file.extent.len),
+        ) else {
+            return Err(Error::config("segment outside the pool"));
+        };
+        // SAFETY: `at..at+seg_len` lies inside our reservation (segments
+        // cover [0, mapped) and are page-aligned by the layout math), and
+        // nothing refers to the reserved memory yet.
+        let mapped = unsafe { sys::map_file_fixed(at, seg_len, file.fd.as_fd(), 0) };
+        if let Err(e) = mapped {
+            let remedy = if e.raw_os_error() == Some(libc::ENOMEM) {
+                ctx.enomem_remedy.clone()
+            } else {
+                format!(
+                    "mapping a {} segment at offset {} failed",
+                    format_bytes(file.extent.len),
+                    file.extent.offset
+                )
+            };
+            let path = file.path.clone();
+            mapping.files.push(file);
+            return Err(io_error(
+                "mmap(MAP_SHARED)",
+                path.as_deref(),
+                seg_len as u64,
+                page,
+                &remedy,
+                e,
+            ));
+        }
+        mapping.files.push(file);
+    }
+    Ok(mapping)
+}
+
+/// A live file-backed mapping; unmaps, closes and unlinks its still-linked
+/// files (by inode) on teardown.
+#[derive(Debug)]
+pub struct FileMapping {
+    base: NonNull<u8>,
+    len: usize,
+    region: Region,
+    files: Vec<PoolFile>,
+    released: bool,
+}
+
+// SAFETY: the mapping is owned memory; the pointer is only used to unmap it,
+// once, from whichever thread tears it down.
+unsafe impl Send for FileMapping {}
+// SAFETY: `&FileMapping` gives out only descriptions (Region, paths).
+unsafe impl Sync for FileMapping {}
+
+impl FileMapping {
+    /// The files, in pool order.
+    pub fn pool_files(&self) -> &[PoolFile] {
+        &self.files
+    }
+
+    /// Forget the paths (the files were unlinked by someone else, for example
+    /// the owner of a shared pool after its barrier).
+    pub fn forget_paths(&mut self) {
+        for f in &mut self.files {
+            f.path = None;
+        }
+    }
+
+    /// Unmap, close, and unlink still-linked files by inode.
+    pub fn release(&mut self) -> Vec<TeardownIssue> {
+        if std::mem::replace(&mut self.released, true) {
+            return Vec::new();
+        }
+        let mut issues = Vec::new();
+        // SAFETY: we own the whole reserved range; pins and registrations were
+        // released before teardown, and nothing uses the memory afterwards.
+        if let Err(e) = unsafe { sys::unmap(self.base.as_ptr(), self.len) } {
+            issues.push(TeardownIssue::log(
+                "munmap",
+                format!(
+                    "{:p}+{} ({}): {e}",
+                    self.base,
+                    self.len,
+                    format_bytes(self.len as u64)
+                ),
+            ));
+        }
+        for f in self.files.drain(..) {
+            let PoolFile { fd, path, id, .. } = f;
+            drop(fd);
+            if let Some(path) = path
+                && let Err(e) = unlink_if_same(&path, id)
+            {
+                issues.push(TeardownIssue::log(
+                    "unlink",
+                    format!("{}: {e}", path.display()),
+                ));
+            }
+        }
+        issues
+    }
+}
+
+impl Mapping for FileMapping {
+    fn region(&self) -> Region {
+        self.region
+    }
+
+    fn files(&self) -> Vec<PathBuf> {
+        self.files.iter().filter_map(|f| f.path.clone()).collect()
+    }
+
+    fn teardown(mut self: Box<Self>) -> Vec<TeardownIssue> {
+        self.release()
+    }
+}
+
+impl Drop for FileMapping {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::round_to_page;
+
+    fn tmpdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "hostpool-file-test-{}-{}",
+            std::process::id(),
+            unique()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn two_files_map_contiguously_and_a_write_across_the_seam_lands_in_the_next() {
+        let page = PageSize::BASE_4K;
+        let size = round_to_page(8 << 20, page).unwrap();
+        let mut files = Vec::new();
+        for i in 0..2u64 {
+            let fd = create_memfd("hostpool-test", 4 << 20, page, false).unwrap();
+            let id = file_id(&fd).unwrap();
+            files.push(PoolFile {
+                fd,
+                path: None,
+                id,
+                extent: Extent {
+                    offset: i * (4 << 20),
+                    len: 4 << 20,
+                },
+            });
+        }
+        let mut m = map_files(
+            files,
+            size,
+            &MapContext {
+                enomem_remedy: String::new(),
+            },
+        )
+        .unwrap();
+        let at = m.region().at((4 << 20) - 2).unwrap();
+        // SAFETY: 4 bytes inside our own live mapping.
+        unsafe { std::ptr::copy_nonoverlapping([1u8, 2, 3, 4].as_ptr(), at, 4) };
+        let mut b = [0u8; 2];
+        rustix::io::pread(&m.pool_files()[1].fd, &mut b, 0).unwrap();
+        assert_eq!(b, [3, 4]);
+        assert!(m.release().is_empty());
+    }
+
+    #[test]
+    fn private_files_leave_nothing_in_the_directory() {
+        let dir = tmpdir();
+        let fd = create_private(&dir, 1 << 20, PageSize::BASE_4K).unwrap();
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "private file must be unlinked"
+        );
+        assert_eq!(rustix::fs::fstat(&fd).unwrap().st_size, 1 << 20);
+        std::fs::remove_dir(&dir).unwrap();
+        let e = create_private(Path::new("/nonexistent/dir"), 4096, PageSize::BASE_4K).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/dir"), "{e}");
+    }
+
+    #[test]
+    fn exclusive_create_is_0600_refuses_symlinks_and_existing_files() {
+        let dir = tmpdir();
+        let p = dir.join("pool");
+        let fd = create_exclusive(&p).unwrap();
+        assert_eq!(rustix::fs::fstat(&fd).unwrap().st_mode & 0o777, 0o600);
+        assert_eq!(
+            create_exclusive(&p).unwrap_err().raw_os_error(),
+            Some(libc::EEXIST)
+        );
+        let link = dir.join("link");
+        std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+        assert_eq!(
+            create_exclusive(&link).unwrap_err().raw_os_error(),
+            Some(libc::EEXIST)
+        );
+        let e = open_checked(&link, PageSize::BASE_4K).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(open_checked(&p, PageSize::BASE_4K).is_ok());
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        let e = open_checked(&p, PageSize::BASE_4K).unwrap_err();
+        assert!(
+            e.to_string().contains("0644") && e.to_string().contains("wider than 0600"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unlink_by_inode_spares_a_newer_file_at_the_same_path() {
+        let dir = tmpdir();
+        let p = dir.join("pool");
+        let old = create_exclusive(&p).unwrap();
+        let old_id = file_id(&old).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        let new = create_exclusive(&p).unwrap();
+        assert!(
+            !unlink_if_same(&p, old_id).unwrap(),
+            "must not unlink the newer file"
+        );
+        assert!(p.exists());
+        assert!(unlink_if_same(&p, file_id(&new).unwrap()).unwrap());
+        assert!(!p.exists());
+        assert!(
+            !unlink_if_same(&p, old_id).unwrap(),
+            "missing file is not an error"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,1194 @@
+//! Shared pools: the tensor-parallel ranks of one engine on one node map the
+//! same files, each prefaults only its own shard, and they meet at a barrier.
+//!
+//! The protocol follows vLLM's (`shared_offload_region.py`, REFERENCE §1),
+//! and improves on it:
+//!
+//! - **Election without a half-made file.** The creator builds the control
+//!   file as an `O_TMPFILE`, writes its header, takes its locks, and only
+//!   then links it into place (`linkat`). The first link wins, so no joiner
+//!   ever sees a stub of size 0.
+//! - **Liveness by kernel locks.** Every rank holds an open-file-description
+//!   lock on its own byte of the control file and a shared `flock` on it and
+//!   on every data file. The kernel drops them when a process dies, however
+//!   it dies. Peers tell "slow" from "dead" by them, and `hostpool gc` tells
+//!   stale files from live ones.
+//! - **A barrier that names the culprit.** A rank that fails marks its slot
+//!   with its message; a rank that dies loses its lock. Either way its peers
+//!   fail with a message naming it, never hang. A rank that never attaches
+//!   fails them after the attach timeout.
+//! - **Unlink by inode.** After the barrier the creator unlinks the control
+//!   and data files. After a failure every rank does (by inode, so a newer
+//!   generation at the same path is never deleted). The memory lives on while
+//!   mapped and is freed by the kernel even after SIGKILL.
+//! - **Capacity checks in the creator only**: once it has reserved the pages,
+//!   the free counts look too low to joiners.
+//!
+//! Files: `<control_dir>/hostpool-<name>.ctl` (default `/dev/shm`) and
+//! `<dir>/hostpool-<name>.pool` or `.pool.<NNNN>` per segment, all `0600`.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{FlockOperation, Mode, OFlags};
+use serde::Serialize;
+
+use crate::capacity::{self, CapacityCheck};
+use crate::config::SharingConfig;
+use crate::error::{Error, Result, TeardownIssue};
+use crate::file::{self, FileId, FileMapping, MapContext, PoolFile};
+use crate::layout::{Extent, MappedSize, PageSize, format_bytes};
+use crate::sys::{self, AtomicsOnly, SharedView};
+use crate::traits::{Mapping, Region};
+
+/// Most ranks one shared pool can have.
+pub const MAX_WORLD: u32 = 256;
+/// Most files (segments) one shared pool can have.
+pub const MAX_FILES: usize = 1024;
+/// Prefix of every file hostpool creates, for `gc`.
+pub const FILE_PREFIX: &str = "hostpool-";
+/// Default directory of control files.
+pub const DEFAULT_CONTROL_DIR: &str = "/dev/shm";
+
+const MAGIC: u64 = u64::from_le_bytes(*b"HOSTPOOL");
+const VERSION: u32 = 1;
+const POLL: Duration = Duration::from_millis(2);
+/// Rank `r` holds an OFD lock on byte `LOCK_BASE + r` of the control file.
+const LOCK_BASE: i64 = 1 << 30;
+
+const POOL_CREATING: u32 = 0;
+const POOL_READY: u32 = 1;
+const POOL_FAILED: u32 = 2;
+
+const SLOT_EMPTY: u32 = 0;
+const SLOT_ATTACHED: u32 = 1;
+const SLOT_ARRIVED: u32 = 2;
+const SLOT_FAILED: u32 = 3;
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    world: AtomicU32,
+    state: AtomicU32,
+    creator_rank: AtomicU32,
+    logical: AtomicU64,
+    mapped: AtomicU64,
+    page_size: AtomicU64,
+    nfiles: AtomicU32,
+    arrived: AtomicU32,
+    done: AtomicU32,
+    fail_rank: AtomicU32,
+    fail_msg: [AtomicU8; 1024],
+}
+
+#[repr(C)]
+struct Slot {
+    state: AtomicU32,
+    pid: AtomicU32,
+    msg: [AtomicU8; 248],
+}
+
+/// The control block every rank maps.
+#[repr(C)]
+pub struct Ctl {
+    header: Header,
+    files: [[AtomicU64; 2]; MAX_FILES],
+    slots: [Slot; MAX_WORLD as usize],
+}
+
+impl std::fmt::Debug for Ctl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctl")
+            .field("state", &self.header.state.load(Ordering::Relaxed))
+            .field("world", &self.header.world.load(Ordering::Relaxed))
+            .field("arrived", &self.header.arrived.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: Ctl is made only of atomics and arrays of atomics (repr(C), no
+// padding-sensitive invariants, no Drop), valid for every bit pattern.
+unsafe impl AtomicsOnly for Ctl {}
+
+fn write_msg(dst: &[AtomicU8], msg: &str) {
+    let mut end = msg.len().min(dst.len() - 1);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    for (d, b) in dst
+        .iter()
+        .zip(msg.as_bytes()[..end].iter().chain(std::iter::once(&0)))
+    {
+        d.store(*b, Ordering::Relaxed);
+    }
+}
+
+fn read_msg(src: &[AtomicU8]) -> String {
+    let bytes: Vec<u8> = src
+        .iter()
+        .map(|b| b.load(Ordering::Relaxed))
+        .take_while(|b| *b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The control file of a shared pool.
+pub fn ctl_path(control_dir: &Path, name: &str) -> PathBuf {
+    control_dir.join(format!("{FILE_PREFIX}{name}.ctl"))
+}
+
+/// The data file of a shared pool: `index` is `None` for a one-file pool.
+pub fn data_path(dir: &Path, name: &str, index: Option<usize>) -> PathBuf {
+    match index {
+        None => dir.join(format!("{FILE_PREFIX}{name}.pool")),
+        Some(i) => dir.join(format!("{FILE_PREFIX}{name}.pool.{i:04}")),
+    }
+}
+
+/// This rank's prefault shard: page-aligned, disjoint from every other
+/// rank's, the shards together covering the pool.
+///
+/// # Errors
+/// Layout errors (zero world).
+pub fn shard(size: MappedSize, sharing: &SharingConfig) -> Result<Extent> {
+    let all = crate::layout::shards(size.mapped(), size.page(), sharing.world)?;
+    all.get(sharing.rank as usize).copied().ok_or_else(|| {
+        Error::config(format!(
+            "rank {} is not below world {}",
+            sharing.rank, sharing.world
+        ))
+    })
+}
+
+/// A collective the ranks meet at once their shards are prefaulted. The
+/// embedding engine can implement it with its own (for example a
+/// `torch.distributed` barrier); the built-in one uses the control file.
+pub trait RankBarrier: Send + Sync {
+    /// Called exactly once by every rank with its own setup outcome. Returns
+    /// `Ok` once every rank has called it with `Ok`; otherwise an error that
+    /// names the rank that failed, died or never came.
+    ///
+    /// # Errors
+    /// [`Error::Peer`] naming the rank.
+    fn wait(&self, rank: u32, world: u32, outcome: std::result::Result<(), String>) -> Result<()>;
+}
+
+/// Whether this rank created the pool or joined it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Won the election: created and sized the files, ran the capacity checks.
+    Creator,
+    /// Attached to the creator's files.
+    Joiner,
+}
+
+/// What every rank must agree on.
+#[derive(Debug, Clone)]
+pub struct SharedPoolSpec<'a> {
+    /// Name, world, rank, timeout, control dir.
+    pub sharing: &'a SharingConfig,
+    /// Logical and mapped size and page size.
+    pub size: MappedSize,
+    /// Data files in pool order, with their extents.
+    pub files: Vec<(PathBuf, Extent)>,
+    /// Checks the creator runs before creating anything.
+    pub capacity: &'a [CapacityCheck],
+    /// What to say when mapping fails.
+    pub map: MapContext,
+}
+
+/// One rank's attachment to a shared pool's control file.
+#[derive(Debug)]
+struct Session {
+    sharing: SharingConfig,
+    role: Role,
+    ctl_path: PathBuf,
+    ctl_fd: OwnedFd,
+    ctl_id: FileId,
+    view: SharedView<Ctl>,
+    started: Instant,
+    data: Vec<(PathBuf, FileId)>,
+}
+
+fn peer(message: String) -> Error {
+    Error::Peer { message }
+}
+
+fn control_dir(s: &SharingConfig) -> PathBuf {
+    s.control_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONTROL_DIR))
+}
+
+impl Session {
+    fn ctl(&self) -> &Ctl {
+        self.view.get()
+    }
+
+    /// Elect a creator or join, within the attach timeout.
+    fn elect(sharing: &SharingConfig, spec: &SharedPoolSpec<'_>) -> Result<Session> {
+        let dir = control_dir(sharing);
+        let path = ctl_path(&dir, &sharing.name);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs_f64(sharing.attach_timeout_secs);
+        loop {
+            if let Some(s) = Self::try_create(sharing, spec, &dir, &path, started)? {
+                return Ok(s);
+            }
+            match Self::try_join(sharing, spec, &path, started, deadline)? {
+                Some(s) => return Ok(s),
+                None if Instant::now() < deadline => std::thread::sleep(POLL),
+                None => {
+                    return Err(peer(format!(
+                        "shared pool `{}`: could not create or join {} within {:.0} s",
+                        sharing.name,
+                        path.display(),
+                        sharing.attach_timeout_secs
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Build the control file as an O_TMPFILE and link it into place; `None`
+    /// when another rank linked first.
+    fn try_create(
+        sharing: &SharingConfig,
+        spec: &SharedPoolSpec<'_>,
+        dir: &Path,
+        path: &Path,
+        started: Instant,
+    ) -> Result<Option<Session>> {
+        let len = SharedView::<Ctl>::len_for() as u64;
+        let cfg_err = |what: &str, e: rustix::io::Errno| {
+            Error::config(format!(
+                "cannot {what} the control file of shared pool `{}` in {}: {e}; control_dir must be a \
+                 writable tmpfs such as /dev/shm",
+                sharing.name,
+                dir.display()
+            ))
+        };
+        let fd = rustix::fs::open(
+            dir,
+            OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .map_err(|e| cfg_err("create", e))?;
+        rustix::fs::ftruncate(&fd, len).map_err(|e| cfg_err("size", e))?;
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared)
+            .map_err(|e| cfg_err("lock", e))?;
+        sys::ofd_lock_byte(fd.as_fd(), LOCK_BASE + i64::from(sharing.rank)).map_err(|e| {
+            Error::config(format!(
+                "cannot lock the control file of `{}`: {e}",
+                sharing.name
+            ))
+        })?;
+        let view = SharedView::<Ctl>::map(fd.as_fd())
+            .map_err(|e| Error::config(format!("cannot map control file: {e}")))?;
+        let h = &view.get().header;
+        h.version.store(VERSION, Ordering::Relaxed);
+        h.world.store(sharing.world, Ordering::Relaxed);
+        h.creator_rank.store(sharing.rank, Ordering::Relaxed);
+        h.logical.store(spec.size.logical(), Ordering::Relaxed);
+        h.mapped.store(spec.size.mapped(), Ordering::Relaxed);
+        h.page_size.store(spec.size.page().get(), Ordering::Relaxed);
+        h.nfiles.store(spec.files.len() as u32, Ordering::Relaxed);
+        h.state.store(POOL_CREATING, Ordering::Relaxed);
+        let slot = &view.get().slots[sharing.rank as usize];
+        slot.pid.store(std::process::id(), Ordering::Relaxed);
+        slot.state.store(SLOT_ATTACHED, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+        let proc_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        match rustix::fs::linkat(
+            rustix::fs::CWD,
+            proc_path.as_str(),
+            rustix::fs::CWD,
+            path,
+            rustix::fs::AtFlags::SYMLINK_FOLLOW,
+        ) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == libc::EEXIST => return Ok(None),
+            Err(e) => return Err(cfg_err("link", e)),
+        }
+        let ctl_id =
+            file::file_id(&fd).map_err(|e| Error::config(format!("fstat control file: {e}")))?;
+        Ok(Some(Session {
+            sharing: sharing.clone(),
+            role: Role::Creator,
+            ctl_path: path.to_path_buf(),
+            ctl_fd: fd,
+            ctl_id,
+            view,
+            started,
+            data: Vec::new(),
+        }))
+    }
+
+    /// Open an existing control file, clear it away if stale, wait until the
+    /// pool is ready, check it matches, claim our slot. `None` means "try the
+    /// election again" (the file vanished or was stale).
+    fn try_join(
+        sharing: &SharingConfig,
+        spec: &SharedPoolSpec<'_>,
+        path: &Path,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Option<Session>> {
+        let page = spec.size.page();
+        let fd = match rustix::fs::open(
+            path,
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == libc::ENOENT => return Ok(None),
+            Err(_) => {
+                return Err(file::open_checked(path, page)
+                    .err()
+                    .unwrap_or_else(|| Error::config("control file vanished")));
+            }
+        };
+        file::check_owner(&fd, path)?;
+        let ctl_id = file::file_id(&fd)
+            .map_err(|e| Error::config(format!("fstat {}: {e}", path.display())))?;
+        // Stale: nobody holds it (a crashed earlier run). Clear it and retry.
+        if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            tracing::warn!(
+                "removing stale control file {} left by a crashed run",
+                path.display()
+            );
+            let _ = file::unlink_if_same(path, ctl_id);
+            return Ok(None);
+        }
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared)
+            .map_err(|e| Error::config(format!("cannot lock {}: {e}", path.display())))?;
+        let view = match SharedView::<Ctl>::map(fd.as_fd()) {
+            Ok(v) => v,
+            Err(e) => {
+                return Err(Error::config(format!(
+                    "{} is not a hostpool control file: {e}",
+                    path.display()
+                )));
+            }
+        };
+        let s = Session {
+            sharing: sharing.clone(),
+            role: Role::Joiner,
+            ctl_path: path.to_path_buf(),
+            ctl_fd: fd,
+            ctl_id,
+            view,
+            started,
+            data: Vec::new(),
+        };
+        if s.ctl().header.magic.load(Ordering::Acquire) != MAGIC
+            || s.ctl().header.version.load(Ordering::Relaxed) != VERSION
+        {
+            return Err(Error::config(format!(
+                "{} is not a hostpool control file of this version; remove it (`hostpool gc`)",
+                path.display()
+            )));
+        }
+        // The header's sizes are written before the file is linked, so they
+        // can be checked, and the slot claimed, before the pool is ready: a
+        // creator that fails then knows this rank is waiting for its verdict.
+        s.check_matches(spec)?;
+        s.claim_slot()?;
+        if let Err(e) = s.wait_ready(deadline) {
+            s.fail(&e.to_string());
+            return Err(e);
+        }
+        Ok(Some(s))
+    }
+
+    fn creator_desc(&self) -> String {
+        let r = self.ctl().header.creator_rank.load(Ordering::Relaxed);
+        let pid = self
+            .ctl()
+            .slots
+            .get(r as usize)
+            .map_or(0, |s| s.pid.load(Ordering::Relaxed));
+        format!("rank {r} (pid {pid})")
+    }
+
+    fn wait_ready(&self, deadline: Instant) -> Result<()> {
+        let h = &self.ctl().header;
+        loop {
+            match h.state.load(Ordering::Acquire) {
+                POOL_READY => return Ok(()),
+                POOL_FAILED => {
+                    return Err(peer(format!(
+                        "shared pool `{}`: its creator {} failed: {}",
+                        self.sharing.name,
+                        self.creator_desc(),
+                        read_msg(&h.fail_msg)
+                    )));
+                }
+                _ => {}
+            }
+            let gone = rustix::fs::fstat(&self.ctl_fd)
+                .map(|st| st.st_nlink == 0)
+                .unwrap_or(true);
+            let creator = i64::from(h.creator_rank.load(Ordering::Relaxed));
+            let dead =
+                !sys::ofd_byte_locked(self.ctl_fd.as_fd(), LOCK_BASE + creator).unwrap_or(false);
+            if gone || dead {
+                let _ = file::unlink_if_same(&self.ctl_path, self.ctl_id);
+                return Err(peer(format!(
+                    "shared pool `{}`: its creator {} {} before the pool was ready",
+                    self.sharing.name,
+                    self.creator_desc(),
+                    if dead { "died" } else { "removed it" }
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(peer(format!(
+                    "shared pool `{}` was not ready after {:.0} s: its creator {} is still creating it; \
+                     raise --attach-timeout for very large pools",
+                    self.sharing.name,
+                    self.sharing.attach_timeout_secs,
+                    self.creator_desc()
+                )));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    fn check_matches(&self, spec: &SharedPoolSpec<'_>) -> Result<()> {
+        let h = &self.ctl().header;
+        let theirs = (
+            h.world.load(Ordering::Relaxed),
+            h.logical.load(Ordering::Relaxed),
+            h.mapped.load(Ordering::Relaxed),
+            h.page_size.load(Ordering::Relaxed),
+            h.nfiles.load(Ordering::Relaxed) as usize,
+        );
+        let ours = (
+            self.sharing.world,
+            spec.size.logical(),
+            spec.size.mapped(),
+            spec.size.page().get(),
+            spec.files.len(),
+        );
+        if theirs != ours {
+            return Err(Error::config(format!(
+                "shared pool `{}` was created for {} ranks, {} ({} mapped) in {} pages and {} file(s); this \
+                 rank asks for {} ranks, {} ({} mapped) in {} pages and {} file(s). Every rank must use the \
+                 same size, page size, segments and world; if it is a leftover of an earlier run, stop its \
+                 processes and run `hostpool gc`",
+                self.sharing.name,
+                theirs.0,
+                format_bytes(theirs.1),
+                format_bytes(theirs.2),
+                format_bytes(theirs.3),
+                theirs.4,
+                ours.0,
+                format_bytes(ours.1),
+                format_bytes(ours.2),
+                format_bytes(ours.3),
+                ours.4
+            )));
+        }
+        Ok(())
+    }
+
+    fn claim_slot(&self) -> Result<()> {
+        let rank = self.sharing.rank;
+        let slot = &self.ctl().slots[rank as usize];
+        if let Err(e) = sys::ofd_lock_byte(self.ctl_fd.as_fd(), LOCK_BASE + i64::from(rank)) {
+            return Err(Error::config(format!(
+                "rank {rank} of shared pool `{}` is already attached by pid {} ({e}); give each process its own --rank",
+                self.sharing.name,
+                slot.pid.load(Ordering::Relaxed)
+            )));
+        }
+        if slot.state.load(Ordering::Acquire) != SLOT_EMPTY {
+            return Err(Error::config(format!(
+                "rank {rank} of shared pool `{}` was already used by pid {} (which has exited); the pool \
+                 cannot take a second rank {rank}: restart all ranks",
+                self.sharing.name,
+                slot.pid.load(Ordering::Relaxed)
+            )));
+        }
+        slot.pid.store(std::process::id(), Ordering::Relaxed);
+        slot.state.store(SLOT_ATTACHED, Ordering::Release);
+        Ok(())
+    }
+
+    /// Creator: create one data file exclusively, clearing a stale leftover.
+    fn create_data(&mut self, path: &Path, extent: Extent, page: PageSize) -> Result<PoolFile> {
+        let os = |op, e: std::io::Error| Error::Os {
+            op,
+            path: Some(path.to_path_buf()),
+            addr: None,
+            size: extent.len,
+            page,
+            remedy: "check that the directory exists and is writable".into(),
+            source: e,
+        };
+        let fd = match file::create_exclusive(path) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                let old = file::open_checked(path, page)?;
+                if rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive).is_err() {
+                    return Err(Error::config(format!(
+                        "pool file {} is in use by another process: a pool named `{}` already exists; \
+                         pick another --shared name or stop that pool",
+                        path.display(),
+                        self.sharing.name
+                    )));
+                }
+                tracing::warn!(
+                    "removing stale pool file {} left by a crashed run",
+                    path.display()
+                );
+                let id = file::file_id(&old).map_err(|e| os("fstat", e))?;
+                file::unlink_if_same(path, id).map_err(|e| os("unlink", e))?;
+                file::create_exclusive(path).map_err(|e| os("create", e))?
+            }
+            Err(e) => return Err(os("create", e)),
+        };
+        let id = file::file_id(&fd).map_err(|e| os("fstat", e))?;
+        self.data.push((path.to_path_buf(), id));
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared)
+            .map_err(|e| os("flock", e.into()))?;
+        rustix::fs::ftruncate(&fd, extent.len).map_err(|e| os("ftruncate", e.into()))?;
+        Ok(PoolFile {
+            fd,
+            path: Some(path.to_path_buf()),
+            id,
+            extent,
+        })
+    }
+
+    /// Joiner: open one data file and check it is the creator's.
+    fn open_data(
+        &mut self,
+        index: usize,
+        path: &Path,
+        extent: Extent,
+        page: PageSize,
+    ) -> Result<PoolFile> {
+        let fd = file::open_checked(path, page)?;
+        let id = file::file_id(&fd)
+            .map_err(|e| Error::config(format!("fstat {}: {e}", path.display())))?;
+        let want = &self.ctl().files[index];
+        let want = FileId {
+            dev: want[0].load(Ordering::Relaxed),
+            ino: want[1].load(Ordering::Relaxed),
+        };
+        if id != want {
+            return Err(Error::config(format!(
+                "{} is not the file the creator of `{}` made (a leftover of another run?); stop all ranks and run `hostpool gc`",
+                path.display(),
+                self.sharing.name
+            )));
+        }
+        let size = rustix::fs::fstat(&fd)
+            .map(|st| st.st_size as u64)
+            .unwrap_or(0);
+        if size != extent.len {
+            return Err(Error::config(format!(
+                "{} is {} but this rank expects {}; every rank must use the same size",
+                path.display(),
+                format_bytes(size),
+                format_bytes(extent.len)
+            )));
+        }
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared)
+            .map_err(|e| Error::config(format!("cannot lock {}: {e}", path.display())))?;
+        self.data.push((path.to_path_buf(), id));
+        Ok(PoolFile {
+            fd,
+            path: Some(path.to_path_buf()),
+            id,
+            extent,
+        })
+    }
+
+    /// The first failure another rank has recorded, as a message naming it.
+    fn peer_failure(&self) -> Option<String> {
+        let ctl = self.ctl();
+        (0..self.sharing.world)
+            .filter(|r| *r != self.sharing.rank)
+            .find_map(|r| {
+                let slot = &ctl.slots[r as usize];
+                (slot.state.load(Ordering::Acquire) == SLOT_FAILED).then(|| {
+                    format!(
+                        "shared pool `{}`: rank {r} (pid {}) failed: {}",
+                        self.sharing.name,
+                        slot.pid.load(Ordering::Relaxed),
+                        read_msg(&slot.msg)
+                    )
+                })
+            })
+    }
+
+    /// Creator: the files exist and are mapped; let the joiners in.
+    fn publish(&self) {
+        let ctl = self.ctl();
+        for (i, (_, id)) in self.data.iter().enumerate() {
+            ctl.files[i][0].store(id.dev, Ordering::Relaxed);
+            ctl.files[i][1].store(id.ino, Ordering::Relaxed);
+        }
+        ctl.header.state.store(POOL_READY, Ordering::Release);
+    }
+
+    /// This rank failed: tell the peers, free the memory (unlink the data
+    /// files by inode), and keep the control file linked until every rank has
+    /// attached or the attach deadline has passed, so that every rank of this
+    /// run reads the cause instead of starting a new pool and timing out.
+    fn fail(&self, message: &str) {
+        self.mark_failed(message);
+        for (path, id) in &self.data {
+            let _ = file::unlink_if_same(path, *id);
+        }
+        let ctl = self.ctl();
+        let deadline = self.started + Duration::from_secs_f64(self.sharing.attach_timeout_secs);
+        while Instant::now() < deadline
+            && (0..self.sharing.world)
+                .any(|r| ctl.slots[r as usize].state.load(Ordering::Acquire) == SLOT_EMPTY)
+        {
+            std::thread::sleep(POLL);
+        }
+        let _ = file::unlink_if_same(&self.ctl_path, self.ctl_id);
+    }
+
+    fn mark_failed(&self, message: &str) {
+        let ctl = self.ctl();
+        let slot = &ctl.slots[self.sharing.rank as usize];
+        write_msg(&slot.msg, message);
+        slot.state.store(SLOT_FAILED, Ordering::Release);
+        if self.role == Role::Creator && ctl.header.state.load(Ordering::Acquire) == POOL_CREATING {
+            write_msg(&ctl.header.fail_msg, message);
+            ctl.header
+                .fail_rank
+                .store(self.sharing.rank, Ordering::Relaxed);
+            ctl.header.state.store(POOL_FAILED, Ordering::Release);
+        }
+    }
+
+    fn unlink_all(&self) -> Vec<TeardownIssue> {
+        let mut issues = Vec::new();
+        for (path, id) in self
+            .data
+            .iter()
+            .chain(std::iter::once(&(self.ctl_path.clone(), self.ctl_id)))
+        {
+            if let Err(e) = file::unlink_if_same(path, *id) {
+                issues.push(TeardownIssue::log(
+                    "unlink",
+                    format!("{}: {e}", path.display()),
+                ));
+            }
+        }
+        issues
+    }
+
+    /// The built-in barrier over the control file.
+    fn barrier(&self, outcome: std::result::Result<(), String>) -> Result<()> {
+        let ctl = self.ctl();
+        let (me, world) = (self.sharing.rank, self.sharing.world);
+        if let Err(msg) = outcome {
+            self.fail(&msg);
+            return Err(peer(format!("rank {me} failed: {msg}")));
+        }
+        ctl.slots[me as usize]
+            .state
+            .store(SLOT_ARRIVED, Ordering::Release);
+        if ctl.header.arrived.fetch_add(1, Ordering::AcqRel) + 1 == world {
+            ctl.header.done.store(1, Ordering::Release);
+        }
+        let attach_deadline =
+            self.started + Duration::from_secs_f64(self.sharing.attach_timeout_secs);
+        loop {
+            if ctl.header.done.load(Ordering::Acquire) == 1 {
+                return Ok(());
+            }
+            for r in (0..world).filter(|r| *r != me) {
+                let slot = &ctl.slots[r as usize];
+                let pid = slot.pid.load(Ordering::Relaxed);
+                let problem = match slot.state.load(Ordering::Acquire) {
+                    SLOT_FAILED => Some(format!(
+                        "rank {r} (pid {pid}) failed: {}",
+                        read_msg(&slot.msg)
+                    )),
+                    SLOT_EMPTY if Instant::now() >= attach_deadline => Some(format!(
+                        "rank {r} never attached within {:.0} s; start all {world} ranks, or raise --attach-timeout",
+                        self.sharing.attach_timeout_secs
+                    )),
+                    SLOT_ATTACHED | SLOT_ARRIVED
+                        if !sys::ofd_byte_locked(self.ctl_fd.as_fd(), LOCK_BASE + i64::from(r))
+                            .unwrap_or(true) =>
+                    {
+                        Some(format!(
+                            "rank {r} (pid {pid}) died before the barrier completed"
+                        ))
+                    }
+                    _ => None,
+                };
+                // A rank that passed the barrier may exit at once: only a
+                // barrier that is still open makes its absence a failure.
+                if let Some(p) = problem
+                    && ctl.header.done.load(Ordering::Acquire) == 0
+                {
+                    let msg = format!("shared pool `{}`: {p}", self.sharing.name);
+                    self.fail(&msg);
+                    return Err(peer(msg));
+                }
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+/// Create or join a shared pool and map all of it. The creator checks
+/// capacity, creates and sizes the files and maps them before letting the
+/// joiners in; joiners verify they attach to exactly those files.
+///
+/// # Errors
+/// Capacity, mapping, mismatch or peer errors. On error the peers are told
+/// and no file is left behind.
+pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
+    let sharing = spec.sharing;
+    sharing.validate()?;
+    if spec.files.len() > MAX_FILES {
+        return Err(Error::config(format!(
+            "a shared pool has at most {MAX_FILES} files; use fewer segments"
+        )));
+    }
+    let mut session = Session::elect(sharing, &spec)?;
+    let page = spec.size.page();
+    let attempt = (|| -> Result<FileMapping> {
+        let mut files = Vec::with_capacity(spec.files.len());
+        if session.role == Role::Creator {
+            capacity::require(spec.capacity)?;
+            for (path, extent) in &spec.files {
+                files.push(session.create_data(path, *extent, page)?);
+            }
+        } else {
+            for (i, (path, extent)) in spec.files.iter().enumerate() {
+                // A peer that already failed has unlinked the files: say so,
+                // rather than "no such file".
+                let opened = match session.peer_failure() {
+                    Some(p) => Err(peer(p)),
+                    None => session.open_data(i, path, *extent, page),
+                };
+                files.push(opened.map_err(|e| session.peer_failure().map_or(e, peer))?);
+            }
+        }
+        file::map_files(files, spec.size, &spec.map)
+    })();
+    match attempt {
+        Ok(mapping) => {
+            if session.role == Role::Creator {
+                session.publish();
+            }
+            let shard = shard(spec.size, sharing)?;
+            Ok(Box::new(SharedMapping {
+                inner: mapping,
+                session,
+                shard,
+                passed: AtomicBool::new(false),
+            }))
+        }
+        Err(e) => {
+            session.fail(&e.to_string());
+            Err(e)
+        }
+    }
+}
+
+/// A rank's mapping of a shared pool.
+#[derive(Debug)]
+pub struct SharedMapping {
+    inner: FileMapping,
+    session: Session,
+    shard: Extent,
+    passed: AtomicBool,
+}
+
+/// The `sharing` object of a report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SharingReport {
+    /// Pool name.
+    pub name: String,
+    /// Ranks.
+    pub world: u32,
+    /// This rank.
+    pub rank: u32,
+    /// Creator or joiner.
+    pub role: Role,
+    /// This rank's prefault shard.
+    pub shard: crate::traits::ExtentReport,
+    /// The control file.
+    pub control_file: String,
+}
+
+impl Mapping for SharedMapping {
+    fn region(&self) -> Region {
+        self.inner.region()
+    }
+
+    fn files(&self) -> Vec<PathBuf> {
+        let mut v = self.inner.files();
+        if !self.passed.load(Ordering::Acquire) {
+            v.push(self.session.ctl_path.clone());
+        }
+        v
+    }
+
+    fn sharing(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(SharingReport {
+            name: self.session.sharing.name.clone(),
+            world: self.session.sharing.world,
+            rank: self.session.sharing.rank,
+            role: self.session.role,
+            shard: self.shard.into(),
+            control_file: self.session.ctl_path.display().to_string(),
+        })
+        .ok()
+    }
+
+    fn rendezvous(
+        &mut self,
+        outcome: std::result::Result<(), String>,
+        barrier: Option<&dyn RankBarrier>,
+    ) -> Result<()> {
+        let s = &self.session;
+        let result = match barrier {
+            Some(b) => {
+                let r = b.wait(s.sharing.rank, s.sharing.world, outcome);
+                if let Err(e) = &r {
+                    s.fail(&e.to_string());
+                }
+                r
+            }
+            None => s.barrier(outcome),
+        };
+        if result.is_ok() {
+            self.passed.store(true, Ordering::Release);
+            if s.role == Role::Creator {
+                for issue in s.unlink_all() {
+                    tracing::warn!("after the barrier: {}", issue.detail);
+                }
+            }
+            self.inner.forget_paths();
+        }
+        result
+    }
+
+    fn teardown(mut self: Box<Self>) -> Vec<TeardownIssue> {
+        let mut issues = self.inner.release();
+        if !self.passed.load(Ordering::Acquire) {
+            // Never passed the barrier: make sure nothing is left behind.
+            issues.extend(self.session.unlink_all());
+        }
+        issues
+    }
+}
+
+impl Drop for SharedMapping {
+    fn drop(&mut self) {
+        if !self.passed.load(Ordering::Acquire) {
+            self.session.unlink_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Barrier;
+
+    use super::*;
+    use crate::capacity::CapacityCheck;
+    use crate::layout::round_to_page;
+
+    /// A scratch control dir on /dev/shm and data dir, removed on drop.
+    struct Dirs {
+        ctl: PathBuf,
+        data: PathBuf,
+    }
+
+    impl Dirs {
+        fn new(tag: &str) -> Dirs {
+            let id = format!("{}-{tag}-{:?}", std::process::id(), Instant::now());
+            let id: String = id
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            let ctl = PathBuf::from(format!("/dev/shm/hostpool-unit-ctl-{id}"));
+            let data = std::env::temp_dir().join(format!("hostpool-unit-data-{id}"));
+            std::fs::create_dir_all(&ctl).unwrap();
+            std::fs::create_dir_all(&data).unwrap();
+            Dirs { ctl, data }
+        }
+
+        fn left(&self) -> Vec<String> {
+            let mut v = Vec::new();
+            for d in [&self.ctl, &self.data] {
+                for e in std::fs::read_dir(d).unwrap() {
+                    v.push(e.unwrap().path().display().to_string());
+                }
+            }
+            v
+        }
+    }
+
+    impl Drop for Dirs {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.ctl);
+            let _ = std::fs::remove_dir_all(&self.data);
+        }
+    }
+
+    fn sharing(d: &Dirs, world: u32, rank: u32, timeout: f64) -> SharingConfig {
+        SharingConfig {
+            name: "unit".into(),
+            world,
+            rank,
+            attach_timeout_secs: timeout,
+            control_dir: Some(d.ctl.clone()),
+        }
+    }
+
+    fn attach(
+        d: &Dirs,
+        s: &SharingConfig,
+        mib: u64,
+        capacity: &[CapacityCheck],
+    ) -> Result<Box<dyn Mapping>> {
+        let size = round_to_page(mib << 20, PageSize::BASE_4K).unwrap();
+        map_shared(SharedPoolSpec {
+            sharing: s,
+            size,
+            files: vec![(
+                data_path(&d.data, &s.name, None),
+                Extent {
+                    offset: 0,
+                    len: size.mapped(),
+                },
+            )],
+            capacity,
+            map: MapContext {
+                enomem_remedy: "x".into(),
+            },
+        })
+    }
+
+    fn role(m: &dyn Mapping) -> String {
+        m.sharing().unwrap()["role"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn four_ranks_elect_one_creator_share_memory_and_leave_no_file() {
+        let d = Dirs::new("ok");
+        let start = Barrier::new(4);
+        let results: Vec<_> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4)
+                .map(|r| {
+                    let (d, start) = (&d, &start);
+                    sc.spawn(move || {
+                        start.wait();
+                        let mut m = attach(d, &sharing(d, 4, r, 10.0), 16, &[]).unwrap();
+                        let region = m.region();
+                        // Each rank writes its rank number at the start of its shard.
+                        let shard = shard(region.size(), &sharing(d, 4, r, 10.0)).unwrap();
+                        assert_eq!(shard.len, 4 << 20);
+                        // SAFETY: inside our own live shared mapping.
+                        unsafe { region.at(shard.offset).unwrap().write_volatile(r as u8 + 1) };
+                        m.rendezvous(Ok(()), None).unwrap();
+                        // After the barrier every rank sees every rank's write.
+                        let seen: Vec<u8> = (0..4u64)
+                            // SAFETY: inside the mapping.
+                            .map(|i| unsafe { region.at(i * (4 << 20)).unwrap().read_volatile() })
+                            .collect();
+                        (role(&*m), seen, m)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let creators = results
+            .iter()
+            .filter(|(role, _, _)| role == "creator")
+            .count();
+        assert_eq!(creators, 1, "exactly one creator");
+        for (_, seen, _) in &results {
+            assert_eq!(seen, &[1, 2, 3, 4]);
+        }
+        assert!(
+            d.left().is_empty(),
+            "files left after the barrier: {:?}",
+            d.left()
+        );
+        for (_, _, m) in results {
+            assert!(m.teardown().is_empty());
+        }
+    }
+
+    #[test]
+    fn a_rank_that_fails_fails_its_peers_with_its_name_and_nothing_is_left() {
+        let d = Dirs::new("fail");
+        let start = Barrier::new(3);
+        let errs: Vec<String> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..3)
+                .map(|r| {
+                    let (d, start) = (&d, &start);
+                    sc.spawn(move || {
+                        start.wait();
+                        // A peer learns of the failure at attach (if rank 2
+                        // failed first) or at the barrier; either way it is named.
+                        match attach(d, &sharing(d, 3, r, 10.0), 4, &[]) {
+                            Err(e) => e.to_string(),
+                            Ok(mut m) => {
+                                let outcome = if r == 2 {
+                                    Err("prefault exploded".to_string())
+                                } else {
+                                    Ok(())
+                                };
+                                let e = m.rendezvous(outcome, None).unwrap_err().to_string();
+                                m.teardown();
+                                e
+                            }
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for e in &errs[..2] {
+            assert!(
+                e.contains("rank 2") && e.contains("prefault exploded"),
+                "{e}"
+            );
+        }
+        assert!(d.left().is_empty(), "{:?}", d.left());
+    }
+
+    #[test]
+    fn a_rank_that_never_comes_times_out_with_its_number() {
+        let d = Dirs::new("absent");
+        let mut m = attach(&d, &sharing(&d, 2, 0, 0.3), 4, &[]).unwrap();
+        let e = m.rendezvous(Ok(()), None).unwrap_err().to_string();
+        assert!(e.contains("rank 1 never attached"), "{e}");
+        m.teardown();
+        assert!(d.left().is_empty(), "{:?}", d.left());
+    }
+
+    #[test]
+    fn a_mismatched_size_or_duplicate_rank_is_refused() {
+        let d = Dirs::new("mismatch");
+        let creator = attach(&d, &sharing(&d, 3, 0, 5.0), 4, &[]).unwrap();
+        let e = attach(&d, &sharing(&d, 3, 1, 5.0), 8, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("was created for 3 ranks, 4 MiB") && e.contains("8 MiB"),
+            "{e}"
+        );
+        let e = attach(&d, &sharing(&d, 3, 0, 5.0), 4, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 0") && e.contains("already attached"),
+            "{e}"
+        );
+        drop(creator);
+        assert!(d.left().is_empty(), "{:?}", d.left());
+    }
+
+    #[test]
+    fn a_creator_short_of_capacity_fails_and_leaves_nothing() {
+        let d = Dirs::new("short");
+        let short = [CapacityCheck::new(
+            "memory",
+            "test",
+            4 << 20,
+            Some(1 << 20),
+            "add memory",
+        )];
+        let e = attach(&d, &sharing(&d, 2, 0, 0.5), 4, &short).unwrap_err();
+        assert!(matches!(e, Error::Capacity { .. }), "{e}");
+        assert!(d.left().is_empty(), "{:?}", d.left());
+    }
+
+    #[test]
+    fn stale_control_and_data_files_of_a_crashed_run_are_replaced() {
+        let d = Dirs::new("stale");
+        let s = sharing(&d, 1, 0, 5.0);
+        std::fs::write(ctl_path(&d.ctl, "unit"), b"garbage from a crash").unwrap();
+        std::fs::set_permissions(
+            ctl_path(&d.ctl, "unit"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        let stale_data = data_path(&d.data, "unit", None);
+        std::fs::write(&stale_data, b"old").unwrap();
+        std::fs::set_permissions(
+            &stale_data,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        let mut m = attach(&d, &s, 4, &[]).unwrap();
+        assert_eq!(role(&*m), "creator");
+        m.rendezvous(Ok(()), None).unwrap();
+        assert!(d.left().is_empty(), "{:?}", d.left());
+        m.teardown();
+    }
+
+    #[test]
+    fn a_control_file_of_another_user_or_wide_mode_is_refused() {
+        let d = Dirs::new("owner");
+        let p = ctl_path(&d.ctl, "unit");
+        std::fs::write(&p, b"x").unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+        let e = attach(&d, &sharing(&d, 1, 0, 1.0), 4, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("wider than 0600"), "{e}");
+        std::os::unix::fs::chown(&p, Some(65534), None).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        let e = attach(&d, &sharing(&d, 1, 0, 1.0), 4, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("owned by uid 65534"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", &p).unwrap();
+        let e = attach(&d, &sharing(&d, 1, 0, 1.0), 4, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+    }
+
+    #[test]
+    fn an_engine_barrier_replaces_the_built_in_one() {
+        struct Engine(std::sync::Mutex<Vec<(u32, bool)>>);
+        impl RankBarrier for Engine {
+            fn wait(
+                &self,
+                rank: u32,
+                _world: u32,
+                outcome: std::result::Result<(), String>,
+            ) -> Result<()> {
+                self.0.lock().unwrap().push((rank, outcome.is_ok()));
+                Ok(())
+            }
+        }
+        let d = Dirs::new("engine");
+        let engine = Engine(Default::default());
+        let mut m = attach(&d, &sharing(&d, 1, 0, 5.0), 4, &[]).unwrap();
+        m.rendezvous(Ok(()), Some(&engine)).unwrap();
+        assert_eq!(*engine.0.lock().unwrap(), [(0, true)]);
+        assert!(
+            d.left().is_empty(),
+            "the creator unlinks after the engine's barrier: {:?}",
+            d.left()
+        );
+        m.teardown();
+    }
+}
