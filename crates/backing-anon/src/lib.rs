@@ -143,7 +143,7 @@ impl Backing for AnonBacking {
         })
     }
 
-    fn map(&self, plan: &BackingPlan) -> Result<Box<dyn Mapping>> {
+    fn map(&self, plan: &BackingPlan, _config: &PoolConfig) -> Result<Box<dyn Mapping>> {
         let len = usize::try_from(plan.size.mapped())
             .map_err(|_| Error::config("pool larger than the address space"))?;
         let align = if self.options.thp {

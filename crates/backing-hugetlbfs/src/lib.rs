@@ -1,1 +1,245 @@
-//! backing-hugetlbfs
+//! `hugetlbfs`: reserved huge pages (2 MiB or 1 GiB), the fast path for a
+//! GPU pool. With 1 GiB pages a 450 GiB pool is 450 pages, so pinning and
+//! registration tables become trivial, and prefault runs at memory bandwidth.
+//!
+//! - With `dir`, the pool is one file on a hugetlbfs mount (checked with
+//!   `statfs`, magic `0x958458f6`); the mount's `f_bsize` is the page size,
+//!   and a `page_size` that differs is an error. Huge-page files cannot be
+//!   stitched from segments at arbitrary offsets, so it is always one file.
+//! - Without `dir`, the pool is a `memfd_create(MFD_HUGETLB | size flag)` of
+//!   `page_size` (default: the kernel's default huge page size): no mount needed.
+//! - The mapping is `MAP_SHARED` without `MAP_NORESERVE`, so a shortage of
+//!   huge pages fails at `mmap` with `ENOMEM`, which becomes one clear error;
+//!   capacity is checked first against sysfs (free − reserved for that size,
+//!   per NUMA node when asked), the mount's `size=` limit and the hugetlb
+//!   cgroup limit. Never against `MemAvailable`. A pool never dies of SIGBUS.
+//!
+//! ```toml
+//! backing = "hugetlbfs"
+//! dir = "/dev/hugepages-1Gi"   # or omit dir and set page_size = "1GiB" for a memfd
+//! ```
+
+use std::path::PathBuf;
+
+use pool_core::file::{self, MapContext, PoolFile};
+use pool_core::fs::{FsKind, filesystem_kind};
+use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
+use pool_core::plugin::parse_table;
+use pool_core::shared::{self, SharedPoolSpec};
+use pool_core::{Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Result, hugetlb};
+use serde::{Deserialize, Serialize};
+
+/// The plugin name.
+pub const NAME: &str = "hugetlbfs";
+
+/// The `[hugetlbfs]` table (no keys yet; unknown ones are errors).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HugetlbfsOptions {}
+
+/// The configured backing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HugetlbfsBacking;
+
+fn build(table: Option<&serde_json::Value>) -> Result<Box<dyn Backing>> {
+    let _: HugetlbfsOptions = parse_table(NAME, table)?;
+    Ok(Box::new(HugetlbfsBacking))
+}
+
+inventory::submit! {
+    BackingPlugin {
+        name: NAME,
+        summary: "reserved huge pages: one file on a hugetlbfs mount (dir), or a memfd (MFD_HUGETLB) without one",
+        origin: env!("CARGO_PKG_NAME"),
+        build,
+    }
+}
+
+/// Where the pages come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    Mount(PathBuf),
+    Memfd,
+}
+
+/// Resolve the page size and the source from the config.
+fn resolve(config: &PoolConfig) -> Result<(PageSize, Source)> {
+    let asked = config.page_size.map(|p| p.get());
+    match &config.dir {
+        Some(dir) => {
+            let kind = filesystem_kind(dir).map_err(|e| {
+                Error::config(format!(
+                    "dir {} cannot be examined ({e}); mount hugetlbfs there first: `mkdir -p {} && \
+                     mount -t hugetlbfs -o pagesize=1G none {}`",
+                    dir.display(),
+                    dir.display(),
+                    dir.display()
+                ))
+            })?;
+            let FsKind::Hugetlbfs { page_size } = kind else {
+                return Err(Error::config(format!(
+                    "dir {} is not a hugetlbfs mount ({}); mount one (`mount -t hugetlbfs -o pagesize=1G none {}`), \
+                     drop dir to use a memfd, or use backing shm-segmented for tmpfs",
+                    dir.display(),
+                    match kind {
+                        FsKind::Tmpfs => "it is tmpfs".to_string(),
+                        FsKind::Other { magic } => format!("filesystem magic {magic:#x}"),
+                        FsKind::Hugetlbfs { .. } => String::new(),
+                    },
+                    dir.display()
+                )));
+            };
+            if let Some(asked) = asked
+                && asked != page_size
+            {
+                return Err(Error::config(format!(
+                    "page_size {} does not match the {} pages of the hugetlbfs mount {}; drop page_size, or \
+                     use a mount with pagesize={}",
+                    format_bytes(asked),
+                    format_bytes(page_size),
+                    dir.display(),
+                    format_bytes(asked).replace(' ', "").replace("iB", "")
+                )));
+            }
+            Ok((PageSize::new(page_size)?, Source::Mount(dir.clone())))
+        }
+        None => {
+            if config.sharing.is_some() {
+                return Err(Error::config(
+                    "a shared hugetlbfs pool needs dir (a hugetlbfs mount every rank sees); a memfd cannot be \
+                     opened by name from another process",
+                ));
+            }
+            let page = match asked.or_else(hugetlb::default_size) {
+                Some(p) => p,
+                None => {
+                    return Err(Error::NotAvailable {
+                        what: "huge pages".into(),
+                        reason: "the kernel reports no default huge page size; set page_size"
+                            .into(),
+                    });
+                }
+            };
+            Ok((PageSize::new(page)?, Source::Memfd))
+        }
+    }
+}
+
+impl Backing for HugetlbfsBacking {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn plan(&self, config: &PoolConfig) -> Result<BackingPlan> {
+        let (page, source) = resolve(config)?;
+        // The kernel must have this page size at all.
+        let pool = hugetlb::pool(page.get())?;
+        let size = round_to_page(config.size.get(), page)?;
+        let dir = match &source {
+            Source::Mount(d) => Some(d.as_path()),
+            Source::Memfd => None,
+        };
+        let capacity = hugetlb::capacity_checks(size.mapped(), page.get(), dir, config.numa_node);
+        let mut explain = vec![match &source {
+            Source::Mount(d) => format!(
+                "one file on the hugetlbfs mount {} with {page} pages",
+                d.display()
+            ),
+            Source::Memfd => format!("a memfd (MFD_HUGETLB) of {page} pages: no mount needed"),
+        }];
+        explain.push(format!(
+            "{} asked, {} mapped = {} pages of {page}; the kernel's {page} pool: {} total, {} free, {} reserved, {} available",
+            format_bytes(size.logical()),
+            format_bytes(size.mapped()),
+            size.pages(),
+            pool.total,
+            pool.free,
+            pool.resv,
+            pool.available()
+        ));
+        explain.push("MAP_SHARED without MAP_NORESERVE: pages are reserved at mmap, so a shortage is an error, never SIGBUS".into());
+        let files = match (&config.sharing, &source) {
+            (Some(s), Source::Mount(d)) => {
+                explain.push(format!(
+                    "shared by {} ranks as `{}`; rank {} prefaults its own shard, rounded to {page}",
+                    s.world, s.name, s.rank
+                ));
+                vec![shared::data_path(d, &s.name, None)]
+            }
+            _ => {
+                explain.push(
+                    "private: the file is never visible (O_TMPFILE, or unlinked at once)".into(),
+                );
+                Vec::new()
+            }
+        };
+        Ok(BackingPlan {
+            backing: NAME,
+            size,
+            segments: vec![Extent {
+                offset: 0,
+                len: size.mapped(),
+            }],
+            files,
+            capacity,
+            options: serde_json::json!({
+                "source": match &source { Source::Mount(_) => "mount", Source::Memfd => "memfd" },
+                "dir": dir.map(|d| d.display().to_string()),
+            }),
+            explain,
+        })
+    }
+
+    fn map(&self, plan: &BackingPlan, config: &PoolConfig) -> Result<Box<dyn Mapping>> {
+        let page = plan.size.page();
+        let len = plan.size.mapped();
+        let ctx = MapContext {
+            enomem_remedy: enomem_remedy(plan),
+        };
+        let extent = Extent { offset: 0, len };
+        let (_, source) = resolve(config)?;
+        if let (Some(sharing), Some(path)) = (&config.sharing, plan.files.first()) {
+            return shared::map_shared(SharedPoolSpec {
+                sharing,
+                size: plan.size,
+                files: vec![(path.clone(), extent)],
+                capacity: &plan.capacity,
+                map: ctx,
+            });
+        }
+        let fd = match &source {
+            Source::Mount(dir) => file::create_private(dir, len, page)?,
+            Source::Memfd => file::create_memfd("hostpool", len, page, true)?,
+        };
+        let id = file::file_id(&fd)
+            .map_err(|e| Error::config(format!("fstat of the pool file: {e}")))?;
+        let mapping = file::map_files(
+            vec![PoolFile {
+                fd,
+                path: None,
+                id,
+                extent,
+            }],
+            plan.size,
+            &ctx,
+        )?;
+        Ok(Box::new(mapping))
+    }
+}
+
+fn enomem_remedy(plan: &BackingPlan) -> String {
+    let short = plan
+        .capacity
+        .iter()
+        .find(|c| c.verdict == pool_core::capacity::Verdict::Short);
+    let first = short.or(plan.capacity.first());
+    format!(
+        "the kernel could not reserve {} huge pages of {} for the pool{}",
+        plan.size.pages(),
+        plan.size.page(),
+        first.map(|c| format!(": {}", c.remedy)).unwrap_or_default()
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,238 @@
-//! backing-shm-segmented
+//! `shm-segmented`: files on tmpfs (default `/dev/shm`) stitched into one
+//! contiguous range. The whole range is reserved `PROT_NONE`, then each
+//! segment file is mapped `MAP_SHARED | MAP_FIXED` at its offset, so the pool
+//! is one pointer however many files back it. Private segments are created
+//! in parallel and unlinked at once; shared ones are named
+//! `hostpool-<name>.pool.<NNNN>`.
+//!
+//! ```toml
+//! backing = "shm-segmented"
+//! dir = "/dev/shm"
+//! [shm-segmented]
+//! segment_size = "4GiB"   # or: segments = 16
+//! ```
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use pool_core::file::{self, MapContext, PoolFile};
+use pool_core::fs::{FsKind, filesystem_kind};
+use pool_core::layout::{Extent, PageSize, SegmentSpec, format_bytes, round_to_page, segments};
+use pool_core::plugin::parse_table;
+use pool_core::shared::{self, SharedPoolSpec};
+use pool_core::{
+    Backing, BackingPlan, BackingPlugin, ByteSize, Error, Mapping, PoolConfig, Result, hugetlb, sys,
+};
+use serde::{Deserialize, Serialize};
+
+/// The plugin name.
+pub const NAME: &str = "shm-segmented";
+
+/// Default directory.
+pub const DEFAULT_DIR: &str = "/dev/shm";
+
+/// Segment size when neither `segments` nor `segment_size` is given.
+pub const DEFAULT_SEGMENT_SIZE: u64 = 4 << 30;
+
+/// The `[shm-segmented]` table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShmOptions {
+    /// Number of segment files (as even as pages allow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments: Option<u32>,
+    /// Size of each segment file (the last holds the remainder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment_size: Option<ByteSize>,
+}
+
+/// The configured backing.
+#[derive(Debug, Clone, Copy)]
+pub struct ShmBacking {
+    options: ShmOptions,
+}
+
+fn build(table: Option<&serde_json::Value>) -> Result<Box<dyn Backing>> {
+    let options: ShmOptions = parse_table(NAME, table)?;
+    if options.segments.is_some() && options.segment_size.is_some() {
+        return Err(Error::config(format!(
+            "in table [{NAME}]: give segments or segment_size, not both"
+        )));
+    }
+    Ok(Box::new(ShmBacking { options }))
+}
+
+inventory::submit! {
+    BackingPlugin {
+        name: NAME,
+        summary: "tmpfs files (/dev/shm) stitched into one range; segments or segment_size",
+        origin: env!("CARGO_PKG_NAME"),
+        build,
+    }
+}
+
+fn dir_of(config: &PoolConfig) -> PathBuf {
+    config
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR))
+}
+
+fn check_dir(dir: &Path) -> Result<()> {
+    match filesystem_kind(dir) {
+        Ok(FsKind::Tmpfs) => Ok(()),
+        Ok(FsKind::Hugetlbfs { .. }) => Err(Error::config(format!(
+            "dir {} is a hugetlbfs mount; use backing hugetlbfs for it (huge-page files cannot be segmented)",
+            dir.display()
+        ))),
+        Ok(FsKind::Other { magic }) => Err(Error::config(format!(
+            "dir {} is not tmpfs (filesystem magic {magic:#x}); use /dev/shm or another tmpfs mount, so the pool \
+             lives in memory and not on a disk",
+            dir.display()
+        ))),
+        Err(e) => Err(Error::config(format!(
+            "dir {} cannot be examined ({e}); create it or use /dev/shm",
+            dir.display()
+        ))),
+    }
+}
+
+impl Backing for ShmBacking {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn plan(&self, config: &PoolConfig) -> Result<BackingPlan> {
+        let dir = dir_of(config);
+        check_dir(&dir)?;
+        let base = PageSize::new(sys::base_page_size() as u64)?;
+        if let Some(asked) = config.page_size
+            && asked.get() != base.get()
+        {
+            return Err(Error::config(format!(
+                "backing {NAME} uses {base} pages, not the {} page_size asked for; for huge pages use backing hugetlbfs",
+                format_bytes(asked.get())
+            )));
+        }
+        let size = round_to_page(config.size.get(), base)?;
+        let spec = match (self.options.segments, self.options.segment_size) {
+            (Some(n), _) => SegmentSpec::Count(n),
+            (None, Some(s)) => SegmentSpec::Size(s.get()),
+            (None, None) => SegmentSpec::Size(DEFAULT_SEGMENT_SIZE),
+        };
+        let segs = segments(&size, spec)?;
+        let files = match &config.sharing {
+            Some(s) => (0..segs.len())
+                .map(|i| shared::data_path(&dir, &s.name, Some(i)))
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut explain = vec![format!(
+            "{} segment file(s) of up to {} on tmpfs {} stitched into one {} range ({base} pages)",
+            segs.len(),
+            format_bytes(segs.iter().map(|e| e.len).max().unwrap_or(0)),
+            dir.display(),
+            format_bytes(size.mapped())
+        )];
+        explain.push(match &config.sharing {
+            Some(s) => format!(
+                "shared by {} ranks as `{}`; rank {} prefaults its own shard",
+                s.world, s.name, s.rank
+            ),
+            None => "private: segment files are unlinked as soon as they are created".to_string(),
+        });
+        Ok(BackingPlan {
+            backing: NAME,
+            size,
+            capacity: hugetlb::tmpfs_capacity_checks(size.mapped(), &dir),
+            segments: segs,
+            files,
+            options: serde_json::json!({
+                "dir": dir.display().to_string(),
+                "segments": self.options.segments,
+                "segment_size": self.options.segment_size.map(|s| s.get()),
+            }),
+            explain,
+        })
+    }
+
+    fn map(&self, plan: &BackingPlan, config: &PoolConfig) -> Result<Box<dyn Mapping>> {
+        let dir = dir_of(config);
+        let ctx = MapContext {
+            enomem_remedy: format!(
+                "the kernel refused to map {} of tmpfs files from {}; free memory or ask for a smaller --size",
+                format_bytes(plan.size.mapped()),
+                dir.display()
+            ),
+        };
+        if let Some(sharing) = &config.sharing {
+            return shared::map_shared(SharedPoolSpec {
+                sharing,
+                size: plan.size,
+                files: plan
+                    .files
+                    .iter()
+                    .cloned()
+                    .zip(plan.segments.iter().copied())
+                    .collect(),
+                capacity: &plan.capacity,
+                map: ctx,
+            });
+        }
+        let page = plan.size.page();
+        let fds = create_segments(&dir, &plan.segments, page)?;
+        let files = fds
+            .into_iter()
+            .zip(plan.segments.iter().copied())
+            .map(|(fd, extent)| {
+                let id = file::file_id(&fd)
+                    .map_err(|e| Error::config(format!("fstat of a segment: {e}")))?;
+                Ok(PoolFile {
+                    fd,
+                    path: None,
+                    id,
+                    extent,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(file::map_files(files, plan.size, &ctx)?))
+    }
+}
+
+/// Create the private segment files in parallel (each `O_TMPFILE` or
+/// unlinked at once, then sized).
+fn create_segments(dir: &Path, segs: &[Extent], page: PageSize) -> Result<Vec<OwnedFd>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(segs.len())
+        .max(1);
+    let per = segs.len().div_ceil(threads);
+    let chunks: Vec<Result<Vec<OwnedFd>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = segs
+            .chunks(per)
+            .map(|chunk| {
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|e| file::create_private(dir, e.len, page))
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::config("a segment-creating thread panicked")))
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(segs.len());
+    for c in chunks {
+        out.extend(c?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

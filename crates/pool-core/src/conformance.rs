@@ -257,15 +257,21 @@ pub fn prefault_residency(config: &PoolConfig, populates_at_map: bool) -> Result
     Ok(())
 }
 
-fn maps_has(start: u64, end: u64) -> bool {
+/// The mappings of /proc/self/maps that lie within `[start, end)`.
+fn maps_within(start: u64, end: u64) -> Vec<(u64, u64)> {
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return false;
+        return Vec::new();
     };
-    maps.lines().any(|l| {
-        let range = l.split_whitespace().next().unwrap_or("");
-        let (a, b) = range.split_once('-').unwrap_or(("", ""));
-        u64::from_str_radix(a, 16) == Ok(start) && u64::from_str_radix(b, 16) == Ok(end)
-    })
+    maps.lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .filter(|(a, b)| *a >= start && *b <= end)
+        .collect()
 }
 
 /// Teardown reports no issues, the mapping is gone, and so are the files.
@@ -280,16 +286,27 @@ pub fn teardown_leaves_nothing(config: &PoolConfig) -> Result<(), String> {
         region.addr() as u64 + region.mapped_len(),
     );
     let files: Vec<PathBuf> = pool.files();
-    if !maps_has(start, end) {
+    // A segmented pool is one mapping per segment: together they must tile
+    // the range exactly.
+    let mut live = maps_within(start, end);
+    live.sort_unstable();
+    let tiles = live.first().map(|m| m.0) == Some(start)
+        && live.last().map(|m| m.1) == Some(end)
+        && live.windows(2).all(|w| w[0].1 == w[1].0);
+    if !tiles {
         return Err(format!(
-            "the live pool {start:#x}-{end:#x} is not in /proc/self/maps as one mapping"
+            "the live pool {start:#x}-{end:#x} is not covered by its mappings in /proc/self/maps: {live:x?}"
         ));
     }
     finish(pool)?;
     let mut left = Vec::new();
-    if maps_has(start, end) {
+    // Other threads may map new memory into the freed range; only the pool's
+    // own mappings, start and end alike, count as left behind.
+    let after = maps_within(start, end);
+    for m in live.iter().filter(|m| after.contains(m)) {
         left.push(format!(
-            "mapping {start:#x}-{end:#x} still in /proc/self/maps"
+            "mapping {:#x}-{:#x} still in /proc/self/maps",
+            m.0, m.1
         ));
     }
     for f in files {

@@ -392,7 +392,7 @@ impl Pool {
             capacity::require(&bp.capacity)?;
         }
         let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
-            plan.backing.map(bp)
+            plan.backing.map(bp, &plan.config)
         });
         let mapping = mapping?;
         let region = mapping.region();

@@ -116,7 +116,7 @@ pub trait Backing: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// Whatever the system refused, with path, size, page size and remedy.
-    fn map(&self, plan: &BackingPlan) -> Result<Box<dyn Mapping>>;
+    fn map(&self, plan: &BackingPlan, config: &PoolConfig) -> Result<Box<dyn Mapping>>;
 }
 
 /// A live mapping made by a backing; its owner.

@@ -1,0 +1,202 @@
+//! hugetlbfs through the conformance suite on every page size this machine
+//! has reserved, by mount and by memfd, and the errors operators hit.
+//!
+//! `cargo xtask test` reserves 2 MiB and 1 GiB pages, mounts hugetlbfs and
+//! sets `HOSTPOOL_REQUIRE_HUGEPAGES=1`: then a missing page size fails these
+//! tests instead of skipping them.
+
+use std::path::PathBuf;
+
+use pool_core::conformance::{self, BadConfig, Suite};
+use pool_core::{ByteSize, Pool, PoolConfig, PoolPlan, Quiet, hugetlb};
+use serde_json::json;
+
+use super::*;
+
+/// A page size the test may use: its mount dir from xtask and its pool.
+struct Reserved {
+    page: u64,
+    mount: Option<PathBuf>,
+    available: u64,
+}
+
+fn reserved(page: u64, label: &str) -> Option<Reserved> {
+    let required = std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() == Ok("1");
+    let mount = std::env::var_os(format!("HOSTPOOL_TEST_HUGETLBFS_{label}")).map(PathBuf::from);
+    let available = hugetlb::pool(page).map(|p| p.available()).unwrap_or(0);
+    // The suite maps at most two pages at a time.
+    if available < 2 {
+        let why = format!(
+            "{label} huge pages: only {available} available (run under `cargo xtask test` as root)"
+        );
+        // xtask reserves 1 GiB pages only where the kernel gives them and
+        // exports how many it got; 2 MiB pages it always reserves.
+        let promised = std::env::var(format!("HOSTPOOL_TEST_HUGEPAGES_{label}"))
+            .ok()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        assert!(
+            !(required && (label == "2M" || promised > 0)),
+            "required but missing: {why}"
+        );
+        eprintln!("skip: {why}");
+        return None;
+    }
+    if required {
+        assert!(
+            mount.is_some(),
+            "HOSTPOOL_REQUIRE_HUGEPAGES=1 but HOSTPOOL_TEST_HUGETLBFS_{label} is not set"
+        );
+    }
+    Some(Reserved {
+        page,
+        mount,
+        available,
+    })
+}
+
+fn config(size: u64, dir: Option<PathBuf>, page: Option<u64>) -> PoolConfig {
+    PoolConfig {
+        size: ByteSize(size),
+        backing: NAME.into(),
+        dir,
+        page_size: page.map(ByteSize),
+        ..PoolConfig::default()
+    }
+}
+
+fn free_pages(page: u64) -> u64 {
+    hugetlb::pool(page).unwrap().free
+}
+
+fn run_suite(r: &Reserved) {
+    let page = r.page;
+    let mut good = vec![
+        config(page * 2, None, Some(page)),
+        config(page + 12345, None, Some(page)),
+    ];
+    let mut bad = vec![BadConfig {
+        config: config(page * (r.available + 1000), None, Some(page)),
+        expect: "cannot hold the pool",
+    }];
+    if let Some(m) = &r.mount {
+        good.push(config(page * 2, Some(m.clone()), None));
+        good.push(config(page * 2 - 1, Some(m.clone()), Some(page)));
+        bad.push(BadConfig {
+            config: config(page * (r.available + 1000), Some(m.clone()), None),
+            expect: "cannot hold the pool",
+        });
+        let other = if page == 2 << 20 { 1 << 30 } else { 2 << 20 };
+        bad.push(BadConfig {
+            config: config(page, Some(m.clone()), Some(other)),
+            expect: "does not match",
+        });
+    }
+    let before = free_pages(page);
+    let failures = conformance::run(&Suite {
+        good,
+        bad,
+        populates_at_map: false,
+    });
+    assert!(
+        failures.is_empty(),
+        "conformance failures ({} pages):\n{}",
+        r.page,
+        failures
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(
+        free_pages(page),
+        before,
+        "every huge page must be given back"
+    );
+}
+
+#[test]
+fn hugetlbfs_2m_passes_the_conformance_suite() {
+    if let Some(r) = reserved(2 << 20, "2M") {
+        run_suite(&r);
+    }
+}
+
+#[test]
+fn hugetlbfs_1g_passes_the_conformance_suite() {
+    if let Some(r) = reserved(1 << 30, "1G") {
+        run_suite(&r);
+    }
+}
+
+#[test]
+fn a_dir_that_is_not_hugetlbfs_is_a_clear_config_error() {
+    let e = PoolPlan::new(config(2 << 20, Some("/dev/shm".into()), None)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("/dev/shm is not a hugetlbfs mount (it is tmpfs)"),
+        "{e}"
+    );
+    assert_eq!(e.exit_code(), 2);
+    let e = PoolPlan::new(config(2 << 20, Some("/nonexistent/huge".into()), None)).unwrap_err();
+    assert!(e.to_string().contains("mount -t hugetlbfs"), "{e}");
+}
+
+#[test]
+fn a_page_size_the_kernel_lacks_is_not_available() {
+    let e = PoolPlan::new(config(4 << 20, None, Some(4 << 20))).unwrap_err();
+    assert!(
+        e.is_not_available() || e.to_string().contains("4 MiB"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_shared_pool_needs_a_mount() {
+    let mut c = config(2 << 20, None, Some(2 << 20));
+    c.sharing = Some(pool_core::SharingConfig {
+        name: "x".into(),
+        world: 2,
+        rank: 0,
+        attach_timeout_secs: 1.0,
+        control_dir: None,
+    });
+    let e = PoolPlan::new(c).unwrap_err();
+    assert!(e.to_string().contains("needs dir"), "{e}");
+}
+
+#[test]
+fn a_pool_larger_than_the_free_pages_fails_at_plan_time_with_the_sysfs_remedy() {
+    let Some(r) = reserved(2 << 20, "2M") else {
+        return;
+    };
+    let c = config((r.available + 10) * r.page, r.mount.clone(), Some(r.page));
+    let plan = PoolPlan::new(c).unwrap();
+    assert!(!plan.report().fits);
+    let before = free_pages(r.page);
+    let e = Pool::build(&plan, &Quiet).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("cannot hold the pool") && msg.contains("hugepages-2048kB/nr_hugepages"),
+        "{msg}"
+    );
+    assert_eq!(free_pages(r.page), before);
+}
+
+#[test]
+fn plan_reports_page_size_pages_and_source() {
+    let Some(r) = reserved(2 << 20, "2M") else {
+        return;
+    };
+    let p = PoolPlan::new(config(5 << 20, None, Some(2 << 20))).unwrap();
+    let rep = p.report();
+    assert_eq!(rep.page_size, 2 << 20);
+    assert_eq!(rep.mapped_bytes, 6 << 20);
+    assert_eq!(rep.options, json!({"source": "memfd", "dir": null}));
+    assert!(
+        rep.explain.iter().any(|l| l.contains("3 pages of 2 MiB")),
+        "{:?}",
+        rep.explain
+    );
+    let _ = r.available;
+}

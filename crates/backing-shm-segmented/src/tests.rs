@@ -1,0 +1,140 @@
+//! shm-segmented through the conformance suite, and its errors.
+
+use pool_core::conformance::{self, BadConfig, Suite};
+use pool_core::{ByteSize, Pool, PoolConfig, PoolPlan, Quiet};
+use serde_json::json;
+
+use super::*;
+
+fn config(size: u64, table: Option<serde_json::Value>) -> PoolConfig {
+    let mut c = PoolConfig {
+        size: ByteSize(size),
+        backing: NAME.into(),
+        ..PoolConfig::default()
+    };
+    if let Some(t) = table {
+        c.plugins.insert(NAME.into(), t);
+    }
+    c
+}
+
+fn shm_files() -> usize {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn shm_segmented_passes_the_conformance_suite() {
+    let before = shm_files();
+    let good = vec![
+        config(64 << 20, None),
+        config((64 << 20) + 4097, Some(json!({"segments": 3}))),
+        config(40 << 20, Some(json!({"segment_size": "8MiB"}))),
+        config(4096, Some(json!({"segments": 1}))),
+    ];
+    let bad = vec![
+        BadConfig {
+            config: config(4 << 20, Some(json!({"segmentz": 2}))),
+            expect: "unknown field `segmentz`",
+        },
+        BadConfig {
+            config: config(
+                4 << 20,
+                Some(json!({"segments": 2, "segment_size": "1MiB"})),
+            ),
+            expect: "not both",
+        },
+        BadConfig {
+            config: config(4 << 20, Some(json!({"segments": 0}))),
+            expect: "zero",
+        },
+        BadConfig {
+            config: config(8192, Some(json!({"segments": 3}))),
+            expect: "segment",
+        },
+        BadConfig {
+            config: PoolConfig {
+                dir: Some("/proc".into()),
+                ..config(4 << 20, None)
+            },
+            expect: "is not tmpfs",
+        },
+        BadConfig {
+            config: PoolConfig {
+                page_size: Some(ByteSize::mib(2)),
+                ..config(4 << 20, None)
+            },
+            expect: "use backing hugetlbfs",
+        },
+        BadConfig {
+            config: config(1 << 50, None),
+            expect: "cannot hold the pool",
+        },
+    ];
+    let failures = conformance::run(&Suite {
+        good,
+        bad,
+        populates_at_map: false,
+    });
+    assert!(
+        failures.is_empty(),
+        "{}",
+        failures
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(shm_files(), before, "nothing may be left in /dev/shm");
+}
+
+#[test]
+fn segments_are_contiguous_and_a_write_across_a_seam_lands_in_the_next_file() {
+    let pool = Pool::build(
+        &PoolPlan::new(config(8 << 20, Some(json!({"segments": 2})))).unwrap(),
+        &Quiet,
+    )
+    .unwrap();
+    let r = pool.report();
+    assert_eq!(r.segments.len(), 2);
+    assert_eq!(r.segments[1].offset, 4 << 20);
+    let region = pool.region().unwrap();
+    let seam = region.at((4 << 20) - 1).unwrap();
+    // SAFETY: two bytes inside the live pool, which only this test touches.
+    unsafe {
+        seam.write_volatile(0xaa);
+        seam.add(1).write_volatile(0xbb);
+        assert_eq!(seam.read_volatile(), 0xaa);
+        assert_eq!(seam.add(1).read_volatile(), 0xbb);
+    }
+    assert!(pool.teardown().teardown_issues.is_empty());
+}
+
+#[test]
+fn a_hugetlbfs_dir_is_redirected_to_the_hugetlbfs_backing() {
+    let Some(dir) = std::env::var_os("HOSTPOOL_TEST_HUGETLBFS_2M") else {
+        eprintln!("skip: no hugetlbfs mount (run under `cargo xtask test` as root)");
+        assert!(std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() != Ok("1"));
+        return;
+    };
+    let e = PoolPlan::new(PoolConfig {
+        dir: Some(dir.into()),
+        ..config(4 << 20, None)
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("use backing hugetlbfs"), "{e}");
+}
+
+#[test]
+fn plan_lists_segments_and_tmpfs_capacity() {
+    let p = PoolPlan::new(config(10 << 30, None)).unwrap().report();
+    assert_eq!(p.segments.len(), 3, "10 GiB in 4 GiB segments");
+    assert!(
+        p.capacity
+            .iter()
+            .any(|c| c.source.contains("/dev/shm") || c.resource.contains("/dev/shm")),
+        "{:?}",
+        p.capacity
+    );
+}
