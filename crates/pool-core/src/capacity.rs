@@ -134,7 +134,8 @@ pub fn cgroup_memory() -> Option<CgroupMemory> {
         if controllers.is_empty() {
             for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
                 let dir = Path::new(root).join(rel);
-                if let Some(m) = read_limit(&dir, "memory.max", "memory.current", "file") {
+                if let Some(m) = read_limit(&dir, "memory.max", "memory.current", ("file", "shmem"))
+                {
                     return Some(m);
                 }
             }
@@ -147,7 +148,7 @@ pub fn cgroup_memory() -> Option<CgroupMemory> {
                     &dir,
                     "memory.limit_in_bytes",
                     "memory.usage_in_bytes",
-                    "total_cache",
+                    ("total_cache", "total_shmem"),
                 ) {
                     return Some(m);
                 }
@@ -157,7 +158,12 @@ pub fn cgroup_memory() -> Option<CgroupMemory> {
     None
 }
 
-fn read_limit(dir: &Path, limit: &str, usage: &str, cache_key: &str) -> Option<CgroupMemory> {
+fn read_limit(
+    dir: &Path,
+    limit: &str,
+    usage: &str,
+    (cache_key, shmem_key): (&str, &str),
+) -> Option<CgroupMemory> {
     let path = dir.join(limit);
     let text = fs::read_to_string(&path).ok()?;
     let limit: u64 = text.trim().parse().ok()?; // "max" fails to parse: unlimited
@@ -169,19 +175,25 @@ fn read_limit(dir: &Path, limit: &str, usage: &str, cache_key: &str) -> Option<C
         .trim()
         .parse()
         .ok()?;
-    let cache = fs::read_to_string(dir.join("memory.stat"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
+    let stat = fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+    let field = |key: &str| -> u64 {
+        stat.lines()
+            .find_map(|l| {
                 let (k, v) = l.split_once(' ')?;
-                (k == cache_key).then(|| v.trim().parse().ok()).flatten()
+                (k == key).then(|| v.trim().parse().ok()).flatten()
             })
-        })
-        .unwrap_or(0);
+            .unwrap_or(0)
+    };
+    // Page cache can be reclaimed, except tmpfs/shmem pages (without swap),
+    // which is exactly what a shared-memory pool is made of.
+    let reclaimable = field(cache_key).saturating_sub(field(shmem_key));
     Some(CgroupMemory {
         path,
         limit,
-        free: limit.saturating_sub(usage).saturating_add(cache).min(limit),
+        free: limit
+            .saturating_sub(usage)
+            .saturating_add(reclaimable)
+            .min(limit),
     })
 }
 

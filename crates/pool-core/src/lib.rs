@@ -18,6 +18,7 @@ pub mod conformance;
 pub mod error;
 pub mod file;
 pub mod fs;
+pub mod gc;
 pub mod hugetlb;
 pub mod layout;
 pub mod numa;

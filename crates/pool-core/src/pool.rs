@@ -23,6 +23,9 @@ use crate::traits::{
     Backing, BackingPlan, ExtentReport, Mapping, Pin, Pinner, Region, Registrar, Registration,
 };
 
+/// Pages sampled with `get_mempolicy` to verify NUMA placement.
+pub const NUMA_SAMPLES: usize = 64;
+
 /// The phases of a build, for progress reporting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -96,16 +99,26 @@ impl PoolPlan {
     /// they are verdicts in the plan, and [`Pool::build`] refuses them.
     pub fn new(config: PoolConfig) -> Result<PoolPlan> {
         plugin::validate_plugin_tables(&config)?;
+        if let Some(node) = config.numa_node {
+            crate::numa::check_node(node)?;
+        }
         let selection = plugin::select_backing(&config)?;
         let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;
         let backing_plan = backing.plan(&config)?;
-        let whole = Extent {
-            offset: 0,
-            len: backing_plan.size.mapped(),
+        // A shared pool's rank faults only its own shard.
+        let extent = match &config.sharing {
+            Some(sharing) => {
+                sharing.validate()?;
+                crate::shared::shard(backing_plan.size, sharing)?
+            }
+            None => Extent {
+                offset: 0,
+                len: backing_plan.size.mapped(),
+            },
         };
         let prefault = prefault::plan(
             config.prefault,
-            whole,
+            extent,
             backing_plan.size.page(),
             config.threads,
         )?;
@@ -154,6 +167,12 @@ impl PoolPlan {
         });
         for r in &self.registrars {
             explain.push(format!("register with {}", r.name()));
+        }
+        if let Some(node) = self.config.numa_node {
+            explain.push(format!(
+                "bind to NUMA node {node} with mbind(MPOL_BIND) before prefault (first touch decides \
+                 placement), then check sampled pages with get_mempolicy"
+            ));
         }
         for c in &bp.capacity {
             explain.push(format!(
@@ -340,6 +359,9 @@ pub struct PoolReport {
     /// Name, world, rank, role and shard of a shared pool; absent when private.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sharing: Option<Value>,
+    /// NUMA placement found after prefault, when a node was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numa: Option<crate::numa::Placement>,
     /// Steps teardown could not undo (empty when all went well).
     pub teardown_issues: Vec<TeardownIssue>,
 }
@@ -428,10 +450,14 @@ impl Pool {
                 registrations: Vec::new(),
                 capacity: bp.capacity.clone(),
                 sharing,
+                numa: None,
                 teardown_issues: Vec::new(),
             },
         };
         // From here on, an early return drops `pool`, which tears down.
+        if let Some(node) = plan.config.numa_node {
+            crate::numa::bind(&region, node)?;
+        }
         let (outcome, secs) = timed(observer, Phase::Prefault, plan.prefault.extent.len, || {
             prefault::run(&region, &plan.prefault, &|done| {
                 observer.progress(Phase::Prefault, done)
@@ -449,6 +475,14 @@ impl Pool {
         };
         pool.report.prefault = Some(outcome?);
         met?;
+        if let Some(node) = plan.config.numa_node {
+            let placement = crate::numa::verify(&region, node, NUMA_SAMPLES)?;
+            pool.report.numa = Some(placement.clone());
+            // In a shared pool only this rank's shard is known to be faulted.
+            if plan.config.sharing.is_none() {
+                placement.require_exact()?;
+            }
+        }
 
         if let Some(pinner) = &plan.pinner {
             let (pinned, secs) = timed(observer, Phase::Pin, region.mapped_len(), || {

@@ -41,6 +41,19 @@ pub enum Command {
     Plan(PlanArgs),
     /// List the registered backings, pinners and registrars.
     Plugins(PluginsArgs),
+    /// Remove pool files that no live process holds (left by crashed runs).
+    Gc(GcArgs),
+}
+
+/// `hostpool gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Directory to scan (repeatable; default /dev/shm and every hugetlbfs mount).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Vec<PathBuf>,
+    /// Print as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Flags that describe a pool; each overrides the same key of `--config`.
@@ -76,6 +89,21 @@ pub struct PoolArgs {
     /// Register the pool with this registrar (repeatable).
     #[arg(long, value_name = "KIND")]
     pub register: Vec<String>,
+    /// Share the pool between ranks under this name (with --world and --rank).
+    #[arg(long, value_name = "NAME", requires_all = ["world", "rank"])]
+    pub shared: Option<String>,
+    /// Number of ranks sharing the pool.
+    #[arg(long, value_name = "N", requires = "shared")]
+    pub world: Option<u32>,
+    /// This process's rank, 0 to N-1.
+    #[arg(long, value_name = "R", requires = "shared")]
+    pub rank: Option<u32>,
+    /// Seconds to wait for the creator and for ranks that never attach (default 30).
+    #[arg(long, value_name = "SECS", requires = "shared")]
+    pub attach_timeout: Option<f64>,
+    /// Bind the pool's pages to this NUMA node.
+    #[arg(long, value_name = "N")]
+    pub numa_node: Option<u32>,
 }
 
 /// `--prefault` values.
@@ -188,6 +216,7 @@ fn run(cli: Cli) -> Result<i32, Error> {
         Command::Alloc(args) => alloc(args),
         Command::Plan(args) => plan(args),
         Command::Plugins(args) => plugins(args),
+        Command::Gc(args) => gc(args),
     }
 }
 
@@ -226,6 +255,24 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
     }
     if !args.register.is_empty() {
         config.register = args.register.clone();
+    }
+    if let Some(node) = args.numa_node {
+        config.numa_node = Some(node);
+    }
+    if let (Some(name), Some(world), Some(rank)) = (&args.shared, args.world, args.rank) {
+        let previous = config.sharing.take();
+        config.sharing = Some(pool_core::SharingConfig {
+            name: name.clone(),
+            world,
+            rank,
+            attach_timeout_secs: args
+                .attach_timeout
+                .or(previous.as_ref().map(|p| p.attach_timeout_secs))
+                .unwrap_or(30.0),
+            control_dir: previous.and_then(|p| p.control_dir),
+        });
+    } else if let (Some(t), Some(s)) = (args.attach_timeout, config.sharing.as_mut()) {
+        s.attach_timeout_secs = t;
     }
     Ok(config)
 }
@@ -367,6 +414,22 @@ fn plugins(args: PluginsArgs) -> Result<i32, Error> {
             }
         }
         s.trim_end().to_string()
+    };
+    write_stdout(&text)?;
+    Ok(0)
+}
+
+fn gc(args: GcArgs) -> Result<i32, Error> {
+    let dirs = if args.dir.is_empty() {
+        pool_core::gc::default_dirs()
+    } else {
+        args.dir
+    };
+    let report = pool_core::gc::collect(&dirs);
+    let text = if args.json {
+        serde_json::to_string_pretty(&report).map_err(|e| Error::config(e.to_string()))?
+    } else {
+        output::human_gc(&report)
     };
     write_stdout(&text)?;
     Ok(0)

@@ -57,6 +57,23 @@ pub fn human_report(r: &PoolReport, status: &str) -> String {
         (kind, Some(reason)) => format!("  pin        {kind}: {status}: {reason}\n"),
         (kind, None) => format!("  pin        {kind}: {status}\n"),
     });
+    if let Some(sh) = &r.sharing {
+        s.push_str(&format!(
+            "  sharing    `{}` rank {} of {} ({}), shard {}+{}\n",
+            sh["name"].as_str().unwrap_or(""),
+            sh["rank"],
+            sh["world"],
+            sh["role"].as_str().unwrap_or(""),
+            sh["shard"]["offset"],
+            format_bytes(sh["shard"]["len"].as_u64().unwrap_or(0))
+        ));
+    }
+    if let Some(n) = &r.numa {
+        s.push_str(&format!(
+            "  numa       node {}: {} of {} sampled pages on it\n",
+            n.node, n.on_node, n.sampled
+        ));
+    }
     for reg in &r.registrations {
         s.push_str(&format!("  register   {}\n", reg.kind));
     }
@@ -104,4 +121,29 @@ pub fn human_plan(p: &PlanReport) -> String {
         s.push_str(&format!("  - {line}\n"));
     }
     s.trim_end().to_string()
+}
+
+/// `gc` without `--json`.
+pub fn human_gc(r: &pool_core::gc::GcReport) -> String {
+    let mut s = format!("scanned {}\n", r.dirs.join(", "));
+    for e in &r.removed {
+        s.push_str(&format!(
+            "  removed  {} ({})\n",
+            e.path,
+            format_bytes(e.bytes)
+        ));
+    }
+    for e in &r.kept {
+        s.push_str(&format!(
+            "  kept     {}: {}\n",
+            e.path,
+            e.reason.as_deref().unwrap_or("")
+        ));
+    }
+    s.push_str(&format!(
+        "{} stale file(s) removed, {} freed",
+        r.removed.len(),
+        format_bytes(r.freed_bytes)
+    ));
+    s
 }

@@ -1,0 +1,233 @@
+//! Garbage collection of pool files that crashed processes left behind.
+//!
+//! A file is stale when no live process holds a lock on it: every attached
+//! rank holds a shared `flock` on the control file and on each data file, and
+//! the kernel drops those when a process dies (DPDK finds stale hugepage files
+//! the same way). A data file whose pool's control file is still locked is
+//! live too, which covers the instant between a creator making a file and
+//! locking it. Only files named `hostpool-*` (or `.hostpool-*`) are looked
+//! at, symbolic links are never followed, and a file is unlinked only if its
+//! path still names the inode that was found stale.
+
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{FlockOperation, Mode, OFlags};
+use serde::Serialize;
+
+use crate::file::{self, FileId};
+use crate::shared::{DEFAULT_CONTROL_DIR, FILE_PREFIX, ctl_path};
+
+/// What `gc` found in one file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GcEntry {
+    /// The file.
+    pub path: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Why it was kept, when it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What `gc` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    /// Directories scanned.
+    pub dirs: Vec<String>,
+    /// Stale files removed.
+    pub removed: Vec<GcEntry>,
+    /// Files kept because a live process holds them (or they could not be examined).
+    pub kept: Vec<GcEntry>,
+    /// Bytes given back.
+    pub freed_bytes: u64,
+}
+
+/// The directories `gc` scans by default: `/dev/shm` and every hugetlbfs mount.
+pub fn default_dirs() -> Vec<PathBuf> {
+    let mut dirs = vec![PathBuf::from(DEFAULT_CONTROL_DIR)];
+    if let Ok(mounts) = std::fs::read_to_string("/proc/mounts") {
+        for line in mounts.lines() {
+            let mut f = line.split_whitespace();
+            if let (Some(_), Some(mnt), Some("hugetlbfs")) = (f.next(), f.next(), f.next()) {
+                let mnt = PathBuf::from(mnt.replace("\\040", " "));
+                if !dirs.contains(&mnt) {
+                    dirs.push(mnt);
+                }
+            }
+        }
+    }
+    dirs
+}
+
+/// The pool name of a hostpool file name, if it is one.
+fn pool_name(file_name: &str) -> Option<&str> {
+    let rest = file_name.strip_prefix(FILE_PREFIX)?;
+    if let Some(n) = rest.strip_suffix(".ctl") {
+        return Some(n);
+    }
+    let (name, tail) = rest.split_once(".pool")?;
+    (tail.is_empty()
+        || tail
+            .strip_prefix('.')
+            .is_some_and(|d| d.bytes().all(|b| b.is_ascii_digit())))
+    .then_some(name)
+}
+
+fn is_ours(file_name: &str) -> bool {
+    pool_name(file_name).is_some() || file_name.starts_with(".hostpool-private-")
+}
+
+/// Whether another process holds a lock on the file: try to take it
+/// exclusively, without waiting.
+fn locked(path: &Path) -> std::io::Result<Option<(std::os::fd::OwnedFd, FileId, u64)>> {
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    let id = FileId {
+        dev: st.st_dev,
+        ino: st.st_ino,
+    };
+    match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some((fd, id, st.st_size as u64))),
+        Err(e) if e.raw_os_error() == libc::EWOULDBLOCK => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn ctl_is_live(dir: &Path, name: &str) -> bool {
+    [dir, Path::new(DEFAULT_CONTROL_DIR)]
+        .iter()
+        .map(|d| ctl_path(d, name))
+        .any(|p| p.exists() && matches!(locked(&p), Ok(None)))
+}
+
+/// Remove the stale pool files in `dirs`, keep the live ones.
+pub fn collect(dirs: &[PathBuf]) -> GcReport {
+    let mut report = GcReport {
+        dirs: dirs.iter().map(|d| d.display().to_string()).collect(),
+        ..GcReport::default()
+    };
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            report.kept.push(GcEntry {
+                path: dir.display().to_string(),
+                bytes: 0,
+                reason: Some("directory cannot be read".into()),
+            });
+            continue;
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| is_ours(n))
+            .collect();
+        // Data files before control files, so a data file is judged while
+        // its control file still says whether the pool is live.
+        names.sort_by_key(|n| (n.ends_with(".ctl"), n.clone()));
+        for name in names {
+            let path = dir.join(&name);
+            let keep = |reason: String, bytes| GcEntry {
+                path: path.display().to_string(),
+                bytes,
+                reason: Some(reason),
+            };
+            match locked(&path) {
+                Ok(None) => report
+                    .kept
+                    .push(keep("held by a live process".into(), file_size(&path))),
+                Err(e) => report
+                    .kept
+                    .push(keep(format!("cannot be examined: {e}"), file_size(&path))),
+                Ok(Some((_fd, id, bytes))) => {
+                    if !name.ends_with(".ctl")
+                        && pool_name(&name).is_some_and(|n| ctl_is_live(dir, n))
+                    {
+                        report.kept.push(keep(
+                            "its pool's control file is held by a live process".into(),
+                            bytes,
+                        ));
+                        continue;
+                    }
+                    match file::unlink_if_same(&path, id) {
+                        Ok(true) => {
+                            report.freed_bytes += bytes;
+                            report.removed.push(GcEntry {
+                                path: path.display().to_string(),
+                                bytes,
+                                reason: None,
+                            });
+                        }
+                        Ok(false) => {}
+                        Err(e) => report
+                            .kept
+                            .push(keep(format!("cannot be removed: {e}"), bytes)),
+                    }
+                }
+            }
+        }
+    }
+    report
+}
+
+fn file_size(path: &Path) -> u64 {
+    std::fs::symlink_metadata(path)
+        .map(|m| m.len())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_recognised_exactly() {
+        assert_eq!(pool_name("hostpool-e0.ctl"), Some("e0"));
+        assert_eq!(pool_name("hostpool-e0.pool"), Some("e0"));
+        assert_eq!(pool_name("hostpool-e0.pool.0003"), Some("e0"));
+        assert_eq!(pool_name("hostpool-e0.poolside"), None);
+        assert_eq!(pool_name("vllm_offload_x.mmap"), None);
+        assert!(is_ours(".hostpool-private-1-2"));
+        assert!(!is_ours("hostpool"));
+    }
+
+    #[test]
+    fn stale_files_go_live_files_and_strangers_stay() {
+        let dir = std::env::temp_dir().join(format!("hostpool-gc-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let stale = dir.join("hostpool-dead.pool");
+        std::fs::write(&stale, vec![0u8; 8192]).unwrap();
+        let live = dir.join("hostpool-alive.pool.0000");
+        std::fs::write(&live, b"x").unwrap();
+        let holder = std::fs::File::open(&live).unwrap();
+        rustix::fs::flock(&holder, FlockOperation::LockShared).unwrap();
+        let stranger = dir.join("vllm_offload_1.mmap");
+        std::fs::write(&stranger, b"x").unwrap();
+        let link = dir.join("hostpool-link.pool");
+        std::os::unix::fs::symlink(&stranger, &link).unwrap();
+
+        let r = collect(std::slice::from_ref(&dir));
+        assert_eq!(r.removed.len(), 1, "{r:?}");
+        assert_eq!(r.removed[0].path, stale.display().to_string());
+        assert_eq!(r.freed_bytes, 8192);
+        assert!(!stale.exists());
+        assert!(live.exists(), "a locked file must stay");
+        assert!(r.kept.iter().any(|k| k.path == live.display().to_string()));
+        assert!(
+            stranger.exists() && link.symlink_metadata().is_ok(),
+            "strangers and links are never touched"
+        );
+        drop(holder);
+        let r = collect(std::slice::from_ref(&dir));
+        assert_eq!(r.removed.len(), 1, "once released it is stale: {r:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn default_dirs_start_with_dev_shm() {
+        assert_eq!(default_dirs()[0], PathBuf::from("/dev/shm"));
+    }
+}
