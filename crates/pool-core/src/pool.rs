@@ -318,6 +318,9 @@ pub struct Phases {
     /// Faulting pages in.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefault: Option<f64>,
+    /// Waiting for the other ranks of a shared pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub barrier: Option<f64>,
     /// Pinning.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pin: Option<f64>,
@@ -467,11 +470,16 @@ impl Pool {
         // Every rank of a shared pool meets its peers, even after a failure,
         // so that they fail on its error instead of waiting for it.
         let met = match pool.mapping.as_mut() {
-            Some(m) => m.rendezvous(
-                outcome.as_ref().map(|_| ()).map_err(|e| e.to_string()),
-                barrier,
-            ),
-            None => Ok(()),
+            Some(m) if plan.config.sharing.is_some() => {
+                let t = Instant::now();
+                let met = m.rendezvous(
+                    outcome.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+                    barrier,
+                );
+                pool.report.phases.barrier = Some(t.elapsed().as_secs_f64());
+                met
+            }
+            _ => Ok(()),
         };
         pool.report.prefault = Some(outcome?);
         met?;

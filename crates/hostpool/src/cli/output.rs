@@ -25,6 +25,7 @@ pub fn human_report(r: &PoolReport, status: &str) -> String {
     let phases = [
         ("map", r.phases.map),
         ("prefault", r.phases.prefault),
+        ("barrier", r.phases.barrier),
         ("pin", r.phases.pin),
         ("register", r.phases.register),
         ("teardown", r.phases.teardown),

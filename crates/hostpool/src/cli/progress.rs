@@ -25,6 +25,7 @@ impl Bars {
 
 impl Observer for Bars {
     fn start(&self, phase: Phase, total: u64) {
+        failpoint(phase);
         if !self.visible {
             return;
         }
@@ -55,5 +56,18 @@ impl Observer for Bars {
             }
             bar.finish();
         }
+    }
+}
+
+/// Test hook: `HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS=N` makes this process
+/// sleep N ms as prefault starts, so that tests can kill a rank while it is
+/// provably mid-prefault. Not for production use.
+fn failpoint(phase: Phase) {
+    if phase == Phase::Prefault
+        && let Some(ms) = std::env::var("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
