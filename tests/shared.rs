@@ -1,0 +1,770 @@
+//! File-backed and shared pools with real `hostpool` processes.
+//!
+//! Needs root and reserved 2 MiB huge pages for the hugetlbfs cases: under
+//! `cargo xtask test` (HOSTPOOL_REQUIRE_HUGEPAGES=1) their absence fails the
+//! test; elsewhere the test prints why it skips.
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const HUGE_2M: u64 = 2 << 20;
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
+    c.env_remove("RUST_LOG")
+        .env_remove("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS");
+    c
+}
+
+/// A pool name no other test uses.
+fn name(tag: &str) -> String {
+    format!("t{}-{tag}", std::process::id())
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+fn required() -> bool {
+    std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() == Ok("1")
+}
+
+/// Tests that count free huge pages must not overlap: each holds this.
+static HUGE_PAGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn huge_pages_lock() -> std::sync::MutexGuard<'static, ()> {
+    HUGE_PAGES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Children that are killed if the test fails before they exit.
+struct Ranks(Vec<Child>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Ranks {
+    type Target = Vec<Child>;
+    fn deref(&self) -> &Vec<Child> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Ranks {
+    fn deref_mut(&mut self) -> &mut Vec<Child> {
+        &mut self.0
+    }
+}
+
+/// The 2 MiB hugetlbfs mount xtask made, with at least `pages` free pages.
+fn hugetlbfs_2m(pages: u64) -> Option<PathBuf> {
+    let dir = std::env::var_os("HOSTPOOL_TEST_HUGETLBFS_2M").map(PathBuf::from);
+    let free = free_2m();
+    match dir {
+        Some(d) if free >= pages => Some(d),
+        _ => {
+            let why = format!(
+                "needs a 2 MiB hugetlbfs mount with {pages} free pages (have {free}); run `cargo xtask test` as root"
+            );
+            assert!(!required(), "{why}");
+            eprintln!("skip: {why}");
+            None
+        }
+    }
+}
+
+fn free_2m() -> u64 {
+    std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Files of pool `name` in `dir` and in /dev/shm (its control file).
+fn pool_files(dir: &Path, name: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    let mut dirs = vec![dir];
+    if dir != Path::new("/dev/shm") {
+        dirs.push(Path::new("/dev/shm"));
+    }
+    for d in dirs {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            let f = e.file_name().to_string_lossy().into_owned();
+            if f.contains(name) {
+                v.push(e.path().display().to_string());
+            }
+        }
+    }
+    v
+}
+
+/// Read one pretty-printed JSON report (ends with a line "}") from a child.
+fn read_report(child: &mut Child) -> Value {
+    let out = child.stdout.as_mut().expect("piped stdout");
+    let mut reader = BufReader::new(out);
+    let mut text = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        text.push_str(&line);
+        if line == "}\n" {
+            break;
+        }
+    }
+    serde_json::from_str(&text).unwrap_or_else(|e| {
+        let mut err = String::new();
+        let _ = child.stderr.as_mut().map(|s| s.read_to_string(&mut err));
+        panic!("no report ({e}): {text}\nstderr: {err}")
+    })
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    let mut s = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut s).unwrap();
+    s
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill() on our own child's pid with a valid signal.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+}
+
+/// Bytes of `[addr, addr+len)` that process `pid` has in its page tables
+/// (`Rss` for ordinary pages, `*_Hugetlb` for huge pages).
+fn resident_in(pid: u32, addr: u64, len: u64) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut total = 0;
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((a, b)) = range.split_once('-')
+            && let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16))
+        {
+            inside = a >= addr && b <= addr + len;
+            continue;
+        }
+        if inside {
+            for field in ["Rss:", "Shared_Hugetlb:", "Private_Hugetlb:"] {
+                if let Some(kb) = line.strip_prefix(field) {
+                    total += kb
+                        .trim()
+                        .trim_end_matches(" kB")
+                        .trim()
+                        .parse::<u64>()
+                        .unwrap()
+                        * 1024;
+                }
+            }
+        }
+    }
+    total
+}
+
+fn mem_write(pid: u32, addr: u64, bytes: &[u8]) {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))
+        .unwrap();
+    f.seek(SeekFrom::Start(addr)).unwrap();
+    f.write_all(bytes).unwrap();
+}
+
+fn mem_read(pid: u32, addr: u64, len: usize) -> Vec<u8> {
+    let mut f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    f.seek(SeekFrom::Start(addr)).unwrap();
+    let mut v = vec![0; len];
+    f.read_exact(&mut v).unwrap();
+    v
+}
+
+fn addr(report: &Value) -> u64 {
+    u64::from_str_radix(
+        report["address"].as_str().unwrap().trim_start_matches("0x"),
+        16,
+    )
+    .unwrap()
+}
+
+/// Spawn `world` ranks of one shared pool with `--hold --json`.
+fn spawn_ranks(args: &[&str], pool: &str, world: u32, env: &[(u32, &str, &str)]) -> Ranks {
+    Ranks(
+        (0..world)
+            .map(|r| {
+                let mut c = bin();
+                c.args([
+                    "alloc",
+                    "--hold",
+                    "--json",
+                    "--shared",
+                    pool,
+                    "--world",
+                    &world.to_string(),
+                    "--rank",
+                    &r.to_string(),
+                ])
+                .args(["--attach-timeout", "20"])
+                .args(args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+                for (rank, k, v) in env {
+                    if *rank == r {
+                        c.env(k, v);
+                    }
+                }
+                c.spawn().unwrap()
+            })
+            .collect(),
+    )
+}
+
+fn four_ranks_share_one_pool(args: &[&str], dir: &Path, tag: &str, huge: bool) {
+    let pool = name(tag);
+    let _serial = huge.then(huge_pages_lock);
+    let free_before = free_2m();
+    let mut ranks = spawn_ranks(args, &pool, 4, &[]);
+    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+
+    let creators = reports
+        .iter()
+        .filter(|r| r["sharing"]["role"] == "creator")
+        .count();
+    assert_eq!(creators, 1, "exactly one creator: {reports:?}");
+    let mapped = reports[0]["mapped_bytes"].as_u64().unwrap();
+    let mut covered = 0;
+    for (r, rep) in reports.iter().enumerate() {
+        assert_eq!(rep["sharing"]["rank"], r as u64);
+        let shard = &rep["sharing"]["shard"];
+        let (off, len) = (
+            shard["offset"].as_u64().unwrap(),
+            shard["len"].as_u64().unwrap(),
+        );
+        assert_eq!(off, covered, "shards are contiguous and in rank order");
+        covered += len;
+        assert_eq!(
+            rep["prefault"]["bytes"], len,
+            "rank {r} faulted only its shard"
+        );
+        let page = rep["page_size"].as_u64().unwrap();
+        assert_eq!(off % page, 0, "shard boundaries on page boundaries");
+        // Only this rank's shard is in its page tables.
+        let res = resident_in(ranks[r].id(), addr(rep), mapped);
+        assert_eq!(
+            res, len,
+            "rank {r} has {res} bytes resident, its shard is {len}"
+        );
+    }
+    assert_eq!(covered, mapped, "shards cover the pool");
+    assert!(
+        pool_files(dir, &pool).is_empty(),
+        "files must be gone once all attached: {:?}",
+        pool_files(dir, &pool)
+    );
+
+    // Every rank sees every rank's writes.
+    for (r, rep) in reports.iter().enumerate() {
+        let off = rep["sharing"]["shard"]["offset"].as_u64().unwrap() + 4096 + r as u64;
+        mem_write(ranks[r].id(), addr(rep) + off, &[0xa0 + r as u8; 8]);
+    }
+    for (r, rep) in reports.iter().enumerate() {
+        for (w, wrep) in reports.iter().enumerate() {
+            let off = wrep["sharing"]["shard"]["offset"].as_u64().unwrap() + 4096 + w as u64;
+            assert_eq!(
+                mem_read(ranks[r].id(), addr(rep) + off, 8),
+                vec![0xa0 + w as u8; 8],
+                "rank {r} reading rank {w}'s write"
+            );
+        }
+    }
+    for child in ranks.iter() {
+        signal(child, libc::SIGTERM);
+    }
+    for (r, child) in ranks.iter_mut().enumerate() {
+        let st = wait_timeout(child, Duration::from_secs(20)).expect("rank exits after SIGTERM");
+        assert_eq!(st.code(), Some(0), "rank {r}: {}", stderr_of(child));
+    }
+    if huge {
+        assert_eq!(free_2m(), free_before, "every huge page given back");
+    }
+    assert!(pool_files(dir, &pool).is_empty());
+}
+
+#[test]
+fn four_ranks_share_a_hugetlbfs_pool_each_faulting_only_its_shard() {
+    let Some(dir) = hugetlbfs_2m(64) else { return };
+    let d = dir.to_str().unwrap();
+    four_ranks_share_one_pool(
+        &["--backing", "hugetlbfs", "--dir", d, "--size", "128MiB"],
+        &dir,
+        "huge4",
+        true,
+    );
+}
+
+fn shm_config(segments: u32) -> TempFile {
+    TempFile::new(
+        &format!("shm{segments}.toml"),
+        &format!("backing = \"shm-segmented\"\n[shm-segmented]\nsegments = {segments}\n"),
+    )
+}
+
+#[test]
+fn four_ranks_share_a_segmented_shm_pool_each_faulting_only_its_shard() {
+    let cfg = shm_config(3);
+    four_ranks_share_one_pool(
+        &["--config", cfg.path(), "--size", "96MiB"],
+        Path::new("/dev/shm"),
+        "shm4",
+        false,
+    );
+}
+
+fn kill_one_rank_mid_prefault(args: &[&str], dir: &Path, tag: &str, huge: bool) {
+    let pool = name(tag);
+    let _serial = huge.then(huge_pages_lock);
+    let free_before = free_2m();
+    let mut ranks = spawn_ranks(
+        args,
+        &pool,
+        4,
+        &[(2, "HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS", "60000")],
+    );
+    // Rank 2 stalls as its prefault starts; the others reach the barrier.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        ranks[2].try_wait().unwrap().is_none(),
+        "rank 2 must still be mid-prefault"
+    );
+    signal(&ranks[2], libc::SIGKILL);
+    ranks[2].wait().unwrap();
+    for r in [0usize, 1, 3] {
+        let st = wait_timeout(&mut ranks[r], Duration::from_secs(15))
+            .unwrap_or_else(|| panic!("rank {r} hung"));
+        let err = stderr_of(&mut ranks[r]);
+        assert_eq!(st.code(), Some(1), "rank {r} must fail: {err}");
+        assert!(err.contains("rank 2"), "rank {r} must name rank 2: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert!(
+        pool_files(dir, &pool).is_empty(),
+        "left behind: {:?}",
+        pool_files(dir, &pool)
+    );
+    if huge {
+        assert_eq!(free_2m(), free_before, "no huge page stays reserved");
+    }
+}
+
+#[test]
+fn sigkill_of_a_rank_mid_prefault_fails_its_hugetlbfs_peers_naming_it() {
+    let Some(dir) = hugetlbfs_2m(64) else { return };
+    let d = dir.to_str().unwrap();
+    kill_one_rank_mid_prefault(
+        &["--backing", "hugetlbfs", "--dir", d, "--size", "128MiB"],
+        &dir,
+        "hugekill",
+        true,
+    );
+}
+
+#[test]
+fn sigkill_of_a_rank_mid_prefault_fails_its_shm_peers_naming_it() {
+    let cfg = shm_config(2);
+    kill_one_rank_mid_prefault(
+        &["--config", cfg.path(), "--size", "64MiB"],
+        Path::new("/dev/shm"),
+        "shmkill",
+        false,
+    );
+}
+
+#[test]
+fn a_pool_larger_than_the_free_huge_pages_fails_cleanly_without_sigbus() {
+    let Some(dir) = hugetlbfs_2m(1) else { return };
+    let _serial = huge_pages_lock();
+    let free = free_2m();
+    let size = format!("{}", (free + 16) * HUGE_2M);
+    for shared in [false, true] {
+        let pool = name("toobig");
+        let mut c = bin();
+        c.args([
+            "alloc",
+            "--backing",
+            "hugetlbfs",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--size",
+            &size,
+        ]);
+        if shared {
+            c.args(["--shared", &pool, "--world", "1", "--rank", "0"]);
+        }
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "exit 1, not a signal: {err}");
+        assert!(
+            err.contains("cannot hold the pool") && err.contains("hugepages-2048kB/nr_hugepages"),
+            "{err}"
+        );
+        assert!(err.contains("HugePages-"), "the Kubernetes remedy: {err}");
+        assert_eq!(free_2m(), free, "nothing reserved afterwards");
+        assert!(pool_files(&dir, &pool).is_empty());
+    }
+}
+
+#[test]
+fn joining_a_live_pool_with_another_size_is_a_clear_error() {
+    let cfg = shm_config(1);
+    let pool = name("mismatch");
+    let mut creator = Ranks(vec![
+        bin()
+            .args([
+                "alloc",
+                "--config",
+                cfg.path(),
+                "--size",
+                "16MiB",
+                "--shared",
+                &pool,
+                "--world",
+                "2",
+                "--rank",
+                "0",
+                "--attach-timeout",
+                "3",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ]);
+    let creator = &mut creator[0];
+    let ctl = PathBuf::from(format!("/dev/shm/hostpool-{pool}.ctl"));
+    let end = Instant::now() + Duration::from_secs(10);
+    while !ctl.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let o = bin()
+        .args([
+            "alloc",
+            "--config",
+            cfg.path(),
+            "--size",
+            "32MiB",
+            "--shared",
+            &pool,
+            "--world",
+            "2",
+            "--rank",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("was created for 2 ranks, 16 MiB") && err.contains("32 MiB"),
+        "{err}"
+    );
+    let st = wait_timeout(creator, Duration::from_secs(15))
+        .expect("creator gives up after its attach timeout");
+    let cerr = stderr_of(creator);
+    assert_eq!(st.code(), Some(1), "{cerr}");
+    assert!(cerr.contains("rank 1 never attached"), "{cerr}");
+    assert!(
+        pool_files(Path::new("/dev/shm"), &pool).is_empty(),
+        "{:?}",
+        pool_files(Path::new("/dev/shm"), &pool)
+    );
+}
+
+#[test]
+fn stale_files_of_a_crashed_run_are_replaced_and_gc_removes_only_stale_ones() {
+    let pool = name("stale");
+    let stale_ctl = PathBuf::from(format!("/dev/shm/hostpool-{pool}.ctl"));
+    let stale_data = PathBuf::from(format!("/dev/shm/hostpool-{pool}.pool.0000"));
+    for (p, bytes) in [(&stale_ctl, 100usize), (&stale_data, 1 << 20)] {
+        std::fs::write(p, vec![7u8; bytes]).unwrap();
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    }
+    let cfg = shm_config(1);
+    let o = bin()
+        .args([
+            "alloc",
+            "--config",
+            cfg.path(),
+            "--size",
+            "8MiB",
+            "--shared",
+            &pool,
+            "--world",
+            "1",
+            "--rank",
+            "0",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("stale"),
+        "the replacement is logged"
+    );
+    assert!(pool_files(Path::new("/dev/shm"), &pool).is_empty());
+
+    // gc: a live pool (a rank waiting for its peer) is kept, a stale file goes.
+    let live = name("live");
+    let mut waiting = Ranks(vec![
+        bin()
+            .args([
+                "alloc",
+                "--config",
+                cfg.path(),
+                "--size",
+                "8MiB",
+                "--shared",
+                &live,
+                "--world",
+                "2",
+                "--rank",
+                "0",
+                "--attach-timeout",
+                "30",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ]);
+    let live_ctl = PathBuf::from(format!("/dev/shm/hostpool-{live}.ctl"));
+    let end = Instant::now() + Duration::from_secs(10);
+    while pool_files(Path::new("/dev/shm"), &live).len() < 2 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::write(&stale_data, vec![7u8; 4096]).unwrap();
+    let gc = bin()
+        .args(["gc", "--dir", "/dev/shm", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(gc.status.code(), Some(0));
+    let r: Value = serde_json::from_slice(&gc.stdout).unwrap();
+    let removed: Vec<&str> = r["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(removed.contains(&stale_data.to_str().unwrap()), "{r}");
+    assert!(live_ctl.exists(), "gc must never touch a live pool: {r}");
+    assert_eq!(
+        pool_files(Path::new("/dev/shm"), &live).len(),
+        2,
+        "live control and data files stay"
+    );
+    // Once its process is killed, the live pool's files are stale too.
+    signal(&waiting[0], libc::SIGKILL);
+    waiting[0].wait().unwrap();
+    let gc = bin().args(["gc", "--dir", "/dev/shm"]).output().unwrap();
+    assert_eq!(gc.status.code(), Some(0));
+    assert!(
+        pool_files(Path::new("/dev/shm"), &live).is_empty(),
+        "{}",
+        String::from_utf8_lossy(&gc.stdout)
+    );
+}
+
+#[test]
+fn wrong_dirs_and_page_sizes_are_clear_usage_errors() {
+    let o = bin()
+        .args([
+            "alloc",
+            "--backing",
+            "hugetlbfs",
+            "--dir",
+            "/dev/shm",
+            "--size",
+            "4MiB",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is not a hugetlbfs mount"));
+    let o = bin()
+        .args([
+            "alloc",
+            "--backing",
+            "auto",
+            "--dir",
+            "/proc",
+            "--size",
+            "4MiB",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("neither hugetlbfs nor tmpfs"));
+    let o = bin()
+        .args(["alloc", "--numa-node", "63", "--size", "4MiB"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NUMA node 63 does not exist"));
+    let Some(dir) = hugetlbfs_2m(2) else { return };
+    let _serial = huge_pages_lock();
+    let d = dir.to_str().unwrap();
+    let o = bin()
+        .args([
+            "alloc",
+            "--backing",
+            "hugetlbfs",
+            "--dir",
+            d,
+            "--page-size",
+            "1GiB",
+            "--size",
+            "4MiB",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not match the 2 MiB pages"));
+    let o = bin()
+        .args(["plan", "--dir", d, "--size", "4MiB", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let p: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        p["backing"], "hugetlbfs",
+        "auto picks hugetlbfs for a hugetlbfs dir"
+    );
+    assert_eq!(p["page_size"], HUGE_2M);
+    let o = bin()
+        .args([
+            "alloc",
+            "--dir",
+            d,
+            "--size",
+            "4MiB",
+            "--numa-node",
+            "0",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["numa"]["node"], 0);
+    assert_eq!(r["numa"]["on_node"], r["numa"]["sampled"]);
+}
+
+#[test]
+fn a_full_tmpfs_is_a_clear_capacity_error() {
+    if !is_root() {
+        assert!(!required(), "needs root to mount a small tmpfs");
+        eprintln!("skip: needs root to mount a small tmpfs");
+        return;
+    }
+    let mnt = std::env::temp_dir().join(format!("hostpool-small-tmpfs-{}", std::process::id()));
+    std::fs::create_dir_all(&mnt).unwrap();
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "none"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount a 16 MiB tmpfs");
+    let _guard = Unmount(mnt.clone());
+    let o = bin()
+        .args([
+            "alloc",
+            "--backing",
+            "shm-segmented",
+            "--dir",
+            mnt.to_str().unwrap(),
+            "--size",
+            "64MiB",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot hold the pool") && err.contains("--shm-size"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&mnt).unwrap().count(),
+        0,
+        "nothing left in the tmpfs"
+    );
+}
+
+/// A config file removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, text: &str) -> TempFile {
+        let p = std::env::temp_dir().join(format!(
+            "hostpool-shared-test-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::write(&p, text).unwrap();
+        TempFile(p)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
