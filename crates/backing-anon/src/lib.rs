@@ -291,6 +291,13 @@ mod tests {
                 config: config(1 << 60, None),
                 expect: "cannot hold the pool",
             },
+            BadConfig {
+                config: PoolConfig {
+                    numa_node: Some(63),
+                    ..config(4 << 20, None)
+                },
+                expect: "NUMA node 63 does not exist",
+            },
         ];
         let suite = Suite {
             good: vec![
@@ -298,6 +305,10 @@ mod tests {
                 config((64 << 20) + 12345, Some(json!({"shared": true}))),
                 config(40 << 20, Some(json!({"thp": true}))),
                 config(4096, Some(json!({"shared": true, "thp": true}))),
+                PoolConfig {
+                    numa_node: Some(0),
+                    ..config(16 << 20, None)
+                },
             ],
             bad,
             populates_at_map: false,
@@ -319,6 +330,22 @@ mod tests {
         let plan = PoolPlan::new(PoolConfig::default()).unwrap();
         assert_eq!(plan.backing_plan.backing, NAME);
         assert!(plan.report().explain[0].contains("no dir"));
+    }
+
+    #[test]
+    fn a_numa_bound_pool_reports_its_placement() {
+        let c = PoolConfig {
+            numa_node: Some(0),
+            ..config(32 << 20, None)
+        };
+        let pool = Pool::build(&PoolPlan::new(c).unwrap(), &Quiet).unwrap();
+        let numa = pool.report().numa.clone().unwrap();
+        assert_eq!(numa.node, 0);
+        assert!(
+            numa.sampled >= 2 && numa.on_node == numa.sampled,
+            "{numa:?}"
+        );
+        drop(pool);
     }
 
     #[test]

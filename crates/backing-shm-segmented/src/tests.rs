@@ -32,6 +32,10 @@ fn shm_segmented_passes_the_conformance_suite() {
         config((64 << 20) + 4097, Some(json!({"segments": 3}))),
         config(40 << 20, Some(json!({"segment_size": "8MiB"}))),
         config(4096, Some(json!({"segments": 1}))),
+        PoolConfig {
+            numa_node: Some(0),
+            ..config(16 << 20, Some(json!({"segments": 2})))
+        },
     ];
     let bad = vec![
         BadConfig {

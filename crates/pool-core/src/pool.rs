@@ -486,8 +486,15 @@ impl Pool {
         if let Some(node) = plan.config.numa_node {
             let placement = crate::numa::verify(&region, node, NUMA_SAMPLES)?;
             pool.report.numa = Some(placement.clone());
-            // In a shared pool only this rank's shard is known to be faulted.
-            if plan.config.sharing.is_none() {
+            // Exact placement is required only where this process faulted
+            // every page: not in a shared pool (peers fault their shards),
+            // and not without prefault (pages are not in memory yet).
+            let faulted_all = plan.config.sharing.is_none()
+                && !matches!(
+                    plan.prefault.method,
+                    prefault::PrefaultMethod::NoPrefault(_)
+                );
+            if faulted_all {
                 placement.require_exact()?;
             }
         }
