@@ -250,8 +250,17 @@ fn paired_ratio(size: u64, threads: usize, thp: bool) -> Option<f64> {
 /// Paired engine/raw-c ratios by (group, threads).
 static PAIRED: Mutex<BTreeMap<(String, usize), f64>> = Mutex::new(BTreeMap::new());
 
+/// Run the pairs for every thread count whose raw-c and engine benchmarks
+/// criterion ran (a command-line filter may have skipped them).
 fn paired(name: &str, size: u64, thp: bool) {
     for threads in thread_counts() {
+        let ran = |method| {
+            let samples = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
+            samples.contains_key(&(name.to_string(), method, threads))
+        };
+        if !(ran("raw-c") && ran("engine")) {
+            continue;
+        }
         if let Some(r) = paired_ratio(size, threads, thp) {
             let mut p = PAIRED.lock().unwrap_or_else(|p| p.into_inner());
             p.insert((name.to_string(), threads), r);
