@@ -57,15 +57,17 @@ pub fn raw_populate(region: &Region, threads: usize) -> io::Result<()> {
 ///
 /// This overwrites the region's contents; it is meant for benchmark buffers.
 ///
+/// # Safety
+/// Nothing else may read or write the region during the call: it writes
+/// every byte without synchronisation.
+///
 /// # Errors
 /// `EINVAL` for `threads == 0`, or the errno of `pthread_create`.
-pub fn raw_memset(region: &Region, threads: usize) -> io::Result<()> {
+pub unsafe fn raw_memset(region: &Region, threads: usize) -> io::Result<()> {
     let (len, threads) = c_args(region, threads)?;
     // SAFETY: `Region::new`'s contract makes the whole range mapped read-write
-    // for as long as the region is used. A `Region` gives no safe access to its
-    // bytes, so any other access to them goes through `unsafe` code that must
-    // not hold references across a call that writes the pool (documented
-    // above); plain bytes have no invalid values.
+    // for as long as the region is used, and the caller guarantees exclusive
+    // access for the duration of the call; plain bytes have no invalid values.
     check(unsafe { hostpool_raw_memset(region.addr(), len, threads) })
 }
 
@@ -140,7 +142,8 @@ mod tests {
     #[test]
     fn raw_memset_makes_every_page_resident_and_writes_every_byte() {
         let m = Anon::new(257 * base_page_size());
-        raw_memset(&m.region, 4).unwrap();
+        // SAFETY: the test's own buffer; nothing else touches it.
+        unsafe { raw_memset(&m.region, 4) }.unwrap();
         assert_eq!(m.resident(), m.pages());
         // SAFETY: the whole mapping is ours, initialised and not written
         // while this slice lives.
@@ -163,7 +166,10 @@ mod tests {
             Some(libc::EINVAL)
         );
         assert_eq!(
-            raw_memset(&m.region, 0).unwrap_err().raw_os_error(),
+            // SAFETY: as above.
+            unsafe { raw_memset(&m.region, 0) }
+                .unwrap_err()
+                .raw_os_error(),
             Some(libc::EINVAL)
         );
         assert_eq!(m.resident(), 0);
