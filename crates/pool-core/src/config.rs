@@ -68,6 +68,23 @@ pub struct PinConfig {
     /// Fail the pool when pinning fails (otherwise warn and leave it pageable).
     #[serde(default)]
     pub required: bool,
+    /// Check the memlock bound before pinning (`check`), or not (`ignore`).
+    #[serde(default)]
+    pub memlock_bound: crate::memlock::MemlockPolicy,
+    /// Pin the whole pool (`pool`), or in a shared pool only this rank's shard (`shard`).
+    #[serde(default)]
+    pub scope: PinScope,
+}
+
+/// What a pinner pins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PinScope {
+    /// The whole pool.
+    #[default]
+    Pool,
+    /// This rank's shard of a shared pool (the whole pool when private).
+    Shard,
 }
 
 fn off() -> String {
@@ -79,6 +96,8 @@ impl Default for PinConfig {
         PinConfig {
             kind: off(),
             required: false,
+            memlock_bound: crate::memlock::MemlockPolicy::Check,
+            scope: PinScope::Pool,
         }
     }
 }

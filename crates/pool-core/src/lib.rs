@@ -21,6 +21,7 @@ pub mod fs;
 pub mod gc;
 pub mod hugetlb;
 pub mod layout;
+pub mod memlock;
 pub mod numa;
 pub mod plugin;
 pub mod pool;

@@ -499,9 +499,16 @@ impl Pool {
             }
         }
 
+        // Pin the whole pool, or with scope = shard only this rank's shard.
+        let pin_region = match (&plan.config.sharing, plan.config.pin.scope) {
+            (Some(_), crate::config::PinScope::Shard) => {
+                region.sub(plan.prefault.extent).unwrap_or(region)
+            }
+            _ => region,
+        };
         if let Some(pinner) = &plan.pinner {
             let (pinned, secs) = timed(observer, Phase::Pin, region.mapped_len(), || {
-                pinner.pin(region, &plan.config)
+                pinner.pin(pin_region, &plan.config)
             });
             pool.report.phases.pin = Some(secs);
             match pinned {

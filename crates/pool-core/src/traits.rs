@@ -71,6 +71,30 @@ impl Region {
         self.size.logical()
     }
 
+    /// The part of the region an extent names, or `None` when it is not
+    /// inside the region or not aligned to its page size.
+    pub fn sub(&self, extent: Extent) -> Option<Region> {
+        let page = self.page();
+        if extent.end() > self.mapped_len()
+            || !page.is_aligned(extent.offset)
+            || !page.is_aligned(extent.len)
+            || extent.len == 0
+        {
+            return None;
+        }
+        let base = NonNull::new(self.at(extent.offset)?)?;
+        let size = crate::layout::round_to_page(extent.len, page).ok()?;
+        // SAFETY: a page-aligned, non-empty sub-range of a region is mapped
+        // read-write for as long as the region is (its constructor's contract).
+        Some(unsafe { Region::new(base, size) })
+    }
+
+    /// Whether the region is backed by reserved huge pages (a page larger
+    /// than the base page).
+    pub fn is_hugetlb(&self) -> bool {
+        self.page().get() > crate::sys::base_page_size() as u64
+    }
+
     /// The address of an offset inside the region, or `None` past its end.
     pub fn at(&self, offset: u64) -> Option<*mut u8> {
         if offset > self.size.mapped() {
