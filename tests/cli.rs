@@ -87,7 +87,7 @@ fn the_binary_registers_exactly_the_built_in_plugins() {
     // Update these lists when a plugin lands; a plugin that silently stops
     // being linked fails here.
     assert_eq!(names("backings"), ["anon", "hugetlbfs", "shm-segmented"]);
-    assert_eq!(names("pinners"), Vec::<String>::new());
+    assert_eq!(names("pinners"), ["mlock"]);
     assert_eq!(names("registrars"), Vec::<String>::new());
     assert_eq!(v["backings"][0]["origin"], "backing-anon");
     let human = hostpool(&["plugins"]);

@@ -698,6 +698,63 @@ fn wrong_dirs_and_page_sizes_are_clear_usage_errors() {
 }
 
 #[test]
+fn mlock_on_a_hugetlbfs_pool_says_it_is_not_needed_and_on_anon_locks() {
+    let o = bin()
+        .args([
+            "alloc",
+            "--size",
+            "32MiB",
+            "--pin",
+            "mlock",
+            "--pin-required",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["pin"]["status"], "pinned");
+    assert_eq!(r["pin"]["details"]["mlock_called"], true);
+    assert!(r["phases"]["pin"].is_f64());
+    let Some(dir) = hugetlbfs_2m(16) else { return };
+    let _serial = huge_pages_lock();
+    let o = bin()
+        .args([
+            "alloc",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--size",
+            "32MiB",
+            "--pin",
+            "mlock",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["pin"]["status"], "pinned");
+    assert_eq!(r["pin"]["details"]["mlock_called"], false);
+    assert!(
+        r["pin"]["details"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("never swapped"),
+        "{r}"
+    );
+}
+
+#[test]
 fn a_full_tmpfs_is_a_clear_capacity_error() {
     if !is_root() {
         assert!(!required(), "needs root to mount a small tmpfs");
