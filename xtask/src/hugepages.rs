@@ -154,15 +154,21 @@ pub fn check_writable(size: PageSize) -> Result<(), String> {
 /// Grows the pool of `size` to at least [`PageSize::wanted`] pages (never
 /// shrinks it) and returns the pool size the kernel actually provides.
 pub fn reserve(size: PageSize) -> Result<u64, String> {
+    reserve_at_least(size, size.wanted())
+}
+
+/// Grows the pool of `size` to at least `wanted` pages (never shrinks it)
+/// and returns the pool size the kernel actually provides.
+pub fn reserve_at_least(size: PageSize, wanted: u64) -> Result<u64, String> {
     let current = read_counter(size, "nr_hugepages")?;
-    if current >= size.wanted() {
+    if current >= wanted {
         return Ok(current);
     }
-    let mut got = grow_to(size, size.wanted())?;
-    if got < size.wanted() && size == PageSize::Huge1G {
+    let mut got = grow_to(size, wanted)?;
+    if got < wanted && size == PageSize::Huge1G {
         // Contiguous 1 GiB ranges are often only available after compaction.
         compact_memory();
-        got = grow_to(size, size.wanted())?;
+        got = grow_to(size, wanted)?;
     }
     Ok(got)
 }

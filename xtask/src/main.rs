@@ -23,6 +23,7 @@
 
 mod ci;
 mod cmd;
+mod gpu_check;
 mod hugepages;
 mod mounts;
 mod session;
@@ -51,6 +52,11 @@ commands:
         Undo `hugepages up` from /tmp/hostpool-xtask-state.
   ci    cargo fmt --check, clippy -D warnings, doc -D warnings, `test`,
         cargo bench --no-run; stops at the first failure.
+  gpu-check
+        Build hostpool and xtask in release and print the command to run on
+        a GPU node; there, `xtask gpu-check --run --hostpool PATH --out FILE`
+        measures prefault, cuMemHostRegister and copies for 16 GiB of 4 KiB,
+        2 MiB and 1 GiB pages and writes the results as Markdown.
   help  Show this text.
 ";
 
@@ -84,6 +90,7 @@ fn dispatch(args: &[String]) -> Result<i32, String> {
     match command {
         "test" => test_suite::run(rest),
         "ci" if rest.is_empty() => ci::run(),
+        "gpu-check" => gpu_check::run(rest),
         "hugepages" => hugepages_command(rest),
         "help" | "-h" | "--help" => Ok(usage(None)),
         _ => Ok(usage(Some(&args.join(" ")))),

@@ -86,6 +86,12 @@ pub struct PoolArgs {
     /// Fail when pinning fails (default: warn and keep the pool pageable).
     #[arg(long)]
     pub pin_required: bool,
+    /// Check the memlock bound before pinning (check), or not (ignore).
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub memlock_bound: Option<MemlockArg>,
+    /// Pin the whole pool, or in a shared pool only this rank's shard.
+    #[arg(long, value_enum, value_name = "SCOPE")]
+    pub pin_scope: Option<ScopeArg>,
     /// Register the pool with this registrar (repeatable).
     #[arg(long, value_name = "KIND")]
     pub register: Vec<String>,
@@ -104,6 +110,24 @@ pub struct PoolArgs {
     /// Bind the pool's pages to this NUMA node.
     #[arg(long, value_name = "N")]
     pub numa_node: Option<u32>,
+}
+
+/// `--memlock-bound` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MemlockArg {
+    /// Compare the pool with the memlock bound before pinning.
+    Check,
+    /// Do not.
+    Ignore,
+}
+
+/// `--pin-scope` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScopeArg {
+    /// The whole pool.
+    Pool,
+    /// This rank's shard of a shared pool.
+    Shard,
 }
 
 /// `--prefault` values.
@@ -252,6 +276,18 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
     }
     if args.pin_required {
         config.pin.required = true;
+    }
+    if let Some(m) = args.memlock_bound {
+        config.pin.memlock_bound = match m {
+            MemlockArg::Check => pool_core::memlock::MemlockPolicy::Check,
+            MemlockArg::Ignore => pool_core::memlock::MemlockPolicy::Ignore,
+        };
+    }
+    if let Some(scope) = args.pin_scope {
+        config.pin.scope = match scope {
+            ScopeArg::Pool => pool_core::config::PinScope::Pool,
+            ScopeArg::Shard => pool_core::config::PinScope::Shard,
+        };
     }
     if !args.register.is_empty() {
         config.register = args.register.clone();
