@@ -657,92 +657,65 @@ fn wrong_dirs_and_page_sizes_are_clear_usage_errors() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("does not match the 2 MiB pages"));
-    let o = bin()
-        .args(["plan", "--dir", d, "--size", "4MiB", "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let p: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let p = ok_json(&["plan", "--dir", d, "--size", "4MiB", "--json"]);
     assert_eq!(
         p["backing"], "hugetlbfs",
         "auto picks hugetlbfs for a hugetlbfs dir"
     );
     assert_eq!(p["page_size"], HUGE_2M);
-    let o = bin()
-        .args([
-            "alloc",
-            "--dir",
-            d,
-            "--size",
-            "4MiB",
-            "--numa-node",
-            "0",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = ok_json(&[
+        "alloc",
+        "--dir",
+        d,
+        "--size",
+        "4MiB",
+        "--numa-node",
+        "0",
+        "--json",
+    ]);
     assert_eq!(r["numa"]["node"], 0);
     assert_eq!(r["numa"]["on_node"], r["numa"]["sampled"]);
 }
 
-#[test]
-fn mlock_on_a_hugetlbfs_pool_says_it_is_not_needed_and_on_anon_locks() {
-    let o = bin()
-        .args([
-            "alloc",
-            "--size",
-            "32MiB",
-            "--pin",
-            "mlock",
-            "--pin-required",
-            "--json",
-        ])
-        .output()
-        .unwrap();
+/// Run hostpool, require exit 0, and parse its JSON report.
+fn ok_json(args: &[&str]) -> Value {
+    let o = bin().args(args).output().unwrap();
     assert_eq!(
         o.status.code(),
         Some(0),
-        "{}",
+        "hostpool {args:?}: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("hostpool {args:?}: not JSON ({e})"))
+}
+
+#[test]
+fn mlock_on_a_hugetlbfs_pool_says_it_is_not_needed_and_on_anon_locks() {
+    let r = ok_json(&[
+        "alloc",
+        "--size",
+        "32MiB",
+        "--pin",
+        "mlock",
+        "--pin-required",
+        "--json",
+    ]);
     assert_eq!(r["pin"]["status"], "pinned");
     assert_eq!(r["pin"]["details"]["mlock_called"], true);
     assert!(r["phases"]["pin"].is_f64());
     let Some(dir) = hugetlbfs_2m(16) else { return };
     let _serial = huge_pages_lock();
-    let o = bin()
-        .args([
-            "alloc",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--size",
-            "32MiB",
-            "--pin",
-            "mlock",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = ok_json(&[
+        "alloc",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--size",
+        "32MiB",
+        "--pin",
+        "mlock",
+        "--json",
+    ]);
     assert_eq!(r["pin"]["status"], "pinned");
     assert_eq!(r["pin"]["details"]["mlock_called"], false);
     assert!(

@@ -120,6 +120,24 @@ pub struct CgroupMemory {
     pub free: u64,
 }
 
+/// A cgroup limit file in `dir` with a finite limit, and its usage file:
+/// `(limit path, limit, usage)`. `None` for "max", for v1's
+/// `PAGE_COUNTER_MAX`, and for unreadable files.
+pub(crate) fn finite_limit(dir: &Path, limit: &str, usage: &str) -> Option<(PathBuf, u64, u64)> {
+    let path = dir.join(limit);
+    // "max" does not parse: unlimited.
+    let limit: u64 = fs::read_to_string(&path).ok()?.trim().parse().ok()?;
+    if limit >= UNLIMITED {
+        return None;
+    }
+    let usage: u64 = fs::read_to_string(dir.join(usage))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some((path, limit, usage))
+}
+
 /// Limits at or above this are "unlimited" (cgroup v1 writes `PAGE_COUNTER_MAX`).
 const UNLIMITED: u64 = 1 << 62;
 
@@ -164,17 +182,7 @@ fn read_limit(
     usage: &str,
     (cache_key, shmem_key): (&str, &str),
 ) -> Option<CgroupMemory> {
-    let path = dir.join(limit);
-    let text = fs::read_to_string(&path).ok()?;
-    let limit: u64 = text.trim().parse().ok()?; // "max" fails to parse: unlimited
-    if limit >= UNLIMITED {
-        return None;
-    }
-    let usage: u64 = fs::read_to_string(dir.join(usage))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+    let (path, limit, usage) = finite_limit(dir, limit, usage)?;
     let stat = fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
     let field = |key: &str| -> u64 {
         stat.lines()

@@ -43,9 +43,6 @@ const HUGEPAGES_ROOT: &str = "/sys/kernel/mm/hugepages";
 const NODES_ROOT: &str = "/sys/devices/system/node";
 /// Where cgroup hierarchies are mounted.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-/// Limits at or above this are "unlimited" (cgroup v1 writes `PAGE_COUNTER_MAX`
-/// times the base page size).
-const UNLIMITED: u64 = 1 << 62;
 /// One kibibyte.
 const KIB: u64 = 1 << 10;
 /// One mebibyte.
@@ -732,17 +729,7 @@ fn group_and_ancestors(mount: &Path, path: &str) -> Vec<PathBuf> {
 
 /// One finite limit and its usage.
 fn read_hugetlb_limit(dir: &Path, limit: &str, usage: &str) -> Option<HugetlbCgroup> {
-    let path = dir.join(limit);
-    // "max" does not parse: unlimited.
-    let limit: u64 = fs::read_to_string(&path).ok()?.trim().parse().ok()?;
-    if limit >= UNLIMITED {
-        return None;
-    }
-    let usage: u64 = fs::read_to_string(dir.join(usage))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+    let (path, limit, usage) = crate::capacity::finite_limit(dir, limit, usage)?;
     Some(HugetlbCgroup { path, limit, usage })
 }
 
