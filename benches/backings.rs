@@ -785,7 +785,7 @@ fn report() {
     let gbs = |bps: f64| bps / 1e9;
     println!("\nmedians of every timed iteration (GB/s = 1e9 bytes/s):");
     println!(
-        "{:<26} {:<15} {:>7} {:>9} {:>9} {:>9} {:>10} {:>6}",
+        "{:<26} {:<15} {:>7} {:>9} {:>9} {:>9} {:>11} {:>6}",
         "group", "method", "threads", "GB/s", "min", "max", "seconds", "n"
     );
     let mut rows = Vec::new();
@@ -796,7 +796,7 @@ fn report() {
         let max = v.iter().copied().fold(0.0, f64::max);
         let secs = size as f64 / med;
         println!(
-            "{group:<26} {method:<15} {threads:>7} {:>9.2} {:>9.2} {:>9.2} {secs:>10.4} {:>6}",
+            "{group:<26} {method:<15} {threads:>7} {:>9.2} {:>9.2} {:>9.2} {secs:>11.6} {:>6}",
             gbs(med),
             gbs(min),
             gbs(max),
@@ -919,7 +919,7 @@ fn report() {
             };
             let secs = *size as f64 / rate;
             println!(
-                "  {:<15} threads {threads}: {:>10.4} s {:>9.2} GB/s",
+                "  {:<15} threads {threads}: {:>11.6} s {:>10.2} GB/s",
                 method.name(),
                 secs,
                 gbs(rate)

@@ -87,8 +87,8 @@ fn the_binary_registers_exactly_the_built_in_plugins() {
     // Update these lists when a plugin lands; a plugin that silently stops
     // being linked fails here.
     assert_eq!(names("backings"), ["anon", "hugetlbfs", "shm-segmented"]);
-    assert_eq!(names("pinners"), ["mlock"]);
-    assert_eq!(names("registrars"), Vec::<String>::new());
+    assert_eq!(names("pinners"), ["cuda", "mlock"]);
+    assert_eq!(names("registrars"), ["rdma"]);
     assert_eq!(v["backings"][0]["origin"], "backing-anon");
     let human = hostpool(&["plugins"]);
     assert_exit(&human, 0);

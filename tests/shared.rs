@@ -677,6 +677,56 @@ fn wrong_dirs_and_page_sizes_are_clear_usage_errors() {
     assert_eq!(r["numa"]["on_node"], r["numa"]["sampled"]);
 }
 
+#[test]
+fn a_shared_pool_pinned_whole_attaches_to_its_peers_pages_first() {
+    let cfg = shm_config(2);
+    let pool = name("attach");
+    let mut ranks = spawn_ranks(
+        &[
+            "--config",
+            cfg.path(),
+            "--size",
+            "64MiB",
+            "--pin",
+            "mlock",
+            "--pin-required",
+        ],
+        &pool,
+        2,
+        &[],
+    );
+    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    for (r, rep) in reports.iter().enumerate() {
+        assert_eq!(rep["pin"]["status"], "pinned", "{rep}");
+        assert!(
+            rep["phases"]["attach"].is_f64(),
+            "rank {r} attaches before pinning: {}",
+            rep["phases"]
+        );
+        let mapped = rep["mapped_bytes"].as_u64().unwrap();
+        assert_eq!(
+            rep["prefault"]["bytes"],
+            mapped / 2,
+            "it still faults only its shard"
+        );
+        assert_eq!(
+            resident_in(ranks[r].id(), addr(rep), mapped),
+            mapped,
+            "rank {r} maps the whole pool"
+        );
+    }
+    for child in ranks.iter() {
+        signal(child, libc::SIGTERM);
+    }
+    for child in ranks.iter_mut() {
+        assert_eq!(
+            wait_timeout(child, Duration::from_secs(20)).and_then(|s| s.code()),
+            Some(0)
+        );
+    }
+    assert!(pool_files(Path::new("/dev/shm"), &pool).is_empty());
+}
+
 /// Run hostpool, require exit 0, and parse its JSON report.
 fn ok_json(args: &[&str]) -> Value {
     let o = bin().args(args).output().unwrap();

@@ -33,6 +33,8 @@ pub enum Phase {
     Map,
     /// Faulting pages in.
     Prefault,
+    /// Mapping the peers' shards of a shared pool into this rank's page tables.
+    Attach,
     /// Pinning.
     Pin,
     /// Registering with devices.
@@ -47,6 +49,7 @@ impl Phase {
         match self {
             Phase::Map => "map",
             Phase::Prefault => "prefault",
+            Phase::Attach => "attach",
             Phase::Pin => "pin",
             Phase::Register => "register",
             Phase::Teardown => "teardown",
@@ -321,6 +324,9 @@ pub struct Phases {
     /// Waiting for the other ranks of a shared pool.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub barrier: Option<f64>,
+    /// Mapping the peers' shards before pinning a shared pool whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attach: Option<f64>,
     /// Pinning.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pin: Option<f64>,
@@ -483,6 +489,22 @@ impl Pool {
         };
         pool.report.prefault = Some(outcome?);
         met?;
+        // A shared pool pinned whole: fill the page tables of the peers'
+        // shards now, in one pass, rather than let the driver fault them in
+        // one page at a time under its lock.
+        if plan.config.sharing.is_some()
+            && plan.pinner.is_some()
+            && plan.config.pin.scope == crate::config::PinScope::Pool
+        {
+            let (attached, secs) = timed(
+                observer,
+                Phase::Attach,
+                region.mapped_len() - plan.prefault.extent.len,
+                || attach_peers(&region, plan.prefault.extent),
+            );
+            pool.report.phases.attach = Some(secs);
+            attached?;
+        }
         if let Some(node) = plan.config.numa_node {
             let placement = crate::numa::verify(&region, node, NUMA_SAMPLES)?;
             pool.report.numa = Some(placement.clone());
@@ -595,6 +617,39 @@ impl Pool {
         self.report.phases.teardown = Some(secs);
         self.report.teardown_issues.extend(issues);
     }
+}
+
+/// Map every page outside `own` (pages the peers faulted) into this
+/// process's page tables with `MADV_POPULATE_READ`.
+fn attach_peers(region: &Region, own: Extent) -> Result<()> {
+    let before = Extent {
+        offset: 0,
+        len: own.offset,
+    };
+    let after = Extent {
+        offset: own.end(),
+        len: region.mapped_len() - own.end(),
+    };
+    for e in [before, after].into_iter().filter(|e| e.len > 0) {
+        let (Some(addr), Ok(len)) = (region.at(e.offset), usize::try_from(e.len)) else {
+            continue;
+        };
+        // SAFETY: the extent lies inside the live pool's mapping (it is the
+        // complement of a shard within [0, mapped)).
+        unsafe { crate::sys::populate_read(addr, len) }.map_err(|source| crate::Error::Os {
+            op: "madvise(MADV_POPULATE_READ)",
+            path: None,
+            addr: Some(addr as usize),
+            size: e.len,
+            page: region.page(),
+            remedy: format!(
+                "attaching to the peers' pages at offset {} failed",
+                e.offset
+            ),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 impl Drop for Pool {

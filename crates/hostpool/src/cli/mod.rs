@@ -166,6 +166,10 @@ pub struct AllocArgs {
     /// Print the report as JSON on stdout (and no progress bar).
     #[arg(long)]
     pub json: bool,
+    /// With --pin cuda: copy up to 1 GiB host→device→host from the pinned
+    /// pool, check the data, and report both bandwidths (`verify_copy`).
+    #[arg(long)]
+    pub verify_copy: bool,
 }
 
 /// `hostpool plan`.
@@ -329,11 +333,27 @@ fn alloc(args: AllocArgs) -> Result<i32, Error> {
     let plan = PoolPlan::new(resolve_config(&args.pool)?)?;
     let show_progress = !args.json && std::io::stderr().is_terminal();
     let observer = progress::Bars::new(show_progress);
+    if args.verify_copy && plan.config.pin.kind != "cuda" {
+        return Err(Error::config(
+            "--verify-copy needs --pin cuda: it copies through the GPU from the pinned pool",
+        ));
+    }
     let pool = Pool::build(&plan, &observer)?;
+    let mut extra = serde_json::Map::new();
+    let mut copy_ok = true;
+    if args.verify_copy {
+        let report = verify_copy(&pool, &plan)?;
+        copy_ok = report.verified;
+        extra.insert(
+            "verify_copy".into(),
+            serde_json::to_value(&report).map_err(|e| Error::config(e.to_string()))?,
+        );
+    }
     match signals {
         Some(signals) => {
             print_report(
                 pool.report(),
+                &extra,
                 args.json,
                 "ready; holding until SIGINT or SIGTERM",
             )?;
@@ -348,12 +368,12 @@ fn alloc(args: AllocArgs) -> Result<i32, Error> {
                 report.phases.teardown.unwrap_or(0.0),
                 teardown_note(&report)
             );
-            Ok(i32::from(!report.teardown_issues.is_empty()))
+            Ok(i32::from(!report.teardown_issues.is_empty() || !copy_ok))
         }
         None => {
             let report = pool.teardown_observed(&observer);
-            print_report(&report, args.json, "built, prefaulted and released")?;
-            Ok(i32::from(!report.teardown_issues.is_empty()))
+            print_report(&report, &extra, args.json, "built, prefaulted and released")?;
+            Ok(i32::from(!report.teardown_issues.is_empty() || !copy_ok))
         }
     }
 }
@@ -369,13 +389,66 @@ fn teardown_note(report: &pool_core::PoolReport) -> String {
     }
 }
 
-fn print_report(report: &pool_core::PoolReport, json: bool, status: &str) -> Result<(), Error> {
+fn print_report(
+    report: &pool_core::PoolReport,
+    extra: &serde_json::Map<String, serde_json::Value>,
+    json: bool,
+    status: &str,
+) -> Result<(), Error> {
     let text = if json {
-        serde_json::to_string_pretty(report).map_err(|e| Error::config(e.to_string()))?
+        let mut v = serde_json::to_value(report).map_err(|e| Error::config(e.to_string()))?;
+        if let Some(obj) = v.as_object_mut() {
+            obj.extend(extra.clone());
+        }
+        serde_json::to_string_pretty(&v).map_err(|e| Error::config(e.to_string()))?
     } else {
-        output::human_report(report, status)
+        let mut t = output::human_report(report, status);
+        if let Some(c) = extra.get("verify_copy") {
+            t.push_str(&format!(
+                "\n  copy       {} bytes: H2D {:.1} GiB/s, D2H {:.1} GiB/s, data {}",
+                c["bytes"],
+                c["h2d_gib_s"].as_f64().unwrap_or(0.0),
+                c["d2h_gib_s"].as_f64().unwrap_or(0.0),
+                if c["verified"] == true {
+                    "checked"
+                } else {
+                    "MISMATCH"
+                }
+            ));
+        }
+        t
     };
     write_stdout(&text)
+}
+
+/// `--verify-copy`: a round trip through the GPU from the pinned pool.
+fn verify_copy(pool: &Pool, plan: &PoolPlan) -> Result<pinner_cuda::CopyReport, Error> {
+    let r = pool.report();
+    if r.pin.status != pool_core::PinStatus::Pinned {
+        return Err(Error::Plugin {
+            what: "--verify-copy".into(),
+            message: format!(
+                "the pool is not pinned ({}); nothing to copy through",
+                r.pin.reason.as_deref().unwrap_or("pinning was skipped")
+            ),
+            source: None,
+        });
+    }
+    let region = pool
+        .region()
+        .ok_or_else(|| Error::config("the pool has no memory"))?;
+    // A shared pool's rank copies only through its own shard: the check
+    // overwrites the bytes it copies.
+    let region = region.sub(plan.prefault.extent).unwrap_or(region);
+    let device = r.pin.details["device"]
+        .as_u64()
+        .and_then(|d| u32::try_from(d).ok())
+        .unwrap_or(0);
+    let bytes = region.mapped_len().min(1 << 30);
+    // SAFETY: this process built the pool and nothing else in it touches the
+    // pool's memory; in a shared pool only this rank's shard is used, which
+    // its peers do not write after the barrier in the CLI.
+    unsafe { pinner_cuda::verify_copy(region, device, bytes) }
 }
 
 fn write_stdout(text: &str) -> Result<(), Error> {

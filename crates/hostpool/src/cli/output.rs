@@ -26,6 +26,7 @@ pub fn human_report(r: &PoolReport, status: &str) -> String {
         ("map", r.phases.map),
         ("prefault", r.phases.prefault),
         ("barrier", r.phases.barrier),
+        ("attach", r.phases.attach),
         ("pin", r.phases.pin),
         ("register", r.phases.register),
         ("teardown", r.phases.teardown),
