@@ -533,7 +533,7 @@ fn register_error(f: RegisterFailure<'_>) -> Error {
         (0, _) => "no earlier chunk was registered".to_string(),
         (1, true) => "chunk 0 was unregistered, nothing stays pinned".to_string(),
         (i, true) => format!(
-            "chunks {} to 0 were unregistered in reverse, nothing stays pinned",
+            "the {i} chunks before it (0 to {}) were unregistered in reverse, nothing stays pinned",
             i - 1
         ),
         (_, false) => format!(

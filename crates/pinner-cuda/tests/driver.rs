@@ -664,7 +664,7 @@ fn a_failed_chunk_rolls_back_in_reverse_and_names_chunk_offset_size_and_error() 
             "cuda pinner: cuMemHostRegister of chunk 3 (offset 48 MiB, 16 MiB) failed: \
              CUDA_ERROR_OUT_OF_MEMORY",
             "the pool has 4 chunks (numbered from 0)",
-            "chunks 2 to 0 were unregistered in reverse, nothing stays pinned",
+            "the 3 chunks before it (0 to 2) were unregistered in reverse, nothing stays pinned",
             "ulimit -l",
         ],
     );

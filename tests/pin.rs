@@ -1,0 +1,226 @@
+//! Pinning and registration through the shipped binary: no driver, the
+//! `libcuda.so.1` test double in its place, and libibverbs on a kernel
+//! without RDMA.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// A directory of our own with `libcuda.so.1` (and `libcuda.so`) linked to
+/// the fake driver, removed on drop.
+struct FakeDriverDir(PathBuf);
+
+impl FakeDriverDir {
+    fn new(tag: &str) -> FakeDriverDir {
+        let exe = std::env::current_exe().unwrap();
+        let deps = exe.parent().unwrap();
+        let fake = [deps.to_path_buf(), deps.join("deps")]
+            .into_iter()
+            .map(|d| d.join("libfake_cuda.so"))
+            .find(|p| p.exists())
+            .expect("libfake_cuda.so is built because fake-cuda is a dev-dependency of hostpool");
+        let dir =
+            std::env::temp_dir().join(format!("hostpool-fakecuda-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            let _ = std::fs::remove_file(dir.join(name));
+            std::os::unix::fs::symlink(&fake, dir.join(name)).unwrap();
+        }
+        FakeDriverDir(dir)
+    }
+}
+
+impl Drop for FakeDriverDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Run hostpool with `LD_LIBRARY_PATH` set to `libs` only.
+fn hostpool(libs: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
+    c.args(args)
+        .env("LD_LIBRARY_PATH", libs)
+        .env_remove("RUST_LOG");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn real_driver_present() -> bool {
+    [
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+        "/usr/local/nvidia/lib64/libcuda.so.1",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists())
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn without_a_driver_best_effort_cuda_pinning_is_skipped_and_required_fails_clearly() {
+    if real_driver_present() {
+        eprintln!("skip: a real CUDA driver is installed; this test is about hosts without one");
+        return;
+    }
+    let empty = std::env::temp_dir().join(format!("hostpool-nodriver-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = hostpool(
+        &empty,
+        &["alloc", "--size", "16MiB", "--pin", "cuda", "--json"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["pin"]["status"], "skipped");
+    assert!(
+        r["pin"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not available on this host"),
+        "{r}"
+    );
+    let o = hostpool(
+        &empty,
+        &[
+            "alloc",
+            "--size",
+            "16MiB",
+            "--pin",
+            "cuda",
+            "--pin-required",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("no CUDA driver") && !err.contains("panicked"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one paragraph: {err}");
+    std::fs::remove_dir_all(&empty).unwrap();
+}
+
+#[test]
+fn with_the_fake_driver_the_pool_is_pinned_in_chunks_and_the_copy_is_checked() {
+    let dir = FakeDriverDir::new("pin");
+    let log = dir.0.join("calls.log");
+    let cfg = dir.0.join("pool.toml");
+    std::fs::write(
+        &cfg,
+        "size = \"96MiB\"\nblock_size = \"4MiB\"\n[cuda]\nchunk_size = \"32MiB\"\n",
+    )
+    .unwrap();
+    let o = hostpool(
+        &dir.0,
+        &[
+            "alloc",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--pin",
+            "cuda",
+            "--pin-required",
+            "--verify-copy",
+            "--json",
+        ],
+        &[("FAKE_CUDA_LOG", log.to_str().unwrap())],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["pin"]["status"], "pinned");
+    let chunks = r["pin"]["details"]["chunks"].as_array().unwrap();
+    assert_eq!(chunks.len(), 3, "96 MiB in 32 MiB chunks: {r}");
+    assert!(r["phases"]["pin"].is_f64());
+    assert_eq!(r["verify_copy"]["verified"], true, "{r}");
+    assert!(r["verify_copy"]["h2d_gib_s"].as_f64().unwrap() > 0.0);
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let reg = calls
+        .lines()
+        .filter(|l| l.starts_with("cuMemHostRegister"))
+        .count();
+    let unreg = calls
+        .lines()
+        .filter(|l| l.starts_with("cuMemHostUnregister"))
+        .count();
+    assert_eq!(
+        (reg, unreg),
+        (3, 3),
+        "every chunk registered and unregistered:\n{calls}"
+    );
+}
+
+#[test]
+fn with_the_fake_driver_a_failed_chunk_fails_a_required_pin_and_rolls_back() {
+    let dir = FakeDriverDir::new("fail");
+    let log = dir.0.join("calls.log");
+    let cfg = dir.0.join("pool.toml");
+    std::fs::write(&cfg, "size = \"64MiB\"\n[cuda]\nchunk_size = \"16MiB\"\n").unwrap();
+    let o = hostpool(
+        &dir.0,
+        &[
+            "alloc",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--pin",
+            "cuda",
+            "--pin-required",
+        ],
+        &[
+            ("FAKE_CUDA_LOG", log.to_str().unwrap()),
+            ("FAKE_CUDA_FAIL_REGISTER_AT", "3"),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    // Chunks are numbered from 0: the third call is chunk 2.
+    assert!(
+        err.contains("chunk 2 (offset 32 MiB, 16 MiB)") && err.contains("CUDA_ERROR_OUT_OF_MEMORY"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the 2 chunks before it (0 to 1) were unregistered in reverse"),
+        "{err}"
+    );
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let unreg = calls
+        .lines()
+        .filter(|l| l.starts_with("cuMemHostUnregister"))
+        .count();
+    assert_eq!(
+        unreg, 2,
+        "the two registered chunks are rolled back:\n{calls}"
+    );
+}
+
+#[test]
+fn registering_with_rdma_on_this_host_fails_with_a_clear_reason() {
+    let real = Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1").exists();
+    let has_rdma = Path::new("/sys/class/infiniband_verbs").exists();
+    if has_rdma {
+        eprintln!("skip: this host has RDMA devices");
+        return;
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_hostpool"))
+        .args(["alloc", "--size", "16MiB", "--register", "rdma"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    if real {
+        assert!(err.contains("kernel without RDMA"), "{err}");
+    } else {
+        assert!(err.contains("libibverbs"), "{err}");
+    }
+}
