@@ -4,6 +4,8 @@
 //! capacity checks fail); 2 a usage or configuration error. Errors are one
 //! paragraph on stderr.
 
+mod bench;
+mod doctor;
 mod output;
 mod progress;
 
@@ -43,6 +45,10 @@ pub enum Command {
     Plugins(PluginsArgs),
     /// Remove pool files that no live process holds (left by crashed runs).
     Gc(GcArgs),
+    /// Say whether this node can hold a pool, and why not, with remedies.
+    Doctor(doctor::DoctorArgs),
+    /// Measure memset, prefault per backing, page size, method and threads, and mlock.
+    Bench(bench::BenchArgs),
 }
 
 /// `hostpool gc`.
@@ -245,6 +251,8 @@ fn run(cli: Cli) -> Result<i32, Error> {
         Command::Plan(args) => plan(args),
         Command::Plugins(args) => plugins(args),
         Command::Gc(args) => gc(args),
+        Command::Doctor(args) => doctor::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
 
@@ -451,7 +459,7 @@ fn verify_copy(pool: &Pool, plan: &PoolPlan) -> Result<pinner_cuda::CopyReport, 
     unsafe { pinner_cuda::verify_copy(region, device, bytes) }
 }
 
-fn write_stdout(text: &str) -> Result<(), Error> {
+pub(crate) fn write_stdout(text: &str) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}")
         .and_then(|()| out.flush())
