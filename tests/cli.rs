@@ -381,3 +381,73 @@ fn hold_keeps_the_pool_until_sigterm_then_tears_down_and_exits_0() {
 fn hold_keeps_the_pool_until_sigint_then_tears_down_and_exits_0() {
     hold_then_signal(libc::SIGINT);
 }
+
+#[test]
+fn plan_shows_shards_chunks_and_predicted_costs() {
+    let o = hostpool(&[
+        "plan",
+        "--size",
+        "4GiB",
+        "--threads",
+        "2",
+        "--pin",
+        "cuda",
+        "--json",
+    ]);
+    assert_exit(&o, 0);
+    let p = json(&o);
+    assert_eq!(
+        p["shards"].as_array().unwrap().len(),
+        2,
+        "one shard per prefault thread"
+    );
+    assert_eq!(
+        p["pin_plan"]["chunks"].as_array().unwrap().len(),
+        1,
+        "4 GiB fits one 64 GiB chunk"
+    );
+    assert!(p["predicted_seconds"]["prefault"].as_f64().unwrap() > 0.0);
+    assert!(p["predicted_seconds"]["pin"].as_f64().unwrap() > 0.0);
+    let cfg = temp_file(
+        "chunks.toml",
+        "size = \"10GiB\"\nblock_size = \"3MiB\"\n[cuda]\nchunk_size = \"4GiB\"\n",
+    );
+    let o = hostpool(&[
+        "plan",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--pin",
+        "cuda",
+        "--json",
+    ]);
+    assert_exit(&o, 0);
+    let chunks = json(&o)["pin_plan"]["chunks"].as_array().unwrap().clone();
+    assert_eq!(chunks.len(), 3);
+    for c in &chunks[..2] {
+        assert_eq!(
+            c["len"].as_u64().unwrap() % (3 << 20),
+            0,
+            "chunks never split a 3 MiB block"
+        );
+    }
+    let human = hostpool(&["plan", "--size", "4GiB", "--pin", "cuda"]);
+    assert_exit(&human, 0);
+    let out = stdout(&human);
+    assert!(
+        out.contains("predicted") && out.contains("chunk(s)") && out.contains("shards"),
+        "{out}"
+    );
+}
+
+#[test]
+fn vllm_hisparse_config_works_unchanged() {
+    let cfg = temp_file(
+        "hisparse.json",
+        "{\"host_pool_gib\": 1, \"host_pool_dir\": \"/dev/shm\"}",
+    );
+    let o = hostpool(&["plan", "--config", cfg.to_str().unwrap(), "--json"]);
+    assert_exit(&o, 0);
+    let p = json(&o);
+    assert_eq!(p["logical_bytes"], 1u64 << 30);
+    assert_eq!(p["backing"], "shm-segmented", "auto: /dev/shm is tmpfs");
+}

@@ -422,6 +422,24 @@ fn register_hint(status: Status) -> &'static str {
 }
 
 impl Pinner for CudaPinner {
+    fn plan(&self, size: pool_core::MappedSize, config: &PoolConfig) -> serde_json::Value {
+        let block = config.block_size.map_or(size.page().get(), ByteSize::get);
+        match pool_core::layout::registration_chunks(
+            size.mapped(),
+            size.page(),
+            block,
+            self.options.chunk_size.get(),
+        ) {
+            Ok(chunks) => serde_json::json!({
+                "device": self.options.device,
+                "chunk_size": self.options.chunk_size.get(),
+                "block": block,
+                "chunks": chunks.iter().map(|c| serde_json::json!({"offset": c.offset, "len": c.len})).collect::<Vec<_>>(),
+            }),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        }
+    }
+
     fn name(&self) -> &'static str {
         NAME
     }

@@ -304,6 +304,7 @@ impl PoolConfig {
                 "the config must be a table of keys (a TOML document or a JSON object)",
             ));
         };
+        let map = translate_hisparse(map)?;
         let mut pool = serde_json::Map::new();
         let mut plugins = BTreeMap::new();
         for (key, value) in map {
@@ -340,6 +341,47 @@ impl PoolConfig {
     pub fn plugin_table(&self, name: &str) -> Option<&Value> {
         self.plugins.get(name)
     }
+}
+
+/// Keys of vLLM's HiSparse connector (`kv_connector_extra_config`, seed 000)
+/// accepted as they are: `host_pool_gib` is the size in GiB, `host_pool_dir`
+/// the directory (typically a hugetlbfs mount).
+pub const HISPARSE_KEYS: [&str; 2] = ["host_pool_gib", "host_pool_dir"];
+
+fn translate_hisparse(
+    mut map: serde_json::Map<String, Value>,
+) -> Result<serde_json::Map<String, Value>> {
+    if let Some(gib) = map.remove("host_pool_gib") {
+        if map.contains_key("size") {
+            return Err(Error::config("give size or host_pool_gib, not both"));
+        }
+        let bytes = match &gib {
+            Value::Number(n) if n.as_u64().is_some() => n.as_u64().and_then(|g| g.checked_mul(1 << 30)),
+            Value::Number(n) => n
+                .as_f64()
+                .filter(|g| g.is_finite() && *g > 0.0 && (g * f64::from(1u32 << 30)).fract() == 0.0)
+                .map(|g| (g * f64::from(1u32 << 30)) as u64),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            Error::config(format!(
+                "`host_pool_gib` must be a number of GiB (as vLLM's HiSparse connector takes it), not {gib}"
+            ))
+        })?;
+        map.insert("size".into(), Value::from(bytes));
+    }
+    if let Some(dir) = map.remove("host_pool_dir") {
+        if map.contains_key("dir") {
+            return Err(Error::config("give dir or host_pool_dir, not both"));
+        }
+        if !dir.is_string() {
+            return Err(Error::config(format!(
+                "`host_pool_dir` must be a path, not {dir}"
+            )));
+        }
+        map.insert("dir".into(), dir);
+    }
+    Ok(map)
 }
 
 #[cfg(test)]
@@ -479,6 +521,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("`sharing`") && msg.contains("rank"), "{msg}");
+    }
+
+    #[test]
+    fn vllm_hisparse_keys_work_unchanged() {
+        let c = PoolConfig::parse(
+            r#"{"host_pool_gib": 384, "host_pool_dir": "/dev/hugepages-1Gi"}"#,
+            Format::Json,
+        )
+        .unwrap();
+        assert_eq!(c.size, ByteSize::gib(384));
+        assert_eq!(c.dir.as_deref(), Some(Path::new("/dev/hugepages-1Gi")));
+        assert_eq!(c.backing, "auto");
+        let c = PoolConfig::parse(r#"{"host_pool_gib": 1.5}"#, Format::Json).unwrap();
+        assert_eq!(c.size, ByteSize(3 << 29));
+        for (bad, want) in [
+            (r#"{"host_pool_gib": 4, "size": "4GiB"}"#, "not both"),
+            (r#"{"host_pool_gib": "384"}"#, "number of GiB"),
+            (r#"{"host_pool_gib": -1}"#, "number of GiB"),
+            (r#"{"host_pool_dir": 7}"#, "must be a path"),
+            (r#"{"host_pool_dir": "/a", "dir": "/b"}"#, "not both"),
+        ] {
+            let e = PoolConfig::parse(bad, Format::Json)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
     }
 
     #[test]

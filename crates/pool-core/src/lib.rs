@@ -15,6 +15,7 @@ pub mod capacity;
 pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod cost;
 pub mod error;
 pub mod file;
 pub mod fs;

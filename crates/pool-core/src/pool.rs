@@ -187,7 +187,54 @@ impl PoolPlan {
                 c.verdict
             ));
         }
+        let size = bp.size;
+        let shards: Vec<ExtentReport> = match &self.config.sharing {
+            Some(s) => crate::layout::shards(size.mapped(), size.page(), s.world)
+                .map(|v| v.into_iter().map(ExtentReport::from).collect())
+                .unwrap_or_default(),
+            None => crate::layout::shards(
+                size.page().round_down(self.prefault.extent.len),
+                size.page(),
+                u32::try_from(self.prefault.threads).unwrap_or(1),
+            )
+            .map(|v| v.into_iter().map(ExtentReport::from).collect())
+            .unwrap_or_default(),
+        };
+        let pin_plan = self
+            .pinner
+            .as_ref()
+            .map_or(Value::Null, |p| p.plan(size, &self.config));
+        let registration_plans = self
+            .registrars
+            .iter()
+            .map(|r| serde_json::json!({"kind": r.name(), "plan": r.plan(size, &self.config)}))
+            .collect();
+        let predicted = crate::cost::predict(
+            bp.backing,
+            size,
+            self.prefault.extent.len,
+            self.prefault.threads,
+            self.pinner.as_ref().map(|p| p.name()),
+            self.registrars.len(),
+        );
+        explain.push(format!(
+            "predicted: prefault {:.1} s{}{} ({})",
+            predicted.prefault,
+            predicted
+                .pin
+                .map(|p| format!(", pin {p:.1} s"))
+                .unwrap_or_default(),
+            predicted
+                .register
+                .map(|r| format!(", register {r:.1} s"))
+                .unwrap_or_default(),
+            predicted.basis
+        ));
         PlanReport {
+            shards,
+            pin_plan,
+            registration_plans,
+            predicted_seconds: predicted,
             backing: bp.backing.to_string(),
             page_size: bp.size.page().get(),
             logical_bytes: bp.size.logical(),
@@ -252,6 +299,15 @@ pub struct PlanReport {
     pub capacity: Vec<CapacityCheck>,
     /// Whether every capacity check passes (or is unknown).
     pub fits: bool,
+    /// Prefault shards: one per rank of a shared pool, else one per thread.
+    pub shards: Vec<ExtentReport>,
+    /// What the pinner will do (for `cuda`: its registration chunks).
+    pub pin_plan: Value,
+    /// What each registrar will do (RDMA regions depend on each device's
+    /// `max_mr_size`, learnt at registration).
+    pub registration_plans: Vec<Value>,
+    /// Predicted seconds per phase.
+    pub predicted_seconds: crate::cost::Predicted,
     /// Every choice and why, one line each.
     pub explain: Vec<String>,
 }

@@ -182,6 +182,13 @@ pub trait Pinner: Send + Sync + fmt::Debug {
     /// The plugin name.
     fn name(&self) -> &'static str;
 
+    /// What pinning a pool of `size` would do (for example its registration
+    /// chunks), for `hostpool plan`. Pure; `Null` when there is nothing to say.
+    fn plan(&self, size: MappedSize, config: &PoolConfig) -> Value {
+        let _ = (size, config);
+        Value::Null
+    }
+
     /// Pin the region.
     ///
     /// # Errors
@@ -206,6 +213,13 @@ pub trait Pin: Send + Sync + fmt::Debug {
 pub trait Registrar: Send + Sync + fmt::Debug {
     /// The plugin name.
     fn name(&self) -> &'static str;
+
+    /// What registering a pool of `size` would do, for `hostpool plan`.
+    /// Pure; `Null` when it depends on what only registration learns.
+    fn plan(&self, size: MappedSize, config: &PoolConfig) -> Value {
+        let _ = (size, config);
+        Value::Null
+    }
 
     /// Register the region.
     ///

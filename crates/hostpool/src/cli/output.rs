@@ -114,6 +114,41 @@ pub fn human_plan(p: &PlanReport) -> String {
             c.source
         ));
     }
+    s.push_str(&format!(
+        "  shards     {} of up to {}{}\n",
+        p.shards.len(),
+        format_bytes(p.shards.iter().map(|e| e.len).max().unwrap_or(0)),
+        if p.shards.len() > 1 {
+            " (page-aligned, disjoint)"
+        } else {
+            ""
+        }
+    ));
+    if let Some(chunks) = p.pin_plan["chunks"].as_array() {
+        s.push_str(&format!(
+            "  pin        {} chunk(s) of up to {} (block {})\n",
+            chunks.len(),
+            format_bytes(
+                chunks
+                    .iter()
+                    .filter_map(|c| c["len"].as_u64())
+                    .max()
+                    .unwrap_or(0)
+            ),
+            format_bytes(p.pin_plan["block"].as_u64().unwrap_or(0))
+        ));
+    }
+    let pr = &p.predicted_seconds;
+    s.push_str(&format!(
+        "  predicted  prefault {:.1} s{}{}\n",
+        pr.prefault,
+        pr.pin
+            .map(|x| format!(", pin {x:.1} s"))
+            .unwrap_or_default(),
+        pr.register
+            .map(|x| format!(", register {x:.1} s"))
+            .unwrap_or_default()
+    ));
     s.push_str(if p.fits {
         "  verdict    fits\nwhy:\n"
     } else {
