@@ -200,3 +200,28 @@ fn plan_reports_page_size_pages_and_source() {
     );
     let _ = r.available;
 }
+
+#[test]
+fn enomem_at_mmap_becomes_one_clear_error_when_pages_run_out_after_the_check() {
+    // Capacity is checked before mapping; pages can still run out between
+    // the check and the mmap (another process took them). Map directly,
+    // past the check, to see the kernel's ENOMEM turned into the error.
+    let Some(r) = reserved(2 << 20, "2M") else {
+        return;
+    };
+    for dir in [r.mount.clone(), None] {
+        let c = config((r.available + 8) * r.page, dir, Some(r.page));
+        let plan = PoolPlan::new(c.clone()).unwrap();
+        let before = free_pages(r.page);
+        let e = plan.backing.map(&plan.backing_plan, &c).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ENOMEM), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("could not reserve")
+                && msg.contains("nr_hugepages")
+                && msg.contains("2 MiB"),
+            "{msg}"
+        );
+        assert_eq!(free_pages(r.page), before, "a failed mmap reserves nothing");
+    }
+}
