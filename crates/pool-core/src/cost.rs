@@ -64,7 +64,7 @@ pub fn predict(
     Predicted {
         prefault: prefault_bytes as f64 / (gbps * 1e9),
         pin,
-        register: (registrars > 0).then(|| REGISTER_SECONDS_PER_PAGE * pages * registrars as f64),
+        register: (registrars > 0).then_some(REGISTER_SECONDS_PER_PAGE * pages * registrars as f64),
         basis: "rough: rates measured on the 2-core CI machines and vLLM #51080 (registration, per page); \
                 run `hostpool bench` for this node's",
     }
