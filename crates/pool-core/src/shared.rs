@@ -364,8 +364,13 @@ impl Session {
             let _ = file::unlink_if_same(path, ctl_id);
             return Ok(None);
         }
-        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared)
-            .map_err(|e| Error::config(format!("cannot lock {}: {e}", path.display())))?;
+        // Someone holding it exclusively is clearing it as stale: it is about
+        // to vanish, so try the election again.
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == libc::EWOULDBLOCK => return Ok(None),
+            Err(e) => return Err(Error::config(format!("cannot lock {}: {e}", path.display()))),
+        }
         let view = match SharedView::<Ctl>::map(fd.as_fd()) {
             Ok(v) => v,
             Err(e) => {
@@ -554,8 +559,9 @@ impl Session {
         };
         let id = file::file_id(&fd).map_err(|e| os("fstat", e))?;
         self.data.push((path.to_path_buf(), id));
-        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared)
-            .map_err(|e| os("flock", e.into()))?;
+        // Blocking: `hostpool gc` holds a file exclusively for an instant
+        // while it checks it (and keeps it, since our control file is live).
+        rustix::fs::flock(&fd, FlockOperation::LockShared).map_err(|e| os("flock", e.into()))?;
         rustix::fs::ftruncate(&fd, extent.len).map_err(|e| os("ftruncate", e.into()))?;
         Ok(PoolFile {
             fd,
@@ -599,7 +605,8 @@ impl Session {
                 format_bytes(extent.len)
             )));
         }
-        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared)
+        // Blocking, for the same reason as in `create_data`.
+        rustix::fs::flock(&fd, FlockOperation::LockShared)
             .map_err(|e| Error::config(format!("cannot lock {}: {e}", path.display())))?;
         self.data.push((path.to_path_buf(), id));
         Ok(PoolFile {
