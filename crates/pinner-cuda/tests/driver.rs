@@ -46,6 +46,12 @@ fn scenario_child() {
     };
     let out = match name.as_str() {
         "probe" => json!({ "probe": outcome(pinner_cuda::probe_driver()) }),
+        "devices" => match pinner_cuda::probe_devices() {
+            Ok(info) => {
+                json!({ "devices": { "ok": true, "info": info, "version": info.version_text() } })
+            }
+            Err(e) => json!({ "devices": outcome::<()>(Err(e)) }),
+        },
         "pool" => pool_scenario(),
         "memlock" => {
             lower_memlock();
@@ -516,6 +522,67 @@ fn the_fake_exports_every_symbol_the_pinner_resolves() {
     assert_eq!(probe["ok"], true, "{probe:#}");
     let run = run("probe", json!({}), Lib::Fake, &[]);
     assert!(run.log.is_empty(), "probing calls nothing: {:?}", run.log);
+}
+
+#[test]
+fn probing_devices_lists_version_and_names_without_a_context() {
+    let env = [("FAKE_CUDA_DEVICES", "2".to_string())];
+    let run = run("devices", json!({}), Lib::Fake, &env);
+    let d = &run.result["devices"];
+    assert_eq!(d["ok"], true, "{:#}", run.result);
+    assert_eq!(d["info"]["version"], 12080);
+    assert_eq!(d["version"], "12.8");
+    assert_eq!(
+        d["info"]["devices"],
+        json!(["fake-cuda device 0", "fake-cuda device 1"])
+    );
+    assert_eq!(d["info"]["no_device"], Value::Null);
+    for call in &run.log {
+        let name = call.split(' ').next().unwrap_or("");
+        assert!(
+            [
+                "cuInit",
+                "cuDriverGetVersion",
+                "cuDeviceGetCount",
+                "cuDeviceGet",
+                "cuDeviceGetName",
+            ]
+            .contains(&name),
+            "probing made a call beyond listing devices: {call}"
+        );
+    }
+    assert!(run.registrations().is_empty(), "{:?}", run.log);
+}
+
+#[test]
+fn probing_devices_with_none_is_ok_and_says_why() {
+    let env = [("FAKE_CUDA_DEVICES", "0".to_string())];
+    let run = run("devices", json!({}), Lib::Fake, &env);
+    let d = &run.result["devices"];
+    assert_eq!(d["ok"], true, "{:#}", run.result);
+    assert_eq!(d["info"]["devices"], json!([]));
+    assert!(
+        d["info"]["no_device"]
+            .as_str()
+            .unwrap()
+            .contains("CUDA_ERROR_NO_DEVICE"),
+        "{d:#}"
+    );
+}
+
+#[test]
+fn probing_devices_without_a_driver_is_not_available() {
+    let run = run("devices", json!({}), Lib::Empty, &[]);
+    let d = &run.result["devices"];
+    if d["ok"] == true {
+        eprintln!("skip: a CUDA driver library is on this host's default library path");
+        return;
+    }
+    assert_eq!(d["not_available"], true, "{d:#}");
+    assert!(
+        d["error"].as_str().unwrap().contains("no CUDA driver"),
+        "{d:#}"
+    );
 }
 
 #[test]

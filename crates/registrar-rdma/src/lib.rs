@@ -156,6 +156,67 @@ inventory::submit! {
     }
 }
 
+/// One RDMA device as [`probe`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceProbe {
+    /// The kernel device name (`ibv_get_device_name`), e.g. `mlx5_0`.
+    pub name: String,
+    /// `ibv_query_device(...).max_mr_size`, when the device could be opened
+    /// and queried.
+    pub max_mr_size: Option<u64>,
+    /// What failed, when something did (open, protection domain, query or
+    /// close), with the errno.
+    pub error: Option<String>,
+}
+
+/// The RDMA devices the registrar would use, without registering anything:
+/// loads the library of `options`, lists the devices (all of them, not only
+/// `[rdma] devices`), and opens each one to read its `max_mr_size`, then
+/// closes it again. For `hostpool doctor`.
+///
+/// # Errors
+/// [`Error::NotAvailable`] when the library cannot be loaded (naming it and
+/// the package to install) or the kernel has no RDMA (`ENOSYS` from
+/// `ibv_get_device_list`), as registration would say; [`Error::Plugin`] for
+/// another failure to list the devices. No device is `Ok` with an empty list.
+pub fn probe(options: &RdmaOptions) -> Result<Vec<DeviceProbe>> {
+    options.validate()?;
+    let library = options.library();
+    let verbs = Arc::new(Verbs::load(library).map_err(|e| load_error(library, e))?);
+    let list = verbs.device_list().map_err(list_error)?;
+    Ok(list
+        .devices()
+        .iter()
+        .map(|device| {
+            let name = device.name().to_string();
+            let session = match Session::open(&verbs, device) {
+                Ok(s) => s,
+                Err(f) => {
+                    return DeviceProbe {
+                        name,
+                        max_mr_size: None,
+                        error: Some(format!("{}: {}", f.step, f.error)),
+                    };
+                }
+            };
+            let queried = session.max_mr_size();
+            let closed = session.close();
+            let mut errors: Vec<String> = closed
+                .iter()
+                .map(|c| format!("{}: {}", c.step, c.error))
+                .collect();
+            if let Err(e) = &queried {
+                errors.insert(0, format!("ibv_query_device: {e}"));
+            }
+            DeviceProbe {
+                name,
+                max_mr_size: queried.ok(),
+                error: (!errors.is_empty()).then(|| errors.join("; ")),
+            }
+        })
+        .collect())
+}
+
 /// What was asked of each device thread.
 struct Job<'a> {
     verbs: &'a Arc<Verbs>,

@@ -289,6 +289,13 @@ fn run_spec(spec: &Value) -> Value {
     let mut config = pool_config(spec);
     let table = spec["rdma"].clone();
     let memlock = serde_json::to_value(pool_core::memlock::state()).unwrap();
+    if spec["mode"] == "probe" {
+        let options: registrar_rdma::RdmaOptions = serde_json::from_value(table).unwrap();
+        return match registrar_rdma::probe(&options) {
+            Ok(devices) => json!({"ok": true, "devices": devices}),
+            Err(e) => json!({"ok": false, "error": error_json(&e)}),
+        };
+    }
     if spec["mode"] == "pool" {
         config.register = vec!["rdma".into()];
         config.plugins.insert("rdma".into(), table);
@@ -524,6 +531,55 @@ fn enosys_from_the_device_list_is_not_available_kernel_without_rdma() {
     );
     let names: Vec<&str> = run.log.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["ibv_get_device_list"]);
+}
+
+#[test]
+fn probe_lists_every_device_with_its_max_mr_size_and_registers_nothing() {
+    let run = run(
+        json!({"mode": "probe", "rdma": {"devices": ["mlx5_1"]}}),
+        &[
+            ("FAKE_IBV_DEVICES", "mlx5_0,mlx5_1"),
+            ("FAKE_IBV_MAX_MR_SIZE", "68719476736"),
+        ],
+    );
+    assert_eq!(run.out["ok"], json!(true), "{:#}", run.out);
+    assert_eq!(
+        run.out["devices"],
+        json!([
+            {"name": "mlx5_0", "max_mr_size": 68719476736u64, "error": null},
+            {"name": "mlx5_1", "max_mr_size": 68719476736u64, "error": null},
+        ])
+    );
+    assert!(run.calls("ibv_reg_mr").is_empty(), "{:?}", run.log);
+    assert_eq!(run.calls("ibv_query_device").len(), 2);
+    assert_eq!(run.calls("ibv_close_device").len(), 2);
+    assert_nothing_left(&run);
+}
+
+#[test]
+fn probe_says_enosys_no_devices_and_a_missing_library_as_registration_would() {
+    let run = run(
+        json!({"mode": "probe", "rdma": {}}),
+        &[("FAKE_IBV_DEVICES", "ENOSYS")],
+    );
+    assert_eq!(run.error()["not_available"], json!(true));
+    contains_all(&run.message(), &["kernel without RDMA", "ENOSYS"]);
+    let run = run_child(
+        json!({"mode": "probe", "rdma": {}}),
+        &[("FAKE_IBV_DEVICES", "")],
+        None,
+    );
+    assert_eq!(run.out, json!({"ok": true, "devices": []}));
+    let missing = run_child(
+        json!({"mode": "probe", "rdma": {"library": "/nonexistent/libibverbs.so.1"}}),
+        &[],
+        None,
+    );
+    assert_eq!(missing.error()["not_available"], json!(true));
+    contains_all(
+        &missing.message(),
+        &["/nonexistent/libibverbs.so.1", "libibverbs1"],
+    );
 }
 
 #[test]

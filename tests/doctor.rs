@@ -1,0 +1,705 @@
+//! `hostpool doctor` through the shipped binary: every area on this node,
+//! the pool check and its exit status, the CUDA and RDMA findings with and
+//! without a driver, leftover files, and that nothing on the node changes.
+//!
+//! Under `cargo xtask test` (`HOSTPOOL_REQUIRE_HUGEPAGES=1`) the hugetlbfs
+//! test must find the 2 MiB mount xtask made; elsewhere it skips.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
+
+use serde_json::Value;
+
+/// Every area a doctor run without a pool reports.
+const AREAS: [&str; 12] = [
+    "memory",
+    "hugepages",
+    "hugetlbfs",
+    "shm",
+    "cgroup",
+    "memlock",
+    "thp",
+    "kernel",
+    "cuda",
+    "rdma",
+    "plugins",
+    "leftovers",
+];
+
+/// Tests that put files in /dev/shm, and the test that checks /dev/shm does
+/// not change, take turns.
+static SHM: Mutex<()> = Mutex::new(());
+
+fn shm_lock() -> MutexGuard<'static, ()> {
+    SHM.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn doctor_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
+    c.arg("doctor").args(args).env_remove("RUST_LOG");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("run hostpool doctor");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "doctor {args:?} panicked:\n{stderr}"
+    );
+    out
+}
+
+fn doctor(args: &[&str]) -> Output {
+    doctor_with(args, &[])
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor printed no JSON ({e}):\n{}\n{}",
+            stdout(o),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+fn findings<'a>(report: &'a Value, area: &str) -> Vec<&'a Value> {
+    report["findings"]
+        .as_array()
+        .expect("findings is a list")
+        .iter()
+        .filter(|f| f["area"] == area)
+        .collect()
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
+}
+
+/// A directory of our own, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let dir =
+            std::env::temp_dir().join(format!("hostpool-doctor-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `libcuda.so.1` and `libcuda.so` linked to the fake driver, in a
+/// directory of our own (fake-cuda is a dev-dependency, so cargo built it).
+fn fake_driver_dir() -> TempDir {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let fake = [deps.to_path_buf(), deps.join("deps")]
+        .into_iter()
+        .map(|d| d.join("libfake_cuda.so"))
+        .find(|p| p.exists())
+        .expect("libfake_cuda.so is built because fake-cuda is a dev-dependency of hostpool");
+    let dir = TempDir::new("fakecuda");
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        std::os::unix::fs::symlink(&fake, dir.0.join(name)).unwrap();
+    }
+    dir
+}
+
+fn real_driver_present() -> bool {
+    [
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+        "/usr/local/nvidia/lib64/libcuda.so.1",
+        "/usr/lib/aarch64-linux-gnu/libcuda.so.1",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists())
+}
+
+fn required() -> bool {
+    std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() == Ok("1")
+}
+
+#[test]
+fn every_area_is_in_the_json_and_a_node_without_a_pool_exits_0() {
+    let o = doctor(&["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let r = json(&o);
+    assert!(r["pool"].is_null(), "no pool was given: {:#}", r["pool"]);
+    assert!(
+        ["ok", "warn"].contains(&text(&r["verdict"])),
+        "{:#}",
+        r["verdict"]
+    );
+    for area in AREAS {
+        assert!(!findings(&r, area).is_empty(), "no {area} finding in {r:#}");
+    }
+    assert!(findings(&r, "pool").is_empty());
+    for f in r["findings"].as_array().unwrap() {
+        for key in ["area", "item", "value", "verdict", "remedy"] {
+            assert!(f.get(key).is_some(), "{key} missing in {f:#}");
+        }
+        assert!(
+            !text(&f["item"]).is_empty() && !text(&f["value"]).is_empty(),
+            "{f:#}"
+        );
+        match text(&f["verdict"]) {
+            "ok" => assert!(f["remedy"].is_null(), "an ok finding with a remedy: {f:#}"),
+            "info" | "warn" => assert!(
+                !text(&f["remedy"]).is_empty(),
+                "a finding that is not ok has no remedy: {f:#}"
+            ),
+            other => panic!("verdict {other:?} on a node without a pool: {f:#}"),
+        }
+    }
+    // The plugin findings name exactly what `hostpool plugins` lists.
+    let backings = findings(&r, "plugins")
+        .into_iter()
+        .find(|f| f["item"] == "backings")
+        .unwrap();
+    assert_eq!(text(&backings["value"]), "anon, hugetlbfs, shm-segmented");
+}
+
+#[test]
+fn the_human_output_is_a_table_that_names_every_area() {
+    let o = doctor(&[]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("VERDICT") && lines[0].contains("AREA") && lines[0].contains("VALUE"),
+        "{out}"
+    );
+    for area in AREAS {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.split_whitespace().nth(1) == Some(area)),
+            "no line of area {area}:\n{out}"
+        );
+    }
+    // Aligned: findings with short items have their value in the column
+    // the header names.
+    let value_col = lines[0].find("VALUE").unwrap();
+    for l in lines.iter().filter(|l| {
+        matches!(
+            l.split_whitespace().nth(1),
+            Some("memory" | "kernel" | "thp" | "plugins" | "memlock")
+        )
+    }) {
+        let b = l.as_bytes();
+        assert!(
+            b.get(value_col - 1) == Some(&b' ') && b.get(value_col).is_some_and(|c| *c != b' '),
+            "misaligned: {l:?}\n{out}"
+        );
+    }
+    let last = lines.last().unwrap();
+    assert!(last.starts_with("verdict: "), "{out}");
+    assert!(
+        lines.len() <= 60,
+        "more than a screen ({} lines):\n{out}",
+        lines.len()
+    );
+}
+
+#[test]
+fn a_pool_the_node_cannot_hold_fails_with_exit_1_and_the_memavailable_remedy() {
+    let o = doctor(&["--size", "1PiB", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let r = json(&o);
+    assert_eq!(r["verdict"], "fail");
+    assert_eq!(r["pool"]["fits"], false, "{:#}", r["pool"]);
+    assert_eq!(r["pool"]["logical_bytes"], 1u64 << 50);
+    let pool = findings(&r, "pool");
+    let verdict = pool.iter().find(|f| f["item"] == "verdict").unwrap();
+    assert_eq!(verdict["verdict"], "fail", "{verdict:#}");
+    assert!(text(&verdict["value"]).contains("DOES NOT FIT"));
+    let mem = pool
+        .iter()
+        .find(|f| text(&f["value"]).contains("MemAvailable"))
+        .unwrap_or_else(|| panic!("no MemAvailable check in {pool:#?}"));
+    assert_eq!(mem["verdict"], "fail", "{mem:#}");
+    assert!(text(&mem["remedy"]).contains("smaller --size"), "{mem:#}");
+    // The same in words.
+    let o = doctor(&["--size", "1PiB"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    assert!(
+        out.contains("DOES NOT FIT")
+            && out.contains("MemAvailable")
+            && out.contains("smaller --size"),
+        "{out}"
+    );
+    assert!(
+        out.trim_end().ends_with(')') && out.contains("verdict: fail"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_pool_that_fits_is_checked_and_exits_0() {
+    let o = doctor(&["--size", "64MiB", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let r = json(&o);
+    assert_eq!(r["pool"]["fits"], true);
+    let pool = findings(&r, "pool");
+    assert!(
+        pool.iter()
+            .any(|f| f["item"] == "verdict" && f["value"] == "fits")
+    );
+    assert!(pool.iter().any(|f| f["item"] == "plan"));
+}
+
+#[test]
+fn a_config_with_an_unknown_key_exits_2() {
+    let dir = TempDir::new("badkey");
+    let path = dir.0.join("pool.toml");
+    std::fs::write(&path, "size = \"1GiB\"\nsizee = \"2GiB\"\n").unwrap();
+    let o = doctor(&["--config", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("sizee"), "{err}");
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    // A usage error in a flag too.
+    let o = doctor(&["--size", "384G"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn the_2mib_hugetlbfs_mount_is_listed_with_its_page_size_and_the_pools_free_count() {
+    let Some(dir) = std::env::var_os("HOSTPOOL_TEST_HUGETLBFS_2M").map(PathBuf::from) else {
+        assert!(
+            !required(),
+            "HOSTPOOL_REQUIRE_HUGEPAGES=1 but HOSTPOOL_TEST_HUGETLBFS_2M is not set"
+        );
+        eprintln!("skip: no HOSTPOOL_TEST_HUGETLBFS_2M (run `cargo xtask test` as root)");
+        return;
+    };
+    let dir = dir.canonicalize().unwrap();
+    let free_2m = || -> u64 {
+        std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // Retried only if something else changes the pool while doctor runs.
+    for attempt in 1..=5 {
+        let before = free_2m();
+        let o = doctor(&["--json"]);
+        let after = free_2m();
+        if before != after && attempt < 5 {
+            continue;
+        }
+        assert_eq!(o.status.code(), Some(0));
+        let r = json(&o);
+        let mount = findings(&r, "hugetlbfs")
+            .into_iter()
+            .find(|f| Path::new(text(&f["item"])).canonicalize().ok() == Some(dir.clone()))
+            .unwrap_or_else(|| panic!("{} not listed: {r:#}", dir.display()));
+        assert_eq!(mount["details"]["page_size"], 2u64 << 20, "{mount:#}");
+        assert!(text(&mount["value"]).contains("2 MiB pages"), "{mount:#}");
+        assert!(
+            text(&mount["value"]).contains(&format!("2 MiB pool: {before} free")),
+            "{mount:#}"
+        );
+        let pool = findings(&r, "hugepages")
+            .into_iter()
+            .find(|f| f["details"]["page_size"] == 2u64 << 20)
+            .unwrap_or_else(|| panic!("no 2 MiB pool finding: {r:#}"));
+        assert_eq!(pool["details"]["free"], before, "{pool:#}");
+        assert!(
+            text(&pool["value"]).contains(&format!("free {before}")),
+            "{pool:#}"
+        );
+        // Human output lists the mount too.
+        let out = stdout(&doctor(&[]));
+        let raw = std::env::var("HOSTPOOL_TEST_HUGETLBFS_2M").unwrap_or_default();
+        assert!(
+            out.contains("2 MiB pages")
+                && (out.contains(&raw) || out.contains(&dir.display().to_string())),
+            "{out}"
+        );
+        return;
+    }
+}
+
+#[test]
+fn the_cuda_finding_says_the_driver_is_absent_without_one() {
+    if real_driver_present() {
+        eprintln!("skip: this host has a real libcuda.so.1");
+        return;
+    }
+    let empty = TempDir::new("nocuda");
+    let o = doctor_with(
+        &["--json"],
+        &[("LD_LIBRARY_PATH", empty.0.to_str().unwrap())],
+    );
+    assert_eq!(o.status.code(), Some(0));
+    let r = json(&o);
+    let cuda = findings(&r, "cuda");
+    assert_eq!(cuda.len(), 1, "{cuda:#?}");
+    assert!(
+        text(&cuda[0]["value"]).starts_with("absent: ")
+            && text(&cuda[0]["value"]).contains("libcuda.so.1"),
+        "{:#}",
+        cuda[0]
+    );
+    assert_eq!(cuda[0]["verdict"], "info");
+    assert!(text(&cuda[0]["remedy"]).contains("NVIDIA driver"));
+}
+
+#[test]
+fn the_cuda_finding_lists_the_driver_version_and_devices_and_pins_nothing() {
+    let libs = fake_driver_dir();
+    let log = libs.0.join("calls.log");
+    let env = [
+        ("LD_LIBRARY_PATH", libs.0.to_str().unwrap()),
+        ("FAKE_CUDA_DEVICES", "2"),
+        ("FAKE_CUDA_LOG", log.to_str().unwrap()),
+    ];
+    let o = doctor_with(&["--json", "--size", "64MiB", "--pin", "cuda"], &env);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let r = json(&o);
+    let cuda = findings(&r, "cuda");
+    assert_eq!(cuda[0]["verdict"], "ok", "{:#}", cuda[0]);
+    assert_eq!(
+        text(&cuda[0]["value"]),
+        "CUDA 12.8, 2 devices: 0: fake-cuda device 0, 1: fake-cuda device 1"
+    );
+    assert_eq!(cuda[0]["details"]["version"], 12080);
+    let pin = findings(&r, "pool")
+        .into_iter()
+        .find(|f| f["item"] == "pin cuda device")
+        .unwrap();
+    assert_eq!(pin["verdict"], "ok", "{pin:#}");
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !calls.contains("cuMemHostRegister") && !calls.contains("PrimaryCtxRetain"),
+        "doctor must not pin or create a context:\n{calls}"
+    );
+
+    // No device: a warning for the node, and a required pin fails the pool.
+    let env = [
+        ("LD_LIBRARY_PATH", libs.0.to_str().unwrap()),
+        ("FAKE_CUDA_DEVICES", "0"),
+    ];
+    let o = doctor_with(
+        &[
+            "--json",
+            "--size",
+            "64MiB",
+            "--pin",
+            "cuda",
+            "--pin-required",
+        ],
+        &env,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let r = json(&o);
+    let cuda = findings(&r, "cuda");
+    assert_eq!(cuda[0]["verdict"], "warn", "{:#}", cuda[0]);
+    assert!(text(&cuda[0]["value"]).contains("CUDA_ERROR_NO_DEVICE"));
+    let pin = findings(&r, "pool")
+        .into_iter()
+        .find(|f| f["item"] == "pin cuda device")
+        .unwrap();
+    assert_eq!(pin["verdict"], "fail", "{pin:#}");
+    // Best effort: the same pin is only a warning.
+    let o = doctor_with(&["--json", "--size", "64MiB", "--pin", "cuda"], &env);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
+
+#[test]
+fn the_rdma_finding_names_enosys_or_the_missing_library() {
+    let o = doctor(&["--json"]);
+    let r = json(&o);
+    let rdma = findings(&r, "rdma");
+    assert!(!rdma.is_empty());
+    let all_ok = rdma.iter().all(|f| f["verdict"] == "ok");
+    if all_ok {
+        eprintln!("this host has RDMA devices: {rdma:#?}");
+        for f in &rdma {
+            assert!(text(&f["value"]).starts_with("max_mr_size "), "{f:#}");
+        }
+    } else {
+        let v = text(&rdma[0]["value"]);
+        assert!(
+            v.contains("ENOSYS") || v.contains("libibverbs.so.1") || v.contains("no RDMA device"),
+            "{:#}",
+            rdma[0]
+        );
+    }
+
+    // A library that is not there, from the pool's [rdma] table: named in
+    // the node finding, and registration with it fails the pool.
+    let dir = TempDir::new("rdma");
+    let path = dir.0.join("pool.toml");
+    std::fs::write(
+        &path,
+        "size = \"64MiB\"\nregister = [\"rdma\"]\n[rdma]\nlibrary = \"/nonexistent/libibverbs.so.1\"\n",
+    )
+    .unwrap();
+    let o = doctor(&["--json", "--config", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let r = json(&o);
+    let rdma = findings(&r, "rdma");
+    assert!(
+        text(&rdma[0]["value"]).contains("/nonexistent/libibverbs.so.1"),
+        "{:#}",
+        rdma[0]
+    );
+    assert!(
+        text(&rdma[0]["remedy"]).contains("libibverbs1"),
+        "{:#}",
+        rdma[0]
+    );
+    let reg = findings(&r, "pool")
+        .into_iter()
+        .find(|f| f["item"] == "register rdma")
+        .unwrap();
+    assert_eq!(reg["verdict"], "fail", "{reg:#}");
+}
+
+#[test]
+fn without_cap_ipc_lock_a_low_memlock_limit_warns_and_fails_a_required_pin() {
+    const LIMIT: u64 = 8 << 20;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
+    c.args([
+        "doctor",
+        "--json",
+        "--size",
+        "64MiB",
+        "--pin",
+        "mlock",
+        "--pin-required",
+    ])
+    .env_remove("RUST_LOG");
+    // SAFETY: the closure runs in the child between fork and exec and makes
+    // only system calls (setrlimit, prctl, capget, capset); it allocates
+    // nothing.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        c.pre_exec(|| {
+            use rustix::thread::CapabilitySet;
+            let have = rustix::process::getrlimit(rustix::process::Resource::Memlock);
+            let lower = |l: Option<u64>| Some(l.map_or(LIMIT, |l| l.min(LIMIT)));
+            rustix::process::setrlimit(
+                rustix::process::Resource::Memlock,
+                rustix::process::Rlimit {
+                    current: lower(have.current),
+                    maximum: lower(have.maximum),
+                },
+            )?;
+            let _ = rustix::thread::remove_capability_from_bounding_set(CapabilitySet::IPC_LOCK);
+            if let Ok(mut caps) = rustix::thread::capabilities(None) {
+                caps.inheritable.remove(CapabilitySet::IPC_LOCK);
+                caps.effective.remove(CapabilitySet::IPC_LOCK);
+                caps.permitted.remove(CapabilitySet::IPC_LOCK);
+                let _ = rustix::thread::set_capabilities(None, caps);
+            }
+            Ok(())
+        });
+    }
+    let o = c.output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let r = json(&o);
+    let memlock = findings(&r, "memlock");
+    let rl = memlock
+        .iter()
+        .find(|f| f["item"] == "RLIMIT_MEMLOCK")
+        .unwrap();
+    assert_eq!(rl["verdict"], "warn", "{rl:#}");
+    assert!(text(&rl["remedy"]).contains("ulimit -l"), "{rl:#}");
+    let cap = memlock
+        .iter()
+        .find(|f| f["item"] == "CAP_IPC_LOCK")
+        .unwrap();
+    assert_eq!(cap["value"], "no", "{cap:#}");
+    let pool = findings(&r, "pool");
+    let pin = pool
+        .iter()
+        .find(|f| f["item"] == "pin mlock memlock")
+        .unwrap();
+    assert_eq!(pin["verdict"], "fail", "{pin:#}");
+    assert!(text(&pin["value"]).contains("over the bound"), "{pin:#}");
+    let verdict = pool.iter().find(|f| f["item"] == "verdict").unwrap();
+    assert_eq!(verdict["verdict"], "fail", "{verdict:#}");
+    assert!(
+        text(&verdict["value"]).contains("pin mlock memlock"),
+        "{verdict:#}"
+    );
+}
+
+/// A file in /dev/shm, removed on drop.
+struct ShmFile(PathBuf);
+
+impl Drop for ShmFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn stale_pool_files_are_listed_but_not_removed_and_held_ones_are_live() {
+    let _shm = shm_lock();
+    let pid = std::process::id();
+    let stale = ShmFile(PathBuf::from(format!(
+        "/dev/shm/hostpool-doctor{pid}stale.pool"
+    )));
+    let held = ShmFile(PathBuf::from(format!(
+        "/dev/shm/hostpool-doctor{pid}held.pool"
+    )));
+    std::fs::write(&stale.0, vec![0u8; 8192]).unwrap();
+    std::fs::write(&held.0, b"x").unwrap();
+    let holder = std::fs::File::open(&held.0).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockShared).unwrap();
+
+    let o = doctor(&["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let r = json(&o);
+    let left = findings(&r, "leftovers");
+    let summary = left.iter().find(|f| f["item"] == "pool files").unwrap();
+    assert_eq!(summary["verdict"], "warn", "{summary:#}");
+    assert!(text(&summary["remedy"]).contains("hostpool gc"));
+    let listed: Vec<&str> = summary["details"]["stale"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| text(&f["path"]))
+        .collect();
+    let stale_path = stale.0.display().to_string();
+    let held_path = held.0.display().to_string();
+    assert!(listed.contains(&stale_path.as_str()), "{summary:#}");
+    assert!(!listed.contains(&held_path.as_str()), "{summary:#}");
+    assert!(
+        summary["details"]["live"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| text(p) == held_path),
+        "{summary:#}"
+    );
+    assert!(stale.0.exists() && held.0.exists(), "doctor removed a file");
+    drop(holder);
+}
+
+/// What doctor must leave as it found it: the files in /dev/shm and every
+/// huge page counter, system-wide and per node.
+fn node_state() -> BTreeMap<String, String> {
+    let mut s = BTreeMap::new();
+    for e in std::fs::read_dir("/dev/shm")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let m = e.metadata().ok();
+        s.insert(
+            format!("shm {}", e.file_name().to_string_lossy()),
+            m.map(|m| format!("{} {} {}", m.ino(), m.len(), m.mtime()))
+                .unwrap_or_default(),
+        );
+    }
+    let mut dirs = vec![PathBuf::from("/sys/kernel/mm/hugepages")];
+    for e in std::fs::read_dir("/sys/devices/system/node")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        dirs.push(e.path().join("hugepages"));
+    }
+    for dir in dirs {
+        for size in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            for counter in std::fs::read_dir(size.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if let Ok(v) = std::fs::read_to_string(counter.path()) {
+                    s.insert(counter.path().display().to_string(), v);
+                }
+            }
+        }
+    }
+    s
+}
+
+#[test]
+fn doctor_changes_nothing_on_the_node() {
+    let _shm = shm_lock();
+    let mut runs: Vec<Vec<String>> = vec![
+        vec![],
+        vec!["--json".into()],
+        vec![
+            "--size".into(),
+            "1GiB".into(),
+            "--backing".into(),
+            "shm-segmented".into(),
+            "--dir".into(),
+            "/dev/shm".into(),
+        ],
+        vec![
+            "--size".into(),
+            "1PiB".into(),
+            "--pin".into(),
+            "mlock".into(),
+            "--register".into(),
+            "rdma".into(),
+        ],
+    ];
+    if let Some(d) = std::env::var_os("HOSTPOOL_TEST_HUGETLBFS_2M") {
+        runs.push(vec![
+            "--size".into(),
+            "64MiB".into(),
+            "--backing".into(),
+            "hugetlbfs".into(),
+            "--dir".into(),
+            d.to_string_lossy().into_owned(),
+        ]);
+    }
+    for args in &runs {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // Retried only when something else on the node changed it meanwhile:
+        // a change doctor makes shows every time.
+        let mut last = None;
+        for _ in 0..5 {
+            let before = node_state();
+            let o = doctor(&args);
+            assert!(
+                matches!(o.status.code(), Some(0 | 1)),
+                "{args:?}: {:?}\n{}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let after = node_state();
+            if before == after {
+                last = None;
+                break;
+            }
+            last = Some((before, after));
+        }
+        if let Some((before, after)) = last {
+            let changed: Vec<_> = before
+                .iter()
+                .filter(|(k, v)| after.get(*k) != Some(v))
+                .map(|(k, _)| k)
+                .chain(after.keys().filter(|k| !before.contains_key(*k)))
+                .collect();
+            panic!("doctor {args:?} changed the node: {changed:?}");
+        }
+    }
+}
