@@ -240,6 +240,41 @@ impl Registrar for RdmaRegistrar {
         NAME
     }
 
+    /// The memory regions each selected device would get: the pool split at
+    /// the device's `max_mr_size` on block boundaries. Opens each device to
+    /// read `max_mr_size` and closes it again; registers nothing.
+    fn plan(&self, size: pool_core::MappedSize, config: &PoolConfig) -> serde_json::Value {
+        let block = config
+            .block_size
+            .map_or(size.page().get(), pool_core::ByteSize::get);
+        let devices = match probe(&self.options) {
+            Ok(d) => d,
+            Err(e) => return serde_json::json!({ "error": e.to_string() }),
+        };
+        let wanted = |name: &str| {
+            self.options
+                .devices
+                .as_ref()
+                .is_none_or(|w| w.iter().any(|d| d == name))
+        };
+        let per_device: Vec<serde_json::Value> = devices
+            .iter()
+            .filter(|d| wanted(&d.name))
+            .map(|d| match d.max_mr_size {
+                Some(max) => match pool_core::layout::mr_regions(size.mapped(), size.page(), block, max) {
+                    Ok(regions) => serde_json::json!({
+                        "name": d.name,
+                        "max_mr_size": max,
+                        "regions": regions.iter().map(|r| serde_json::json!({"offset": r.offset, "len": r.len})).collect::<Vec<_>>(),
+                    }),
+                    Err(e) => serde_json::json!({ "name": d.name, "max_mr_size": max, "error": e.to_string() }),
+                },
+                None => serde_json::json!({ "name": d.name, "error": d.error.clone().unwrap_or_default() }),
+            })
+            .collect();
+        serde_json::json!({ "block": block, "devices": per_device })
+    }
+
     fn register(&self, region: Region, config: &PoolConfig) -> Result<Box<dyn Registration>> {
         let started = Instant::now();
         let len = region.mapped_len();

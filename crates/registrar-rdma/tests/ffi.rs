@@ -296,6 +296,14 @@ fn run_spec(spec: &Value) -> Value {
             Err(e) => json!({"ok": false, "error": error_json(&e)}),
         };
     }
+    if spec["mode"] == "plan" {
+        config.register = vec!["rdma".into()];
+        config.plugins.insert("rdma".into(), table);
+        return match PoolPlan::new(config) {
+            Ok(plan) => json!({"ok": true, "plan": serde_json::to_value(plan.report()).unwrap()}),
+            Err(e) => json!({"ok": false, "error": error_json(&e)}),
+        };
+    }
     if spec["mode"] == "pool" {
         config.register = vec!["rdma".into()];
         config.plugins.insert("rdma".into(), table);
@@ -1022,4 +1030,38 @@ fn the_real_libibverbs_when_installed() {
     } else {
         contains_all(&msg, &["no RDMA devices"]);
     }
+}
+
+#[test]
+fn plan_shows_each_devices_regions_at_its_max_mr_size_and_registers_nothing() {
+    let run = run(
+        json!({"mode": "plan", "size": 40 * MIB, "block": 3 * MIB, "rdma": {"devices": ["mlx5_1"]}}),
+        &[
+            ("FAKE_IBV_DEVICES", "mlx5_0,mlx5_1"),
+            ("FAKE_IBV_MAX_MR_SIZE", &(16 * MIB).to_string()),
+        ],
+    );
+    assert_eq!(run.out["ok"], json!(true), "{:#}", run.out);
+    let plans = &run.out["plan"]["registration_plans"];
+    assert_eq!(plans[0]["kind"], "rdma");
+    let devices = plans[0]["plan"]["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 1, "only the selected device: {plans:#}");
+    assert_eq!(devices[0]["name"], "mlx5_1");
+    let regions = devices[0]["regions"].as_array().unwrap();
+    let want =
+        pool_core::layout::mr_regions(40 * MIB, pool_core::PageSize::BASE_4K, 3 * MIB, 16 * MIB)
+            .unwrap();
+    assert_eq!(regions.len(), want.len());
+    for (r, w) in regions.iter().zip(&want) {
+        assert_eq!(
+            (r["offset"].as_u64().unwrap(), r["len"].as_u64().unwrap()),
+            (w.offset, w.len)
+        );
+    }
+    assert!(
+        run.calls("ibv_reg_mr").is_empty(),
+        "plan registers nothing: {:?}",
+        run.log
+    );
+    assert_nothing_left(&run);
 }
