@@ -51,14 +51,17 @@ use std::time::{Duration, Instant};
 use criterion::{
     BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, measurement::WallTime,
 };
+use hostpool::benchkit::{
+    self, PRESENT_FIELDS, Populate, free_huge_pages, median, page_label, raw_c_slices_aligned,
+    smaps_bytes,
+};
 use hostpool::pool_core::layout::{Extent, PageSize, round_to_page};
 use hostpool::pool_core::{
-    self, ByteSize, Pool, PoolConfig, PoolPlan, PrefaultChoice, Quiet, Region, file, prefault,
+    ByteSize, Pool, PoolConfig, PoolPlan, PrefaultChoice, Quiet, Region, file, prefault,
 };
-use hostpool::reference::{raw_memset, raw_populate};
+use hostpool::reference::raw_memset;
 use rustix::mm::{Advice, MapFlags, ProtFlags};
 
-const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 /// The most one benchmark may map (only one pool or file is alive at a time).
@@ -141,27 +144,6 @@ fn thread_counts() -> Vec<usize> {
     let mut counts = vec![1, cores()];
     counts.dedup();
     counts
-}
-
-/// Huge pages of `page` a new mapping can take now: `free_hugepages −
-/// resv_hugepages` from sysfs (0 when the size does not exist).
-fn free_huge_pages(page: PageSize) -> u64 {
-    let dir = pool_core::hugetlb::sysfs_dir(page.get());
-    let read = |name: &str| {
-        std::fs::read_to_string(dir.join(name))
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    read("free_hugepages").saturating_sub(read("resv_hugepages"))
-}
-
-fn page_label(page: PageSize) -> String {
-    match page.get() {
-        p if p >= GIB => format!("{} GiB", p / GIB),
-        p if p >= MIB => format!("{} MiB", p / MIB),
-        p => format!("{} KiB", p / KIB),
-    }
 }
 
 /// One backing configuration under test.
@@ -280,15 +262,8 @@ fn teardown(pool: Pool) {
 /// to the VM on first touch.
 fn warm_up(plan: &PoolPlan, name: &str) {
     for round in 1..=2 {
-        let start = Instant::now();
-        let (pool, region) = build(plan);
-        // SAFETY: the bench's own fresh pool; nothing else touches it.
-        unsafe { raw_memset(&region, cores()) }.expect("warm-up memset");
-        teardown(pool);
-        eprintln!(
-            "warm-up {round} of {name}: build+fill+teardown took {:.2?}",
-            start.elapsed()
-        );
+        let took = benchkit::warm_up(plan, cores()).expect("warm-up");
+        eprintln!("warm-up {round} of {name}: build+fill+teardown took {took:.2?}");
     }
 }
 
@@ -307,51 +282,16 @@ impl Method {
     }
 }
 
-/// Whether the C reference's slices (4 KiB-page-even, as in `raw_populate.c`)
-/// all start on a `page` boundary: `madvise` on a hugetlb range that does not
-/// fails with `EINVAL`.
-fn raw_c_slices_aligned(size: u64, page: PageSize, threads: usize) -> bool {
-    let base = 4 * KIB;
-    let n = threads.clamp(1, 1024) as u64;
-    let (each, extra) = ((size / base) / n, (size / base) % n);
-    let mut at = 0;
-    (0..n).all(|i| {
-        let ok = page.is_aligned(at);
-        at += (each + u64::from(i < extra)) * base;
-        ok
-    })
-}
-
 /// Prefault one fresh pool with `method` and exactly `threads` threads;
 /// returns the time of the prefault alone.
 fn prefault_once(plan: &PoolPlan, method: Method, threads: usize) -> Duration {
-    let (pool, region) = build(plan);
-    let region = black_box(&region);
-    let mut pf = prefault::plan(
-        PrefaultChoice::PopulateWrite,
-        Extent {
-            offset: 0,
-            len: region.mapped_len(),
-        },
-        region.page(),
-        NonZeroUsize::new(threads),
-    )
-    .expect("populate-write plan");
-    // Exactly `threads`, whatever the engine's per-thread minimum says.
-    pf.threads = threads;
-    let start = Instant::now();
-    match method {
-        Method::RawC => raw_populate(region, threads).expect("raw populate"),
-        Method::Engine => {
-            black_box(prefault::run(region, &pf, &|done| {
-                black_box(done);
-            }))
-            .expect("engine prefault");
-        }
-    }
-    let took = start.elapsed();
-    teardown(pool);
-    took
+    let how = match method {
+        Method::RawC => Populate::RawC,
+        Method::Engine => Populate::Engine(PrefaultChoice::PopulateWrite),
+    };
+    benchkit::prefault_once(plan, how, threads)
+        .expect("prefault of a fresh pool")
+        .took
 }
 
 fn populate(
@@ -544,34 +484,6 @@ impl Drop for SharedMap {
     }
 }
 
-/// Bytes of the mapping at `addr` that are present in this process's page
-/// tables, from /proc/self/smaps (`Rss`, plus the hugetlb fields, which Rss
-/// does not count).
-fn present_bytes(addr: *const u8) -> Option<u64> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let start = format!("{:x}-", addr as usize);
-    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
-    lines.next()?;
-    let mut kib = 0;
-    for line in lines {
-        let Some((key, rest)) = line.split_once(':') else {
-            break;
-        };
-        if key.contains(' ') || key.contains('-') {
-            break; // the next mapping's header
-        }
-        if matches!(key, "Rss" | "Shared_Hugetlb" | "Private_Hugetlb") {
-            kib += rest
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()?;
-        }
-    }
-    Some(kib * KIB)
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Attach {
     MapPopulate,
@@ -713,7 +625,7 @@ fn attach_group(c: &mut Criterion, kind: &'static str, page: PageSize) {
         // Check once, outside the clock, that the method really makes every
         // page present in the second mapping.
         let (_, m) = attach_once(fd, len, page, method, threads);
-        match present_bytes(m.base.as_ptr()) {
+        match smaps_bytes(m.base.as_ptr() as usize, &PRESENT_FIELDS) {
             Some(p) if p == size => {}
             Some(p) => println!(
                 "{name} {}: only {} of {} MiB present after attach",
@@ -745,17 +657,6 @@ fn attach_group(c: &mut Criterion, kind: &'static str, page: PageSize) {
 }
 
 // ---------------------------------------------------------------- report
-
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
-}
 
 fn ratios_path() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use criterion::{
     BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, measurement::WallTime,
 };
+use hostpool::benchkit::median;
 use hostpool::reference::{raw_memset, raw_populate};
 use pool_core::layout::{Extent, PageSize, round_to_page};
 use pool_core::sys::{AnonMapOptions, advise_hugepage, base_page_size, map_anonymous, unmap};
@@ -328,17 +329,6 @@ fn prefault_thp(c: &mut Criterion) {
     }
     g.finish();
     paired(&name, size, true);
-}
-
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
 }
 
 fn ratios_path() -> PathBuf {

@@ -369,7 +369,12 @@ impl Session {
         match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == libc::EWOULDBLOCK => return Ok(None),
-            Err(e) => return Err(Error::config(format!("cannot lock {}: {e}", path.display()))),
+            Err(e) => {
+                return Err(Error::config(format!(
+                    "cannot lock {}: {e}",
+                    path.display()
+                )));
+            }
         }
         let view = match SharedView::<Ctl>::map(fd.as_fd()) {
             Ok(v) => v,
