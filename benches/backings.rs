@@ -57,7 +57,7 @@ use hostpool::benchkit::{
 };
 use hostpool::pool_core::layout::{Extent, PageSize, round_to_page};
 use hostpool::pool_core::{
-    ByteSize, Pool, PoolConfig, PoolPlan, PrefaultChoice, Quiet, Region, file, prefault,
+    ByteSize, Pool, PoolPlan, PrefaultChoice, Quiet, Region, file, prefault,
 };
 use hostpool::reference::raw_memset;
 use rustix::mm::{Advice, MapFlags, ProtFlags};
@@ -224,20 +224,14 @@ impl Backing {
 
     /// The plan of a pool of `size` bytes that is mapped but not prefaulted.
     fn plan(&self, size: u64) -> PoolPlan {
-        let mut config = PoolConfig {
-            size: ByteSize(size),
-            backing: self.backing.to_string(),
-            prefault: PrefaultChoice::None,
-            page_size: self.hugetlb().then(|| ByteSize(self.page.get())),
-            ..PoolConfig::default()
+        let memory = hostpool::benchkit::Memory {
+            label: self.backing,
+            backing: self.backing,
+            page: self.page,
+            segments: self.segments,
+            thp: false,
         };
-        if let Some(n) = self.segments {
-            config.plugins.insert(
-                self.backing.to_string(),
-                serde_json::json!({ "segments": n }),
-            );
-        }
-        PoolPlan::new(config).expect("pool plan")
+        PoolPlan::new(memory.config(size)).expect("pool plan")
     }
 }
 

@@ -5,6 +5,10 @@
 //! Under `cargo xtask test` (`HOSTPOOL_REQUIRE_HUGEPAGES=1`) the hugetlbfs
 //! test must find the 2 MiB mount xtask made; elsewhere it skips.
 
+mod support;
+
+use support::{TempDir, fake_driver_dir, real_driver_present};
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -81,53 +85,6 @@ fn findings<'a>(report: &'a Value, area: &str) -> Vec<&'a Value> {
 
 fn text(v: &Value) -> &str {
     v.as_str().unwrap_or("")
-}
-
-/// A directory of our own, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let dir =
-            std::env::temp_dir().join(format!("hostpool-doctor-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `libcuda.so.1` and `libcuda.so` linked to the fake driver, in a
-/// directory of our own (fake-cuda is a dev-dependency, so cargo built it).
-fn fake_driver_dir() -> TempDir {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let fake = [deps.to_path_buf(), deps.join("deps")]
-        .into_iter()
-        .map(|d| d.join("libfake_cuda.so"))
-        .find(|p| p.exists())
-        .expect("libfake_cuda.so is built because fake-cuda is a dev-dependency of hostpool");
-    let dir = TempDir::new("fakecuda");
-    for name in ["libcuda.so.1", "libcuda.so"] {
-        std::os::unix::fs::symlink(&fake, dir.0.join(name)).unwrap();
-    }
-    dir
-}
-
-fn real_driver_present() -> bool {
-    [
-        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-        "/usr/lib64/libcuda.so.1",
-        "/usr/local/nvidia/lib64/libcuda.so.1",
-        "/usr/lib/aarch64-linux-gnu/libcuda.so.1",
-    ]
-    .iter()
-    .any(|p| Path::new(p).exists())
 }
 
 fn required() -> bool {
@@ -365,7 +322,7 @@ fn the_cuda_finding_says_the_driver_is_absent_without_one() {
 
 #[test]
 fn the_cuda_finding_lists_the_driver_version_and_devices_and_pins_nothing() {
-    let libs = fake_driver_dir();
+    let libs = fake_driver_dir("doctor");
     let log = libs.0.join("calls.log");
     let env = [
         ("LD_LIBRARY_PATH", libs.0.to_str().unwrap()),

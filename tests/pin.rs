@@ -2,40 +2,14 @@
 //! `libcuda.so.1` test double in its place, and libibverbs on a kernel
 //! without RDMA.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use support::{fake_driver_dir, real_driver_present};
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
-
-/// A directory of our own with `libcuda.so.1` (and `libcuda.so`) linked to
-/// the fake driver, removed on drop.
-struct FakeDriverDir(PathBuf);
-
-impl FakeDriverDir {
-    fn new(tag: &str) -> FakeDriverDir {
-        let exe = std::env::current_exe().unwrap();
-        let deps = exe.parent().unwrap();
-        let fake = [deps.to_path_buf(), deps.join("deps")]
-            .into_iter()
-            .map(|d| d.join("libfake_cuda.so"))
-            .find(|p| p.exists())
-            .expect("libfake_cuda.so is built because fake-cuda is a dev-dependency of hostpool");
-        let dir =
-            std::env::temp_dir().join(format!("hostpool-fakecuda-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for name in ["libcuda.so.1", "libcuda.so"] {
-            let _ = std::fs::remove_file(dir.join(name));
-            std::os::unix::fs::symlink(&fake, dir.join(name)).unwrap();
-        }
-        FakeDriverDir(dir)
-    }
-}
-
-impl Drop for FakeDriverDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Run hostpool with `LD_LIBRARY_PATH` set to `libs` only.
 fn hostpool(libs: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -47,16 +21,6 @@ fn hostpool(libs: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
         c.env(k, v);
     }
     c.output().unwrap()
-}
-
-fn real_driver_present() -> bool {
-    [
-        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-        "/usr/lib64/libcuda.so.1",
-        "/usr/local/nvidia/lib64/libcuda.so.1",
-    ]
-    .iter()
-    .any(|p| Path::new(p).exists())
 }
 
 fn text(o: &Output) -> String {
@@ -114,7 +78,7 @@ fn without_a_driver_best_effort_cuda_pinning_is_skipped_and_required_fails_clear
 
 #[test]
 fn with_the_fake_driver_the_pool_is_pinned_in_chunks_and_the_copy_is_checked() {
-    let dir = FakeDriverDir::new("pin");
+    let dir = fake_driver_dir("pin");
     let log = dir.0.join("calls.log");
     let cfg = dir.0.join("pool.toml");
     std::fs::write(
@@ -162,7 +126,7 @@ fn with_the_fake_driver_the_pool_is_pinned_in_chunks_and_the_copy_is_checked() {
 
 #[test]
 fn with_the_fake_driver_a_failed_chunk_fails_a_required_pin_and_rolls_back() {
-    let dir = FakeDriverDir::new("fail");
+    let dir = fake_driver_dir("fail");
     let log = dir.0.join("calls.log");
     let cfg = dir.0.join("pool.toml");
     std::fs::write(&cfg, "size = \"64MiB\"\n[cuda]\nchunk_size = \"16MiB\"\n").unwrap();

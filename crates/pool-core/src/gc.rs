@@ -59,8 +59,9 @@ pub fn default_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// The pool name of a hostpool file name, if it is one.
-fn pool_name(file_name: &str) -> Option<&str> {
+/// The pool name of a hostpool file name (`hostpool-NAME.ctl`,
+/// `hostpool-NAME.pool`, `hostpool-NAME.pool.0003`), if it is one.
+pub fn pool_name(file_name: &str) -> Option<&str> {
     let rest = file_name.strip_prefix(FILE_PREFIX)?;
     if let Some(n) = rest.strip_suffix(".ctl") {
         return Some(n);
@@ -69,11 +70,13 @@ fn pool_name(file_name: &str) -> Option<&str> {
     (tail.is_empty()
         || tail
             .strip_prefix('.')
-            .is_some_and(|d| d.bytes().all(|b| b.is_ascii_digit())))
+            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())))
     .then_some(name)
 }
 
-fn is_ours(file_name: &str) -> bool {
+/// Whether a file name is one hostpool creates (a pool's control or data
+/// file, or a private file caught between its creation and its unlink).
+pub fn is_pool_file(file_name: &str) -> bool {
     pool_name(file_name).is_some() || file_name.starts_with(".hostpool-private-")
 }
 
@@ -123,7 +126,7 @@ pub fn collect(dirs: &[PathBuf]) -> GcReport {
             .filter_map(|e| e.ok())
             .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
             .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| is_ours(n))
+            .filter(|n| is_pool_file(n))
             .collect();
         // Data files before control files, so a data file is judged while
         // its control file still says whether the pool is live.
@@ -190,8 +193,9 @@ mod tests {
         assert_eq!(pool_name("hostpool-e0.pool.0003"), Some("e0"));
         assert_eq!(pool_name("hostpool-e0.poolside"), None);
         assert_eq!(pool_name("vllm_offload_x.mmap"), None);
-        assert!(is_ours(".hostpool-private-1-2"));
-        assert!(!is_ours("hostpool"));
+        assert_eq!(pool_name("hostpool-e0.pool."), None);
+        assert!(is_pool_file(".hostpool-private-1-2"));
+        assert!(!is_pool_file("hostpool"));
     }
 
     #[test]

@@ -1168,25 +1168,6 @@ fn locked_files() -> io::Result<HashSet<(u32, u32, u64)>> {
         .collect())
 }
 
-/// The pool name of a hostpool file name (`hostpool-NAME.ctl`,
-/// `hostpool-NAME.pool`, `hostpool-NAME.pool.0003`), as `gc` reads it.
-fn pool_name(file_name: &str) -> Option<&str> {
-    let rest = file_name.strip_prefix(shared::FILE_PREFIX)?;
-    if let Some(n) = rest.strip_suffix(".ctl") {
-        return Some(n);
-    }
-    let (name, tail) = rest.split_once(".pool")?;
-    (tail.is_empty()
-        || tail
-            .strip_prefix('.')
-            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())))
-    .then_some(name)
-}
-
-fn is_pool_file(file_name: &str) -> bool {
-    pool_name(file_name).is_some() || file_name.starts_with(".hostpool-private-")
-}
-
 /// One pool file and whether a live process holds it.
 struct PoolFile {
     path: PathBuf,
@@ -1211,7 +1192,7 @@ fn scan(dirs: &[PathBuf], locks: &HashSet<(u32, u32, u64)>) -> (Vec<PoolFile>, V
                 continue;
             };
             // `file_type` does not follow symbolic links: gc never touches them.
-            if !e.file_type().is_ok_and(|t| t.is_file()) || !is_pool_file(&name) {
+            if !e.file_type().is_ok_and(|t| t.is_file()) || !pool_core::gc::is_pool_file(&name) {
                 continue;
             }
             let path = e.path();
@@ -1219,7 +1200,7 @@ fn scan(dirs: &[PathBuf], locks: &HashSet<(u32, u32, u64)>) -> (Vec<PoolFile>, V
                 continue;
             };
             let ctl_live = !name.ends_with(".ctl")
-                && pool_name(&name).is_some_and(|n| {
+                && pool_core::gc::pool_name(&name).is_some_and(|n| {
                     [dir.as_path(), Path::new(shared::DEFAULT_CONTROL_DIR)]
                         .iter()
                         .any(|d| held(&shared::ctl_path(d, n)))
@@ -1670,17 +1651,6 @@ mod tests {
         assert_eq!(unescape("/a\\134b"), PathBuf::from("/a\\b"));
         assert_eq!(unescape("/odd\\04"), PathBuf::from("/odd\\04"));
         assert_eq!(unescape("\\"), PathBuf::from("\\"));
-    }
-
-    #[test]
-    fn pool_file_names_are_recognised_as_gc_does() {
-        assert_eq!(pool_name("hostpool-e0.ctl"), Some("e0"));
-        assert_eq!(pool_name("hostpool-e0.pool"), Some("e0"));
-        assert_eq!(pool_name("hostpool-e0.pool.0003"), Some("e0"));
-        assert_eq!(pool_name("hostpool-e0.poolside"), None);
-        assert_eq!(pool_name("vllm_offload_x.mmap"), None);
-        assert!(is_pool_file(".hostpool-private-1-2"));
-        assert!(!is_pool_file("hostpool"));
     }
 
     #[test]
