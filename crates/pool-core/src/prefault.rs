@@ -187,9 +187,13 @@ pub fn plan(
             "prefault none: pages fault on first use (a GPU driver pinning them then faults them one by one)",
         ),
     };
+    // Never more threads than pages: one 1 GiB page is one thread's work.
+    let pages = usize::try_from(page.pages(extent.len))
+        .unwrap_or(usize::MAX)
+        .max(1);
     let threads = match method {
         PrefaultMethod::NoPrefault(_) => 1,
-        _ => thread_count(extent.len, requested_threads, available),
+        _ => thread_count(extent.len, requested_threads, available).min(pages),
     };
     let thread_why = format!(
         "{threads} prefault thread(s): {} ceiling, at least {} each over {}",
@@ -200,7 +204,6 @@ pub fn plan(
         format_bytes(MIN_BYTES_PER_THREAD),
         format_bytes(extent.len),
     );
-    let _ = page;
     Ok(PrefaultPlan {
         method,
         threads,
@@ -521,6 +524,32 @@ mod tests {
             run(&region, &plan, &|_| {}).unwrap();
             assert_eq!(resident(&region), ((4 << 20) + 4096) / 4096);
         });
+    }
+
+    #[test]
+    fn never_more_threads_than_pages() {
+        let one_page = Extent {
+            offset: 0,
+            len: 1 << 30,
+        };
+        let p = plan(PrefaultChoice::Auto, one_page, PageSize::HUGE_1G, nz(8)).unwrap();
+        assert_eq!(p.threads, 1, "one 1 GiB page is one thread's work");
+        let two = Extent {
+            offset: 0,
+            len: 2 << 30,
+        };
+        assert_eq!(
+            plan(PrefaultChoice::Auto, two, PageSize::HUGE_1G, nz(8))
+                .unwrap()
+                .threads,
+            2
+        );
+        assert_eq!(
+            plan(PrefaultChoice::Auto, two, PageSize::BASE_4K, nz(8))
+                .unwrap()
+                .threads,
+            8
+        );
     }
 
     #[test]
