@@ -520,8 +520,16 @@ impl Pool {
             },
         };
         // From here on, an early return drops `pool`, which tears down.
-        if let Some(node) = plan.config.numa_node {
-            crate::numa::bind(&region, node)?;
+        if let Some(node) = plan.config.numa_node
+            && let Err(e) = crate::numa::bind(&region, node)
+        {
+            // A shared pool's peers learn the cause rather than a vanished rank.
+            if plan.config.sharing.is_some()
+                && let Some(m) = pool.mapping.as_mut()
+            {
+                let _ = m.rendezvous(Err(e.to_string()), barrier);
+            }
+            return Err(e);
         }
         let (outcome, secs) = timed(observer, Phase::Prefault, plan.prefault.extent.len, || {
             prefault::run(&region, &plan.prefault, &|done| {
