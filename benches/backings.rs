@@ -39,18 +39,18 @@
 //! medians and ratios are printed and written to
 //! `$CARGO_TARGET_DIR/criterion/hostpool-backings-ratios.json`.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::ptr::{self, NonNull};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use criterion::{
-    BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, measurement::WallTime,
-};
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, measurement::WallTime};
 use hostpool::benchkit::{
     self, PRESENT_FIELDS, Populate, free_huge_pages, median, page_label, raw_c_slices_aligned,
     smaps_bytes,
@@ -99,12 +99,6 @@ fn skip(group: String, reason: String) {
     lock(&SKIPPED).push((group, reason));
 }
 
-/// Whether criterion measures (`cargo bench`) rather than smoke-tests
-/// (`cargo test --benches` runs each routine once).
-fn measuring() -> bool {
-    std::env::args().any(|a| a == "--bench")
-}
-
 /// A size from the environment, checked against [`MAX_SIZE`].
 fn env_size(var: &str) -> Option<u64> {
     let s = std::env::var(var).ok()?;
@@ -124,16 +118,6 @@ fn env_size(var: &str) -> Option<u64> {
 fn round_size(size: u64, page: PageSize) -> u64 {
     let page = page.get().max(2 * MIB);
     size.div_ceil(page) * page
-}
-
-/// The group name carries the size, so criterion never compares runs of
-/// different sizes with each other.
-fn group_name(kind: &str, size: u64) -> String {
-    if size.is_multiple_of(GIB) {
-        format!("{kind}-{}GiB", size / GIB)
-    } else {
-        format!("{kind}-{}MiB", size / MIB)
-    }
 }
 
 fn cores() -> usize {
@@ -200,13 +184,13 @@ impl Backing {
         let size = match env_size("HOSTPOOL_BENCH_SIZE") {
             Some(s) => round_size(s, self.page),
             None if self.page == PageSize::HUGE_1G => {
-                if measuring() {
+                if support::measuring() {
                     2 * GIB
                 } else {
                     GIB
                 }
             }
-            None if measuring() => GIB,
+            None if support::measuring() => GIB,
             None => 64 * MIB,
         };
         if self.hugetlb() {
@@ -336,7 +320,7 @@ fn pairs() -> usize {
     std::env::var("HOSTPOOL_BENCH_PAIRS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(if measuring() { 10 } else { 0 })
+        .unwrap_or(if support::measuring() { 10 } else { 0 })
 }
 
 /// engine/raw-c measured in back-to-back pairs on fresh pools, alternating
@@ -367,28 +351,18 @@ fn paired(name: &str, plan: &PoolPlan) {
     }
 }
 
-fn configure(g: &mut BenchmarkGroup<'_, WallTime>, size: u64) {
-    // Flat sampling: 10 samples of the same iteration count, at least one
-    // each, instead of criterion's 1+2+...+10 linear ramp.
-    g.sampling_mode(SamplingMode::Flat)
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(5))
-        .throughput(Throughput::Bytes(size));
-}
-
 /// memset, raw-c and engine for one backing at every thread count.
 fn backing_group(c: &mut Criterion, b: Backing) {
     let size = match b.size() {
         Ok(s) => s,
         Err(reason) => return skip(b.kind.to_string(), reason),
     };
-    let name = group_name(b.kind, size);
+    let name = support::group_name(b.kind, size);
     let plan = b.plan(size);
     warm_up(&plan, &name);
     lock(&GROUPS).insert(name.clone(), (size, b.page.get(), "backing"));
     let mut g = c.benchmark_group(&name);
-    configure(&mut g, size);
+    support::configure(&mut g, size);
     for threads in thread_counts() {
         memset(&mut g, &name, &plan, threads);
         if b.hugetlb() && !raw_c_slices_aligned(size, b.page, threads) {
@@ -413,11 +387,11 @@ fn vllm_group(c: &mut Criterion) {
         Ok(s) => s,
         Err(reason) => return skip(VLLM.kind.to_string(), reason),
     };
-    let name = group_name(VLLM.kind, size);
+    let name = support::group_name(VLLM.kind, size);
     let plan = VLLM.plan(size);
     lock(&GROUPS).insert(name.clone(), (size, VLLM.page.get(), "vllm"));
     let mut g = c.benchmark_group(&name);
-    configure(&mut g, size);
+    support::configure(&mut g, size);
     populate(&mut g, &name, &plan, Method::RawC, 1);
     g.finish();
 }
@@ -564,7 +538,7 @@ fn populated_file(page: PageSize, size: u64) -> Populated {
 fn attach_group(c: &mut Criterion, kind: &'static str, page: PageSize) {
     let wanted = match env_size("HOSTPOOL_BENCH_ATTACH_SIZE") {
         Some(s) => round_size(s, page),
-        None if !measuring() => round_size(64 * MIB, page),
+        None if !support::measuring() => round_size(64 * MIB, page),
         None if page == PageSize::BASE_4K => GIB,
         None if page == PageSize::HUGE_2M => 4 * GIB,
         None => 2 * GIB,
@@ -602,14 +576,14 @@ fn attach_group(c: &mut Criterion, kind: &'static str, page: PageSize) {
         }
         size
     };
-    let name = group_name(kind, size);
+    let name = support::group_name(kind, size);
     let len = usize::try_from(size).expect("size fits in usize");
     let file = populated_file(page, size);
     let fd = file.fd.as_fd();
     lock(&GROUPS).insert(name.clone(), (size, page.get(), "attach"));
     let engine_threads = prefault::thread_count(size, None, cores());
     let mut g = c.benchmark_group(&name);
-    configure(&mut g, size);
+    support::configure(&mut g, size);
     for method in Attach::ALL {
         let threads = if method == Attach::Engine {
             engine_threads
@@ -651,15 +625,6 @@ fn attach_group(c: &mut Criterion, kind: &'static str, page: PageSize) {
 }
 
 // ---------------------------------------------------------------- report
-
-fn ratios_path() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target")));
-    target
-        .join("criterion")
-        .join("hostpool-backings-ratios.json")
-}
 
 fn fmt(r: Option<f64>) -> String {
     r.map_or("-".to_string(), |r| format!("{r:.3}"))
@@ -703,7 +668,7 @@ fn report() {
             "max_bytes_per_second": max, "median_seconds": secs, "iterations": v.len(),
         }));
     }
-    if !measuring() {
+    if !support::measuring() {
         println!("smoke test (cargo test): one iteration each, no ratios");
         return;
     }
@@ -851,20 +816,7 @@ fn report() {
         "speedup_over_vllm": speedups,
         "attach": attach,
     });
-    let path = ratios_path();
-    let written = path
-        .parent()
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| {
-            std::fs::write(
-                &path,
-                serde_json::to_string_pretty(&json).unwrap_or_default(),
-            )
-        });
-    match written {
-        Ok(()) => println!("\nratios written to {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
-    }
+    support::write_ratios("hostpool-backings-ratios.json", &json);
 }
 
 fn main() {

@@ -23,16 +23,15 @@
 //! `HOSTPOOL_BENCH_PAIRS` (default 10) back-to-back raw-c/engine pairs, and
 //! the median of their ratios is reported next to it as "paired".
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use criterion::{
-    BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, measurement::WallTime,
-};
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, measurement::WallTime};
 use hostpool::benchkit::median;
 use hostpool::reference::{raw_memset, raw_populate};
 use pool_core::layout::{Extent, PageSize, round_to_page};
@@ -59,14 +58,8 @@ fn record(group: &str, method: &'static str, threads: usize, bytes: u64, took: D
         .push(rate);
 }
 
-/// Whether criterion measures (`cargo bench`) rather than smoke-tests
-/// (`cargo test --benches` runs each routine once).
-fn measuring() -> bool {
-    std::env::args().any(|a| a == "--bench")
-}
-
 fn bench_size() -> u64 {
-    let default = if measuring() { GIB } else { 64 * MIB };
+    let default = if support::measuring() { GIB } else { 64 * MIB };
     let size = match std::env::var("HOSTPOOL_BENCH_SIZE") {
         Ok(s) => match s.parse::<pool_core::ByteSize>() {
             Ok(b) => b.0,
@@ -81,16 +74,6 @@ fn bench_size() -> u64 {
     PageSize::HUGE_2M
         .round_up(size)
         .expect("at most 8 GiB rounds up")
-}
-
-/// The group name carries the size, so criterion never compares runs of
-/// different sizes with each other.
-fn group_name(kind: &str, size: u64) -> String {
-    if size.is_multiple_of(GIB) {
-        format!("{kind}-{}GiB", size / GIB)
-    } else {
-        format!("{kind}-{}MiB", size / MIB)
-    }
 }
 
 fn thread_counts() -> Vec<usize> {
@@ -234,7 +217,7 @@ fn paired_ratio(size: u64, threads: usize, thp: bool) -> Option<f64> {
     let pairs: usize = std::env::var("HOSTPOOL_BENCH_PAIRS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(if measuring() { 10 } else { 0 });
+        .unwrap_or(if support::measuring() { 10 } else { 0 });
     let ratios: Vec<f64> = (0..pairs)
         .map(|i| {
             let (c, engine) = if i % 2 == 0 {
@@ -272,22 +255,12 @@ fn paired(name: &str, size: u64, thp: bool) {
     }
 }
 
-fn configure(g: &mut BenchmarkGroup<'_, WallTime>, size: u64) {
-    // Flat sampling: 10 samples of the same iteration count, at least one
-    // each, instead of criterion's 1+2+...+10 linear ramp.
-    g.sampling_mode(SamplingMode::Flat)
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(5))
-        .throughput(Throughput::Bytes(size));
-}
-
 fn prefault_4k(c: &mut Criterion) {
     let size = bench_size();
     warm_up(size, false);
-    let name = group_name("prefault-4k", size);
+    let name = support::group_name("prefault-4k", size);
     let mut g = c.benchmark_group(&name);
-    configure(&mut g, size);
+    support::configure(&mut g, size);
     for threads in thread_counts() {
         let buffer = Mapping::new(size, false);
         // SAFETY: the bench's own buffer; nothing else touches it.
@@ -320,24 +293,15 @@ fn prefault_thp(c: &mut Criterion) {
     }
     let size = bench_size();
     warm_up(size, true);
-    let name = group_name("prefault-thp", size);
+    let name = support::group_name("prefault-thp", size);
     let mut g = c.benchmark_group(&name);
-    configure(&mut g, size);
+    support::configure(&mut g, size);
     for threads in thread_counts() {
         populate(&mut g, &name, Method::RawC, size, threads, true);
         populate(&mut g, &name, Method::Engine, size, threads, true);
     }
     g.finish();
     paired(&name, size, true);
-}
-
-fn ratios_path() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target")));
-    target
-        .join("criterion")
-        .join("hostpool-prefault-ratios.json")
 }
 
 /// Print the medians and ratios and write them as JSON.
@@ -374,7 +338,7 @@ fn report(size: u64) {
             "max_bytes_per_second": max, "iterations": v.len(),
         }));
     }
-    if !measuring() {
+    if !support::measuring() {
         println!("smoke test (cargo test): one iteration each, no ratios");
         return;
     }
@@ -386,8 +350,11 @@ fn report(size: u64) {
     };
     let mut ratios = Vec::new();
     let mut below = false;
-    let memset_group = group_name("prefault-4k", size);
-    for group in [memset_group.clone(), group_name("prefault-thp", size)] {
+    let memset_group = support::group_name("prefault-4k", size);
+    for group in [
+        memset_group.clone(),
+        support::group_name("prefault-thp", size),
+    ] {
         for threads in thread_counts() {
             let Some(engine) = med(&group, "engine", threads) else {
                 continue;
@@ -423,20 +390,7 @@ fn report(size: u64) {
         "medians": rows,
         "ratios": ratios,
     });
-    let path = ratios_path();
-    let written = path
-        .parent()
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| {
-            std::fs::write(
-                &path,
-                serde_json::to_string_pretty(&json).unwrap_or_default(),
-            )
-        });
-    match written {
-        Ok(()) => println!("ratios written to {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
-    }
+    support::write_ratios("hostpool-prefault-ratios.json", &json);
 }
 
 fn main() {
