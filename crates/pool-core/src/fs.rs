@@ -42,9 +42,35 @@ pub fn filesystem_kind(path: &Path) -> io::Result<FsKind> {
     })
 }
 
+/// Bytes free in `dir` for unprivileged writers: `statvfs` `f_bavail ×
+/// f_frsize` (`f_bsize` where `f_frsize` is 0).
+///
+/// # Errors
+/// The `statvfs` errno (for example `ENOENT`).
+pub fn free_space(dir: &Path) -> io::Result<u64> {
+    let s = rustix::fs::statvfs(dir)?;
+    let frsize = if s.f_frsize > 0 {
+        s.f_frsize
+    } else {
+        s.f_bsize
+    };
+    Ok(s.f_bavail.saturating_mul(frsize))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_space_reads_statvfs() {
+        assert!(free_space(Path::new("/dev/shm")).unwrap() > 0);
+        assert_eq!(
+            free_space(Path::new("/nonexistent/x"))
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::ENOENT)
+        );
+    }
 
     #[test]
     fn proc_is_other_and_missing_dirs_are_errors() {

@@ -202,17 +202,10 @@ fn resolve_dir(dir: Option<&Path>) -> Result<(PathBuf, FsKind)> {
     Ok((dir.to_path_buf(), kind))
 }
 
-/// Bytes free in `dir` for unprivileged writers (`statvfs`: `f_bavail ×
-/// f_frsize`), or `None` when `statvfs` fails.
-///
-/// pool-core's only safe `statvfs` reader is inside its tmpfs checks, whose
-/// first check carries that figure on every filesystem that counts blocks;
-/// read it from there rather than take a dependency on a syscall crate.
+/// Bytes free in `dir` for unprivileged writers (`statvfs`), or `None` when
+/// `statvfs` fails.
 fn statvfs_free(dir: &Path) -> Option<u64> {
-    hugetlb::tmpfs_capacity_checks(0, dir)
-        .into_iter()
-        .find(|c| c.source.starts_with("statvfs("))
-        .and_then(|c| c.free)
+    pool_core::fs::free_space(dir).ok()
 }
 
 /// The space check for a pool of `need` bytes on the filesystem `fs` of `dir`.
