@@ -245,27 +245,12 @@ fn warm_up(plan: &PoolPlan, name: &str) {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Method {
-    RawC,
-    Engine,
-}
-
-impl Method {
-    fn name(self) -> &'static str {
-        match self {
-            Method::RawC => "raw-c",
-            Method::Engine => "engine",
-        }
-    }
-}
-
 /// Prefault one fresh pool with `method` and exactly `threads` threads;
 /// returns the time of the prefault alone.
-fn prefault_once(plan: &PoolPlan, method: Method, threads: usize) -> Duration {
+fn prefault_once(plan: &PoolPlan, method: support::Method, threads: usize) -> Duration {
     let how = match method {
-        Method::RawC => Populate::RawC,
-        Method::Engine => Populate::Engine(PrefaultChoice::PopulateWrite),
+        support::Method::RawC => Populate::RawC,
+        support::Method::Engine => Populate::Engine(PrefaultChoice::PopulateWrite),
     };
     benchkit::prefault_once(plan, how, threads)
         .expect("prefault of a fresh pool")
@@ -276,7 +261,7 @@ fn populate(
     g: &mut BenchmarkGroup<'_, WallTime>,
     group: &str,
     plan: &PoolPlan,
-    method: Method,
+    method: support::Method,
     threads: usize,
 ) {
     let size = plan.backing_plan.size.mapped();
@@ -332,19 +317,7 @@ fn paired(name: &str, plan: &PoolPlan) {
         if !(ran("raw-c") && ran("engine")) {
             continue;
         }
-        let ratios: Vec<f64> = (0..pairs())
-            .map(|i| {
-                let (c, engine) = if i % 2 == 0 {
-                    let c = prefault_once(plan, Method::RawC, threads);
-                    (c, prefault_once(plan, Method::Engine, threads))
-                } else {
-                    let engine = prefault_once(plan, Method::Engine, threads);
-                    (prefault_once(plan, Method::RawC, threads), engine)
-                };
-                // Throughput ratio: the C time over the engine time.
-                c.as_secs_f64() / engine.as_secs_f64().max(1e-9)
-            })
-            .collect();
+        let ratios = support::paired_ratios(pairs(), |m| prefault_once(plan, m, threads));
         if let Some(r) = median(&ratios) {
             lock(&PAIRED).insert((name.to_string(), threads), r);
         }
@@ -372,9 +345,9 @@ fn backing_group(c: &mut Criterion, b: Backing) {
                 page_label(b.page)
             );
         } else {
-            populate(&mut g, &name, &plan, Method::RawC, threads);
+            populate(&mut g, &name, &plan, support::Method::RawC, threads);
         }
-        populate(&mut g, &name, &plan, Method::Engine, threads);
+        populate(&mut g, &name, &plan, support::Method::Engine, threads);
     }
     g.finish();
     paired(&name, &plan);
@@ -392,7 +365,7 @@ fn vllm_group(c: &mut Criterion) {
     lock(&GROUPS).insert(name.clone(), (size, VLLM.page.get(), "vllm"));
     let mut g = c.benchmark_group(&name);
     support::configure(&mut g, size);
-    populate(&mut g, &name, &plan, Method::RawC, 1);
+    populate(&mut g, &name, &plan, support::Method::RawC, 1);
     g.finish();
 }
 

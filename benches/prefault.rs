@@ -140,25 +140,10 @@ fn warm_up(size: u64, thp: bool) {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Method {
-    RawC,
-    Engine,
-}
-
-impl Method {
-    fn name(self) -> &'static str {
-        match self {
-            Method::RawC => "raw-c",
-            Method::Engine => "engine",
-        }
-    }
-}
-
 /// Prefault a fresh mapping per iteration, timing only the prefault.
 /// Prefault one fresh mapping of `size` bytes with `method`; returns the time
 /// of the prefault alone (mapping and unmapping are outside it).
-fn prefault_once(method: Method, size: u64, threads: usize, thp: bool) -> Duration {
+fn prefault_once(method: support::Method, size: u64, threads: usize, thp: bool) -> Duration {
     let m = Mapping::new(size, thp);
     let region = black_box(&m.region);
     let mut plan = prefault::plan(
@@ -175,8 +160,8 @@ fn prefault_once(method: Method, size: u64, threads: usize, thp: bool) -> Durati
     plan.threads = threads;
     let start = Instant::now();
     match method {
-        Method::RawC => raw_populate(region, threads).expect("raw populate"),
-        Method::Engine => {
+        support::Method::RawC => raw_populate(region, threads).expect("raw populate"),
+        support::Method::Engine => {
             black_box(prefault::run(region, &plan, &|done| {
                 black_box(done);
             }))
@@ -192,7 +177,7 @@ fn prefault_once(method: Method, size: u64, threads: usize, thp: bool) -> Durati
 fn populate(
     g: &mut BenchmarkGroup<'_, WallTime>,
     group: &str,
-    method: Method,
+    method: support::Method,
     size: u64,
     threads: usize,
     thp: bool,
@@ -218,19 +203,7 @@ fn paired_ratio(size: u64, threads: usize, thp: bool) -> Option<f64> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(if support::measuring() { 10 } else { 0 });
-    let ratios: Vec<f64> = (0..pairs)
-        .map(|i| {
-            let (c, engine) = if i % 2 == 0 {
-                let c = prefault_once(Method::RawC, size, threads, thp);
-                (c, prefault_once(Method::Engine, size, threads, thp))
-            } else {
-                let engine = prefault_once(Method::Engine, size, threads, thp);
-                (prefault_once(Method::RawC, size, threads, thp), engine)
-            };
-            // Throughput ratio: the C time over the engine time.
-            c.as_secs_f64() / engine.as_secs_f64().max(1e-9)
-        })
-        .collect();
+    let ratios = support::paired_ratios(pairs, |m| prefault_once(m, size, threads, thp));
     median(&ratios)
 }
 
@@ -280,8 +253,8 @@ fn prefault_4k(c: &mut Criterion) {
             })
         });
         drop(buffer);
-        populate(&mut g, &name, Method::RawC, size, threads, false);
-        populate(&mut g, &name, Method::Engine, size, threads, false);
+        populate(&mut g, &name, support::Method::RawC, size, threads, false);
+        populate(&mut g, &name, support::Method::Engine, size, threads, false);
     }
     g.finish();
     paired(&name, size, false);
@@ -297,8 +270,8 @@ fn prefault_thp(c: &mut Criterion) {
     let mut g = c.benchmark_group(&name);
     support::configure(&mut g, size);
     for threads in thread_counts() {
-        populate(&mut g, &name, Method::RawC, size, threads, true);
-        populate(&mut g, &name, Method::Engine, size, threads, true);
+        populate(&mut g, &name, support::Method::RawC, size, threads, true);
+        populate(&mut g, &name, support::Method::Engine, size, threads, true);
     }
     g.finish();
     paired(&name, size, true);

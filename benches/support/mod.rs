@@ -61,3 +61,40 @@ pub fn write_ratios(name: &str, json: &serde_json::Value) {
         Err(e) => eprintln!("could not write {}: {e}", path.display()),
     }
 }
+
+/// What a bench times: the plain-C reference or the engine.
+#[derive(Clone, Copy)]
+pub enum Method {
+    /// One `madvise(MADV_POPULATE_WRITE)` per thread, in C.
+    RawC,
+    /// pool-core's prefault engine.
+    Engine,
+}
+
+impl Method {
+    /// The method's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::RawC => "raw-c",
+            Method::Engine => "engine",
+        }
+    }
+}
+
+/// `pairs` back-to-back raw-C/engine runs, alternating which goes first so
+/// that load that comes and goes hits both alike. Each ratio is the C time
+/// over the engine time (engine throughput over C throughput).
+pub fn paired_ratios(pairs: usize, mut once: impl FnMut(Method) -> Duration) -> Vec<f64> {
+    (0..pairs)
+        .map(|i| {
+            let (c, engine) = if i % 2 == 0 {
+                let c = once(Method::RawC);
+                (c, once(Method::Engine))
+            } else {
+                let engine = once(Method::Engine);
+                (once(Method::RawC), engine)
+            };
+            c.as_secs_f64() / engine.as_secs_f64().max(1e-9)
+        })
+        .collect()
+}
