@@ -361,17 +361,15 @@ mod tests {
         assert!(pool.teardown().teardown_issues.is_empty());
     }
 
-    #[test]
-    fn shared_pool_is_shared_with_a_forked_child() {
-        let pool = Pool::build(
-            &PoolPlan::new(config(1 << 20, Some(json!({"shared": true})))).unwrap(),
-            &Quiet,
-        )
-        .unwrap();
+    /// Build a 1 MiB pool with this `[anon]` table, let a forked child
+    /// write 0xab into it, and return the byte the parent then reads there.
+    fn byte_after_a_child_writes(table: Option<serde_json::Value>) -> u8 {
+        let pool = Pool::build(&PoolPlan::new(config(1 << 20, table)).unwrap(), &Quiet).unwrap();
         let p = pool.region().unwrap().addr();
-        // SAFETY: fork in a test: the child only writes one byte to the
-        // shared pool and calls _exit, which is async-signal-safe.
-        unsafe {
+        // SAFETY: fork in a test: the child only writes one byte of the pool
+        // and calls _exit, which is async-signal-safe; the parent reads that
+        // byte of its own live pool after the child has exited.
+        let seen = unsafe {
             let pid = libc::fork();
             assert!(pid >= 0, "fork failed");
             if pid == 0 {
@@ -380,35 +378,27 @@ mod tests {
             }
             let mut status = 0;
             assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
-            assert_eq!(
-                p.add(4096).read_volatile(),
-                0xab,
-                "the child's write must be visible"
-            );
-        }
+            p.add(4096).read_volatile()
+        };
         assert!(pool.teardown().teardown_issues.is_empty());
+        seen
+    }
+
+    #[test]
+    fn shared_pool_is_shared_with_a_forked_child() {
+        assert_eq!(
+            byte_after_a_child_writes(Some(json!({"shared": true}))),
+            0xab,
+            "the child's write must be visible"
+        );
     }
 
     #[test]
     fn private_pool_is_not_shared_with_a_forked_child() {
-        let pool = Pool::build(&PoolPlan::new(config(1 << 20, None)).unwrap(), &Quiet).unwrap();
-        let p = pool.region().unwrap().addr();
-        // SAFETY: as above.
-        unsafe {
-            let pid = libc::fork();
-            assert!(pid >= 0, "fork failed");
-            if pid == 0 {
-                p.add(4096).write_volatile(0xab);
-                libc::_exit(0);
-            }
-            let mut status = 0;
-            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
-            assert_eq!(
-                p.add(4096).read_volatile(),
-                0,
-                "a private pool must not see the child's write"
-            );
-        }
-        drop(pool);
+        assert_eq!(
+            byte_after_a_child_writes(None),
+            0,
+            "a private pool must not see the child's write"
+        );
     }
 }
