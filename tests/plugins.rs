@@ -35,7 +35,7 @@ fn events(tag: &str) -> Vec<String> {
         .collect()
 }
 
-fn mapped(region: Region) -> &'static str {
+fn mapped(region: Region<'_>) -> &'static str {
     let mut v = [0u8; 1];
     // SAFETY: mincore only reads page-table state; on an unmapped range it
     // fails with ENOMEM, which is what we look for.
@@ -67,7 +67,7 @@ struct Held {
 }
 
 impl Recorder {
-    fn start(&self, region: Region) -> Result<Held> {
+    fn start(&self, region: Region<'_>) -> Result<Held> {
         record(&self.opts.tag, format!("{} {}", self.name, mapped(region)));
         match self.opts.fail.as_deref() {
             Some("unavailable") => Err(Error::NotAvailable {
@@ -106,7 +106,7 @@ impl Pinner for Recorder {
     fn name(&self) -> &'static str {
         self.name
     }
-    fn pin(&self, region: Region, _: &PoolConfig) -> Result<Box<dyn Pin>> {
+    fn pin(&self, region: Region<'_>, _: &PoolConfig) -> Result<Box<dyn Pin>> {
         Ok(Box::new(self.start(region)?))
     }
 }
@@ -115,7 +115,7 @@ impl Registrar for Recorder {
     fn name(&self) -> &'static str {
         self.name
     }
-    fn register(&self, region: Region, _: &PoolConfig) -> Result<Box<dyn Registration>> {
+    fn register(&self, region: Region<'_>, _: &PoolConfig) -> Result<Box<dyn Registration>> {
         Ok(Box::new(self.start(region)?))
     }
 }

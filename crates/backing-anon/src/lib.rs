@@ -13,14 +13,15 @@
 //! thp = true
 //! ```
 
-use std::ptr::NonNull;
+#![forbid(unsafe_code)]
 
 use pool_core::capacity;
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::parse_table;
-use pool_core::sys::{self, AnonMapOptions};
+use pool_core::sys::{self, AnonMapOptions, Mmap};
 use pool_core::{
-    Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Region, Result, TeardownIssue,
+    Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Region, Result,
+    TeardownIssue,
 };
 use serde::{Deserialize, Serialize};
 
@@ -144,101 +145,62 @@ impl Backing for AnonBacking {
     }
 
     fn map(&self, plan: &BackingPlan, _config: &PoolConfig) -> Result<Box<dyn Mapping>> {
-        let len = usize::try_from(plan.size.mapped())
-            .map_err(|_| Error::config("pool larger than the address space"))?;
         let align = if self.options.thp {
             usize::try_from(thp_size()).unwrap_or(2 << 20)
         } else {
             sys::base_page_size()
         };
-        let base = sys::map_anonymous(
-            len,
+        let mmap = Mmap::anonymous(
+            plan.size,
             AnonMapOptions {
                 shared: self.options.shared,
                 align,
             },
         )
-        .map_err(|source| Error::Os {
-            op: "mmap(MAP_ANONYMOUS)",
-            path: None,
-            addr: None,
-            size: plan.size.mapped(),
-            page: plan.size.page(),
-            remedy:
-                "the kernel refused the size (overcommit policy or address space); free memory, \
-                     check vm.overcommit_memory, or ask for a smaller --size"
-                    .into(),
-            source,
+        .map_err(|source| {
+            Error::os(
+                "mmap(MAP_ANONYMOUS)",
+                source,
+                Context::new(plan.size.mapped(), plan.size.page()).remedy(
+                    "the kernel refused the size (overcommit policy or address space); free \
+                     memory, check vm.overcommit_memory, or ask for a smaller --size",
+                ),
+            )
         })?;
-        let mapping = AnonMapping {
-            base,
-            len,
-            // SAFETY: `base` is a fresh read-write mapping of `len` bytes,
-            // aligned to at least the base page, owned by the AnonMapping
-            // built here until its teardown.
-            region: unsafe { Region::new(base, plan.size) },
-            released: false,
-        };
-        if self.options.thp {
-            // SAFETY: our own fresh mapping.
-            if let Err(e) = unsafe { sys::advise_hugepage(base.as_ptr(), len) } {
-                tracing::warn!("MADV_HUGEPAGE failed ({e}); the pool uses base pages");
-            }
+        if self.options.thp
+            && let Err(e) = mmap.region().advise_hugepage()
+        {
+            tracing::warn!("MADV_HUGEPAGE failed ({e}); the pool uses base pages");
         }
-        Ok(Box::new(mapping))
+        Ok(Box::new(AnonMapping { mmap }))
     }
 }
 
 /// A live anonymous mapping.
 #[derive(Debug)]
 struct AnonMapping {
-    base: NonNull<u8>,
-    len: usize,
-    region: Region,
-    released: bool,
+    mmap: Mmap,
 }
 
-// SAFETY: the mapping is plain memory owned by this value; the raw pointer is
-// only used to unmap it, once, from whichever thread tears it down.
-unsafe impl Send for AnonMapping {}
-// SAFETY: &AnonMapping gives out only the Region description.
-unsafe impl Sync for AnonMapping {}
+impl Mapping for AnonMapping {
+    fn region(&self) -> Region<'_> {
+        self.mmap.region()
+    }
 
-impl AnonMapping {
-    fn release(&mut self) -> Vec<TeardownIssue> {
-        if std::mem::replace(&mut self.released, true) {
-            return Vec::new();
-        }
-        // SAFETY: we own the mapping; the pool released pins and registrations
-        // before calling teardown, and nothing uses the memory afterwards.
-        match unsafe { sys::unmap(self.base.as_ptr(), self.len) } {
+    fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
+        let span = self.mmap.region().span();
+        match self.mmap.unmap() {
             Ok(()) => Vec::new(),
             Err(e) => vec![TeardownIssue::log(
                 "munmap",
                 format!(
-                    "{:p}+{} ({}): {e}",
-                    self.base,
-                    self.len,
-                    format_bytes(self.len as u64)
+                    "{:#x}+{} ({}): {e}",
+                    span.addr,
+                    span.len,
+                    format_bytes(span.len)
                 ),
             )],
         }
-    }
-}
-
-impl Mapping for AnonMapping {
-    fn region(&self) -> Region {
-        self.region
-    }
-
-    fn teardown(mut self: Box<Self>) -> Vec<TeardownIssue> {
-        self.release()
-    }
-}
-
-impl Drop for AnonMapping {
-    fn drop(&mut self) {
-        self.release();
     }
 }
 
@@ -365,21 +327,9 @@ mod tests {
     /// write 0xab into it, and return the byte the parent then reads there.
     fn byte_after_a_child_writes(table: Option<serde_json::Value>) -> u8 {
         let pool = Pool::build(&PoolPlan::new(config(1 << 20, table)).unwrap(), &Quiet).unwrap();
-        let p = pool.region().unwrap().addr();
-        // SAFETY: fork in a test: the child only writes one byte of the pool
-        // and calls _exit, which is async-signal-safe; the parent reads that
-        // byte of its own live pool after the child has exited.
-        let seen = unsafe {
-            let pid = libc::fork();
-            assert!(pid >= 0, "fork failed");
-            if pid == 0 {
-                p.add(4096).write_volatile(0xab);
-                libc::_exit(0);
-            }
-            let mut status = 0;
-            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
-            p.add(4096).read_volatile()
-        };
+        let region = pool.region().unwrap();
+        pool_core::sys::child_writes_byte(&region, 4096, 0xab).unwrap();
+        let seen = region.read_byte(4096).unwrap();
         assert!(pool.teardown().teardown_issues.is_empty());
         seen
     }

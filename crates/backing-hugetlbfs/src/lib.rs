@@ -19,6 +19,8 @@
 //! dir = "/dev/hugepages-1Gi"   # or omit dir and set page_size = "1GiB" for a memfd
 //! ```
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 
 use pool_core::file::{self, MapContext, PoolFile};

@@ -12,6 +12,8 @@
 //! segment_size = "4GiB"   # or: segments = 16
 //! ```
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 

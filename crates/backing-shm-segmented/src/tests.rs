@@ -104,14 +104,10 @@ fn segments_are_contiguous_and_a_write_across_a_seam_lands_in_the_next_file() {
     assert_eq!(r.segments.len(), 2);
     assert_eq!(r.segments[1].offset, 4 << 20);
     let region = pool.region().unwrap();
-    let seam = region.at((4 << 20) - 1).unwrap();
-    // SAFETY: two bytes inside the live pool, which only this test touches.
-    unsafe {
-        seam.write_volatile(0xaa);
-        seam.add(1).write_volatile(0xbb);
-        assert_eq!(seam.read_volatile(), 0xaa);
-        assert_eq!(seam.add(1).read_volatile(), 0xbb);
-    }
+    let seam = (4 << 20) - 1;
+    assert!(region.write_byte(seam, 0xaa) && region.write_byte(seam + 1, 0xbb));
+    assert_eq!(region.read_byte(seam), Some(0xaa));
+    assert_eq!(region.read_byte(seam + 1), Some(0xbb));
     assert!(pool.teardown().teardown_issues.is_empty());
 }
 

@@ -12,6 +12,7 @@
 //! `cuMemFree_v2`, `cuMemcpyHtoD_v2`, `cuMemcpyDtoH_v2`, `cuGetErrorName`,
 //! `cuGetErrorString`.
 
+#![allow(unsafe_code)]
 #![allow(non_snake_case)] // the driver's own symbol names
 
 use std::ffi::{c_char, c_int, c_uint, c_void};

@@ -522,14 +522,14 @@ impl Pinner for CudaPinner {
         NAME
     }
 
-    fn pin(&self, region: Region, config: &PoolConfig) -> Result<Box<dyn Pin>> {
+    fn pin(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Pin>> {
         sys::guarded(|| self.pin_inner(region, config))
             .unwrap_or_else(|msg| Err(panicked("cuda pinner", &msg)))
     }
 }
 
 impl CudaPinner {
-    fn pin_inner(&self, region: Region, config: &PoolConfig) -> Result<Box<dyn Pin>> {
+    fn pin_inner(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Pin>> {
         const WHAT: &str = "cuda pinner";
         let api = driver(WHAT)?;
         let len = region.mapped_len();
@@ -784,40 +784,47 @@ pub struct CopyReport {
 /// the caller decides (the CLI should fail).
 ///
 /// # Errors
-/// [`Error::Config`] when `bytes` is 0 or more than the region maps;
-/// [`Error::NotAvailable`] without a driver or device (as for pinning);
-/// [`Error::Plugin`] naming the driver call and error when a call fails.
+/// [`Error::Config`] when `bytes` is 0 or more than `extent` holds, or when
+/// `extent` is empty or not a page-aligned part of the pool (an empty shard
+/// copies nothing); [`Error::NotAvailable`] without a driver or device (as
+/// for pinning); [`Error::Plugin`] naming the driver call and error when a
+/// call fails.
 ///
-/// # Safety
-/// The region must stay mapped during the call, and nothing else (no other
-/// thread, process or device) may read or write its first `bytes` bytes
-/// meanwhile: they are overwritten. A freshly built private pool that is
-/// not handed out yet qualifies; a shared pool whose other ranks run does
-/// not.
-pub unsafe fn verify_copy(region: Region, device: u32, bytes: u64) -> Result<CopyReport> {
+/// The `&mut Pool` is what makes the overwrite sound: nothing else in this
+/// process can reach the pool's memory during the call. Peer ranks of a
+/// shared pool are other processes: copy through this rank's own shard.
+pub fn verify_copy(
+    pool: &mut pool_core::Pool,
+    extent: Extent,
+    device: u32,
+    bytes: u64,
+) -> Result<CopyReport> {
     const WHAT: &str = "cuda copy check";
-    if bytes == 0 || bytes > region.mapped_len() {
+    let mut region = sys::Exclusive::new(pool, extent).ok_or_else(|| {
+        Error::config(format!(
+            "the copy check needs a non-empty, page-aligned part of a live pool, not {}+{}",
+            extent.offset, extent.len
+        ))
+    })?;
+    let mapped = region.region().mapped_len();
+    if bytes == 0 || bytes > mapped {
         return Err(Error::config(format!(
-            "the copy check needs between 1 byte and the pool's {}, not {}",
-            format_bytes(region.mapped_len()),
+            "the copy check needs between 1 byte and the {} it was given, not {}",
+            format_bytes(mapped),
             format_bytes(bytes)
         )));
     }
     let len = usize::try_from(bytes)
         .map_err(|_| Error::config("the copy check size does not fit this platform"))?;
     let api = driver(WHAT)?;
-    // SAFETY: forwarded from this function's contract.
-    sys::guarded(|| unsafe { copy_round_trip(api, region, device, len) })
+    sys::guarded(|| copy_round_trip(api, &mut region, device, len))
         .unwrap_or_else(|msg| Err(panicked(WHAT, &msg)))
 }
 
-/// The body of [`verify_copy`].
-///
-/// # Safety
-/// As for [`verify_copy`]; `len <= region.mapped_len()`.
-unsafe fn copy_round_trip(
+/// The body of [`verify_copy`]; `len <= region.mapped_len()`.
+fn copy_round_trip(
     api: &'static Api,
-    region: Region,
+    region: &mut sys::Exclusive<'_>,
     device: u32,
     len: usize,
 ) -> Result<CopyReport> {
@@ -843,9 +850,8 @@ unsafe fn copy_round_trip(
         }
     };
     let gib = len as f64 / f64::from(1u32 << 30);
-    // SAFETY: `len` is within the region, whose bytes are ours for the call
-    // (this function's contract); `dptr` holds `len` bytes.
-    let outcome = unsafe { api.round_trip(&region, dptr, len) }
+    let outcome = api
+        .round_trip(region, dptr, len)
         .map_err(|(call, s)| fail(call, s))
         .map(|rt| CopyReport {
             device,

@@ -16,6 +16,7 @@
 //! bindings, whose types (`CUdevice`, `CUcontext`, `CUdeviceptr`) and flag
 //! constants are used here.
 
+#![allow(unsafe_code)]
 // `Api`'s fields are named after the driver symbols they hold.
 #![allow(non_snake_case)]
 
@@ -256,7 +257,7 @@ impl Api {
     /// unpins before it unmaps; the driver only pins the pages.
     pub(crate) fn register(
         &self,
-        region: &Region,
+        region: &Region<'_>,
         chunk: Extent,
         flags: c_uint,
     ) -> Result<(), Status> {
@@ -331,41 +332,84 @@ impl Api {
     /// back (`cuMemcpyDtoH_v2`, `cuCtxSynchronize`) and compare. On error,
     /// the call that failed and its status.
     ///
-    /// # Safety
-    /// `len <= region.mapped_len()`; nothing else reads or writes those
-    /// bytes during the call; `d` is a device allocation of `len` bytes or
-    /// more, with its context current on this thread.
-    pub(crate) unsafe fn round_trip(
+    /// The host side is sound by construction: `len` is checked against the
+    /// region, which no one else in this process can reach meanwhile
+    /// ([`Exclusive`]). The device side is the driver's: `d` should be an
+    /// allocation of `len` bytes with its context current; a wrong one is
+    /// refused by the driver (`CUDA_ERROR_INVALID_VALUE`), it does not
+    /// corrupt host memory.
+    pub(crate) fn round_trip(
         &self,
-        region: &Region,
+        region: &mut Exclusive<'_>,
         d: cu::CUdeviceptr,
         len: usize,
     ) -> Result<RoundTrip, (&'static str, Status)> {
+        let invalid = cu::CUresult::CUDA_ERROR_INVALID_VALUE as Status;
+        let Some(bytes) = region.bytes(len) else {
+            return Err(("the copy check's bounds", invalid));
+        };
         let seed = 0x686f_7374_706f_6f6c ^ len as u64;
-        // SAFETY: in bounds and exclusively ours (contract).
-        unsafe { fill(region, len, seed, None) };
+        fill(bytes, seed, None);
         let t = Instant::now();
-        // SAFETY: the source is `len` mapped bytes nobody writes (contract),
-        // the destination a device allocation that large.
-        check(unsafe { (self.cuMemcpyHtoD)(d, region.addr().cast(), len) })
+        // SAFETY: the source is `len` host bytes we hold exclusively (see
+        // Exclusive); the driver validates the device pointer.
+        check(unsafe { (self.cuMemcpyHtoD)(d, bytes.as_ptr().cast(), len) })
             .map_err(|s| ("cuMemcpyHtoD", s))?;
         self.synchronize().map_err(|s| ("cuCtxSynchronize", s))?;
         let h2d_seconds = t.elapsed().as_secs_f64();
-        // SAFETY: as above.
-        unsafe { fill(region, len, seed, Some(0)) };
+        fill(bytes, seed, Some(0));
         let t = Instant::now();
-        // SAFETY: the destination is `len` mapped bytes nobody else touches
-        // (contract), the source a device allocation that large.
-        check(unsafe { (self.cuMemcpyDtoH)(region.addr().cast(), d, len) })
+        // SAFETY: the destination is `len` host bytes we hold exclusively,
+        // written by the device before cuCtxSynchronize returns.
+        check(unsafe { (self.cuMemcpyDtoH)(bytes.as_mut_ptr().cast(), d, len) })
             .map_err(|s| ("cuMemcpyDtoH", s))?;
         self.synchronize().map_err(|s| ("cuCtxSynchronize", s))?;
         let d2h_seconds = t.elapsed().as_secs_f64();
         Ok(RoundTrip {
             h2d_seconds,
             d2h_seconds,
-            // SAFETY: as above.
-            first_mismatch: unsafe { first_mismatch(region, len, seed) },
+            first_mismatch: first_mismatch(bytes, seed),
         })
+    }
+}
+
+/// Pool memory that nothing else in this process can reach while this
+/// value lives: a region of a pool held by `&mut`, so no other borrow of the
+/// pool, and so no other [`Region`] of it, exists. (Peer processes of a
+/// shared pool are outside this process; the CLI copies only through the
+/// rank's own shard.)
+#[derive(Debug)]
+pub struct Exclusive<'a> {
+    region: Region<'a>,
+    _pool: std::marker::PhantomData<&'a mut pool_core::Pool>,
+}
+
+impl<'a> Exclusive<'a> {
+    /// The part `extent` of the pool's memory, or `None` when the pool is
+    /// torn down or the extent is empty, outside it or not page-aligned.
+    pub fn new(pool: &'a mut pool_core::Pool, extent: Extent) -> Option<Exclusive<'a>> {
+        let pool: &'a pool_core::Pool = pool;
+        let region = pool.region()?.sub(extent)?;
+        Some(Exclusive {
+            region,
+            _pool: std::marker::PhantomData,
+        })
+    }
+
+    /// The region.
+    pub fn region(&self) -> &Region<'a> {
+        &self.region
+    }
+
+    fn bytes(&mut self, len: usize) -> Option<&mut [u8]> {
+        if len as u64 > self.region.mapped_len() {
+            return None;
+        }
+        // SAFETY: `len` bytes from the start of the region are mapped
+        // read-write for 'a; the `&mut Pool` this value was made from means
+        // no other reference or Region into the pool exists in this process
+        // while the slice (borrowed from `&mut self`) lives.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.region.addr(), len) })
     }
 }
 
@@ -386,16 +430,9 @@ fn pattern_word(index: u64, seed: u64) -> [u8; 8] {
     (z ^ (z >> 31)).to_le_bytes()
 }
 
-/// Fill the first `len` bytes of `region` with the pattern for `seed`
-/// (`fill = None`) or with one byte value.
-///
-/// # Safety
-/// `len <= region.mapped_len()`, and nothing else reads or writes those
-/// bytes during the call.
-unsafe fn fill(region: &Region, len: usize, seed: u64, fill: Option<u8>) {
-    // SAFETY: mapped read-write for `len` bytes (Region's contract and the
-    // caller's bound), and exclusively ours for the call (caller).
-    let bytes = unsafe { std::slice::from_raw_parts_mut(region.addr(), len) };
+/// Fill `bytes` with the pattern for `seed` (`fill = None`) or with one
+/// byte value.
+fn fill(bytes: &mut [u8], seed: u64, fill: Option<u8>) {
     match fill {
         Some(b) => bytes.fill(b),
         None => {
@@ -407,14 +444,8 @@ unsafe fn fill(region: &Region, len: usize, seed: u64, fill: Option<u8>) {
     }
 }
 
-/// The offset of the first byte of `region` that differs from the pattern
-/// for `seed`, if any.
-///
-/// # Safety
-/// As for [`fill`].
-unsafe fn first_mismatch(region: &Region, len: usize, seed: u64) -> Option<u64> {
-    // SAFETY: as for `fill`; read only.
-    let bytes = unsafe { std::slice::from_raw_parts(region.addr().cast_const(), len) };
+/// The offset of the first byte that differs from the pattern for `seed`.
+fn first_mismatch(bytes: &[u8], seed: u64) -> Option<u64> {
     bytes.chunks(8).enumerate().find_map(|(i, word)| {
         let p = pattern_word(i as u64, seed);
         word.iter()

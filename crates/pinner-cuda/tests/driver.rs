@@ -89,11 +89,15 @@ fn pool_scenario() -> Value {
         Ok(p) => p,
         Err(e) => return json!({ "plan": outcome::<()>(Err(e)) }),
     };
-    let pool = match Pool::build(&plan, &Quiet) {
+    let mut pool = match Pool::build(&plan, &Quiet) {
         Ok(p) => p,
         Err(e) => return json!({ "build": outcome::<()>(Err(e)) }),
     };
     let region = pool.region().expect("a built pool has a region");
+    let whole = pool_core::Extent {
+        offset: 0,
+        len: region.mapped_len(),
+    };
     let mut out = json!({
         "build": { "ok": true },
         "base": region.addr().addr(),
@@ -103,9 +107,7 @@ fn pool_scenario() -> Value {
     });
     if let Ok(bytes) = std::env::var(VERIFY_BYTES) {
         let bytes: u64 = bytes.parse().unwrap();
-        // SAFETY: the pool is private to this process, mapped until the
-        // teardown below, and nothing else touches its memory meanwhile.
-        let r = unsafe { pinner_cuda::verify_copy(region, 0, bytes) };
+        let r = pinner_cuda::verify_copy(&mut pool, whole, 0, bytes);
         out["verify"] = match r {
             Ok(report) => json!({ "ok": true, "report": report }),
             Err(e) => outcome::<()>(Err(e)),
@@ -146,13 +148,14 @@ fn pin_twice() -> Value {
         Err(e) => return json!({ "build": outcome::<()>(Err(e)) }),
     };
     let region = pool.region().unwrap();
+    let base = region.addr().addr();
     let second = pinner("cuda", &config).pin(region, &config);
     let second_out = outcome(second.as_ref().map(|_| ()).map_err(clone_err));
     let second_issues = second.map(|p| p.unpin()).unwrap_or_default();
     let report = pool.teardown();
     json!({
         "build": { "ok": true },
-        "base": region.addr().addr(),
+        "base": base,
         "first": serde_json::to_value(&report.pin).unwrap(),
         "second": second_out,
         "second_issues": serde_json::to_value(&second_issues).unwrap(),
@@ -184,6 +187,7 @@ fn unpin_on_another_thread() -> Value {
     let plan = PoolPlan::new(config.clone()).unwrap();
     let pool = Pool::build(&plan, &Quiet).unwrap();
     let region = pool.region().unwrap();
+    let base = region.addr().addr();
     let pin = match pinner("cuda", &config).pin(region, &config) {
         Ok(p) => p,
         Err(e) => return json!({ "pin": outcome::<()>(Err(e)) }),
@@ -192,7 +196,7 @@ fn unpin_on_another_thread() -> Value {
     let report = pool.teardown();
     json!({
         "pin": { "ok": true },
-        "base": region.addr().addr(),
+        "base": base,
         "unpin_issues": serde_json::to_value(&issues).unwrap(),
         "teardown_issues": serde_json::to_value(&report.teardown_issues).unwrap(),
     })

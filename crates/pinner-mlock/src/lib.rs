@@ -18,7 +18,8 @@ use std::time::Instant;
 use pool_core::layout::format_bytes;
 use pool_core::plugin::parse_table;
 use pool_core::{
-    Error, Pin, Pinner, PinnerPlugin, PoolConfig, Region, Result, TeardownIssue, memlock,
+    Context, Error, Pin, Pinner, PinnerPlugin, PoolConfig, Region, Result, Span, TeardownIssue,
+    memlock,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -86,11 +87,11 @@ impl Pinner for MlockPinner {
         NAME
     }
 
-    fn pin(&self, region: Region, config: &PoolConfig) -> Result<Box<dyn Pin>> {
+    fn pin(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Pin>> {
         let len = region.mapped_len();
         if region.is_hugetlb() {
             return Ok(Box::new(Locked {
-                region,
+                span: region.span(),
                 called: false,
                 restore: None,
                 details: json!({
@@ -115,20 +116,18 @@ impl Pinner for MlockPinner {
                 }
                 _ => "see the error number".to_string(),
             };
-            return Err(Error::Os {
-                op: "mlock",
-                path: None,
-                addr: Some(region.addr() as usize),
-                size: len,
-                page: region.page(),
-                remedy,
-                source: e,
-            });
+            return Err(Error::os(
+                "mlock",
+                e,
+                Context::new(len, region.page())
+                    .addr(region.addr() as usize)
+                    .remedy(remedy),
+            ));
         }
         let secs = t.elapsed().as_secs_f64();
         let after = locked_bytes().unwrap_or(0);
         Ok(Box::new(Locked {
-            region,
+            span: region.span(),
             called: true,
             restore,
             details: json!({
@@ -146,7 +145,7 @@ impl Pinner for MlockPinner {
 /// A live `mlock`.
 #[derive(Debug)]
 struct Locked {
-    region: Region,
+    span: Span,
     called: bool,
     restore: Option<rustix::process::Rlimit>,
     details: Value,
@@ -160,15 +159,15 @@ impl Pin for Locked {
     fn unpin(self: Box<Self>) -> Vec<TeardownIssue> {
         let mut issues = Vec::new();
         if self.called
-            && let Err(e) = sys::unlock(&self.region)
+            && let Err(e) = sys::unlock(self.span)
         {
             issues.push(TeardownIssue::log(
                 "munlock",
                 format!(
-                    "{:p}+{} ({}): {e}",
-                    self.region.addr(),
-                    self.region.mapped_len(),
-                    format_bytes(self.region.mapped_len())
+                    "{:#x}+{} ({}): {e}",
+                    self.span.addr,
+                    self.span.len,
+                    format_bytes(self.span.len)
                 ),
             ));
         }

@@ -355,6 +355,15 @@ fn translate_hisparse(
         if map.contains_key("size") {
             return Err(Error::config("give size or host_pool_gib, not both"));
         }
+        let limit_gib = crate::layout::MAX_POOL_BYTES >> 30;
+        if let Some(g) = gib.as_f64()
+            && g > limit_gib as f64
+        {
+            return Err(Error::config(format!(
+                "`host_pool_gib` = {gib} is more than the {limit_gib} GiB (128 TiB) a pool can \
+                 have; ask for at most {limit_gib}"
+            )));
+        }
         let bytes = match &gib {
             Value::Number(n) if n.as_u64().is_some() => n.as_u64().and_then(|g| g.checked_mul(1 << 30)),
             Value::Number(n) => n
@@ -539,6 +548,11 @@ mod tests {
             (r#"{"host_pool_gib": 4, "size": "4GiB"}"#, "not both"),
             (r#"{"host_pool_gib": "384"}"#, "number of GiB"),
             (r#"{"host_pool_gib": -1}"#, "number of GiB"),
+            (r#"{"host_pool_gib": 1e30}"#, "131072 GiB (128 TiB)"),
+            (
+                r#"{"host_pool_gib": 18446744073709551615}"#,
+                "131072 GiB (128 TiB)",
+            ),
             (r#"{"host_pool_dir": 7}"#, "must be a path"),
             (r#"{"host_pool_dir": "/a", "dir": "/b"}"#, "not both"),
         ] {

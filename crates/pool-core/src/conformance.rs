@@ -195,14 +195,9 @@ pub fn size_and_alignment(config: &PoolConfig) -> Result<(), String> {
 pub fn writes_visible(config: &PoolConfig) -> Result<(), String> {
     let pool = build(config)?;
     let region = pool.region().ok_or("built pool has no region")?;
-    let len = usize::try_from(region.mapped_len()).map_err(|e| e.to_string())?;
     let stride = sys::base_page_size();
-    // SAFETY: the pool owns the mapping until `finish`, and nothing else in
-    // this process touches it meanwhile.
-    let bad = unsafe {
-        sys::write_pattern(region.addr(), len, stride, 0x5a);
-        sys::check_pattern(region.addr(), len, stride, 0x5a)
-    };
+    region.write_pattern(stride, 0x5a);
+    let bad = region.check_pattern(stride, 0x5a);
     finish(pool)?;
     match bad {
         None => Ok(()),
@@ -214,9 +209,8 @@ pub fn writes_visible(config: &PoolConfig) -> Result<(), String> {
 
 fn resident(pool: &Pool) -> Result<(u64, u64), String> {
     let region = pool.region().ok_or("built pool has no region")?;
-    let len = usize::try_from(region.mapped_len()).map_err(|e| e.to_string())?;
-    // SAFETY: the pool's mapping is live while `pool` is borrowed.
-    let n = unsafe { sys::resident_base_pages(region.addr(), len) }
+    let n = region
+        .resident_pages()
         .map_err(|e| format!("mincore: {e}"))?;
     Ok((
         n,

@@ -89,10 +89,10 @@ pub enum Error {
         remedy: String,
     },
 
-    /// A system call failed.
-    #[error("{op}{at} failed for {size_h} with {page} pages{path_s}; {remedy}",
+    /// A system call failed (exit status 1). Build it with [`Error::os`].
+    #[error("{op}{at} failed{for_size}{path_s}; {remedy}",
         at = .addr.map(|a| format!(" at {a:#x}")).unwrap_or_default(),
-        size_h = format_bytes(*.size),
+        for_size = if *.size > 0 { format!(" for {} with {} pages", format_bytes(*.size), .page) } else { String::new() },
         path_s = .path.as_ref().map(|p| format!(" on {}", p.display())).unwrap_or_default())]
     Os {
         /// The call, e.g. "mmap" or "madvise(MADV_POPULATE_WRITE)".
@@ -101,7 +101,7 @@ pub enum Error {
         path: Option<PathBuf>,
         /// The address the call worked on, if any.
         addr: Option<usize>,
-        /// Bytes the call worked on.
+        /// Bytes the call worked on (0 when it worked on no memory).
         size: u64,
         /// Page size of the memory involved.
         page: PageSize,
@@ -110,6 +110,17 @@ pub enum Error {
         /// The errno.
         #[source]
         source: io::Error,
+    },
+
+    /// Something on the node is in the way of the pool: a pool file owned by
+    /// another user, with a wide mode, not a regular file, or held by another
+    /// process (exit status 1: the input is fine, the node is not).
+    #[error("{message}")]
+    Conflict {
+        /// The file involved.
+        path: PathBuf,
+        /// What is in the way and how to clear it.
+        message: String,
     },
 
     /// Pinning or registration failed in a plugin; the message is the plugin's.
@@ -132,7 +143,83 @@ pub enum Error {
     },
 }
 
+/// Where a failed system call happened: the fields of [`Error::Os`] other
+/// than the call and its errno.
+#[derive(Debug, Clone)]
+pub struct Context {
+    path: Option<PathBuf>,
+    addr: Option<usize>,
+    size: u64,
+    page: PageSize,
+    remedy: String,
+}
+
+impl Context {
+    /// A call on `size` bytes of memory with `page`-sized pages (0 bytes for
+    /// calls on files or descriptors alone).
+    pub fn new(size: u64, page: PageSize) -> Context {
+        Context {
+            path: None,
+            addr: None,
+            size,
+            page,
+            remedy: String::new(),
+        }
+    }
+
+    /// A call on a file or directory, not on pool memory.
+    pub fn file(path: impl Into<PathBuf>) -> Context {
+        Context::new(0, PageSize::BASE_4K).path(path)
+    }
+
+    /// The file or directory involved.
+    #[must_use]
+    pub fn path(mut self, path: impl Into<PathBuf>) -> Context {
+        self.path = Some(path.into());
+        self
+    }
+
+    /// The address the call worked on.
+    #[must_use]
+    pub fn addr(mut self, addr: usize) -> Context {
+        self.addr = Some(addr);
+        self
+    }
+
+    /// What the operator can do about it.
+    #[must_use]
+    pub fn remedy(mut self, remedy: impl Into<String>) -> Context {
+        self.remedy = remedy.into();
+        self
+    }
+}
+
 impl Error {
+    /// A failed system call: `op` is the call, `source` its errno, `context`
+    /// where it happened and the remedy. Exit status 1.
+    pub fn os(op: &'static str, source: impl Into<io::Error>, context: Context) -> Error {
+        let Context {
+            path,
+            addr,
+            size,
+            page,
+            remedy,
+        } = context;
+        Error::Os {
+            op,
+            path,
+            addr,
+            size,
+            page,
+            remedy: if remedy.is_empty() {
+                "see the error number below".to_string()
+            } else {
+                remedy
+            },
+            source: source.into(),
+        }
+    }
+
     /// A configuration error with this message.
     pub fn config(message: impl Into<String>) -> Error {
         Error::Config {
@@ -199,15 +286,14 @@ mod tests {
 
     #[test]
     fn os_errors_name_op_address_size_page_path_and_remedy() {
-        let e = Error::Os {
-            op: "mmap",
-            path: Some("/dev/hugepages/pool".into()),
-            addr: Some(0x7f00_0000_0000),
-            size: 3 << 30,
-            page: PageSize::HUGE_2M,
-            remedy: "reserve more huge pages".into(),
-            source: io::Error::from_raw_os_error(libc::ENOMEM),
-        };
+        let e = Error::os(
+            "mmap",
+            io::Error::from_raw_os_error(libc::ENOMEM),
+            Context::new(3 << 30, PageSize::HUGE_2M)
+                .path("/dev/hugepages/pool")
+                .addr(0x7f00_0000_0000)
+                .remedy("reserve more huge pages"),
+        );
         let msg = e.to_string();
         for want in [
             "mmap",

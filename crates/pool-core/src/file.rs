@@ -15,14 +15,13 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 
 use rustix::fs::{Mode, OFlags};
 
-use crate::error::{Error, Result, TeardownIssue};
+use crate::error::{Context, Error, Result, TeardownIssue};
 use crate::layout::{Extent, MappedSize, PageSize, format_bytes};
-use crate::sys;
-use crate::traits::{Mapping, Region};
+use crate::sys::{FixedMapError, Mmap, Region, Reservation};
+use crate::traits::Mapping;
 
 /// `(st_dev, st_ino)`: what a path named when we opened it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,15 +66,11 @@ fn io_error(
     remedy: &str,
     source: io::Error,
 ) -> Error {
-    Error::Os {
-        op,
-        path: path.map(Path::to_path_buf),
-        addr: None,
-        size,
-        page,
-        remedy: remedy.to_string(),
-        source,
+    let mut context = Context::new(size, page).remedy(remedy);
+    if let Some(path) = path {
+        context = context.path(path);
     }
+    Error::os(op, source, context)
 }
 
 /// Create a private, already-unlinked file of `len` bytes in `dir`:
@@ -200,8 +195,8 @@ pub fn create_exclusive(path: &Path) -> io::Result<OwnedFd> {
 /// other permissions.
 ///
 /// # Errors
-/// [`Error::Config`] saying what is wrong with the file; the `open` errno as
-/// [`io::Error`] inside [`Error::Os`] otherwise.
+/// [`Error::Conflict`] saying what is wrong with the file; the `open` errno
+/// inside [`Error::Os`] otherwise.
 pub fn open_checked(path: &Path, page: PageSize) -> Result<OwnedFd> {
     let fd = rustix::fs::open(
         path,
@@ -224,20 +219,30 @@ pub fn open_checked(path: &Path, page: PageSize) -> Result<OwnedFd> {
 /// narrower.
 ///
 /// # Errors
-/// [`Error::Config`] naming the file, its owner and mode.
+/// [`Error::Conflict`] naming the file, its owner and mode (the node is in
+/// the way, not the input: exit status 1); [`Error::Os`] when `fstat` fails.
 pub fn check_owner(fd: &OwnedFd, path: &Path) -> Result<()> {
-    let st = rustix::fs::fstat(fd)
-        .map_err(|e| Error::config(format!("cannot stat {}: {e}", path.display())))?;
+    let st = rustix::fs::fstat(fd).map_err(|e| {
+        Error::os(
+            "fstat",
+            e,
+            Context::file(path).remedy("check the pool file's path and permissions"),
+        )
+    })?;
+    let conflict = |message: String| Error::Conflict {
+        path: path.to_path_buf(),
+        message,
+    };
     let me = rustix::process::geteuid().as_raw();
     let mode = st.st_mode & 0o7777;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(Error::config(format!(
+        return Err(conflict(format!(
             "refusing pool file {}: it is not a regular file; remove it",
             path.display()
         )));
     }
     if st.st_uid != me {
-        return Err(Error::config(format!(
+        return Err(conflict(format!(
             "refusing pool file {}: it is owned by uid {}, not by this process's uid {me}; a pool \
              holds users' data, so ranks must run as the same user (or remove the file)",
             path.display(),
@@ -245,7 +250,7 @@ pub fn check_owner(fd: &OwnedFd, path: &Path) -> Result<()> {
         )));
     }
     if mode & 0o077 != 0 {
-        return Err(Error::config(format!(
+        return Err(conflict(format!(
             "refusing pool file {}: its mode is {mode:04o}, wider than 0600; other users could \
              read the KV cache (remove the file, or chmod 600 it if you trust its contents)",
             path.display()
@@ -289,122 +294,86 @@ pub struct MapContext {
 
 /// Map `files` contiguously into one range of `size.mapped()` bytes.
 ///
+/// Every extent is checked before anything is mapped over the reservation:
+/// inside it, page-aligned, not overlapping another, and together covering
+/// `[0, mapped)`. `MAP_FIXED` only ever replaces this call's own `PROT_NONE`
+/// reservation ([`crate::sys::Reservation`]), so no extent can reach memory
+/// outside it.
+///
 /// # Errors
-/// [`Error::Os`] naming the file, the segment's size and the page size; for
-/// `ENOMEM` with `ctx.enomem_remedy`. Nothing stays mapped on error.
+/// [`Error::Plugin`] for extents that are outside the pool, misaligned,
+/// overlapping or leave a gap (nothing is mapped over anything then);
+/// [`Error::Os`] naming the file, the segment's size and the page size for a
+/// failed `mmap`, for `ENOMEM` with `ctx.enomem_remedy`. Nothing stays mapped
+/// on error, and still-linked files are unlinked (by inode).
 pub fn map_files(files: Vec<PoolFile>, size: MappedSize, ctx: &MapContext) -> Result<FileMapping> {
     let page = size.page();
-    let len = usize::try_from(size.mapped())
-        .map_err(|_| Error::config("pool larger than the address space"))?;
-    let align = usize::try_from(page.get()).unwrap_or(usize::MAX);
-    let base = sys::reserve(len, align).map_err(|e| {
-        io_error(
+    let mut files = Files(files);
+    let mut reservation = Reservation::new(size).map_err(|e| {
+        Error::os(
             "mmap(PROT_NONE reservation)",
-            None,
-            size.mapped(),
-            page,
-            "the address space is exhausted; ask for a smaller --size",
             e,
+            Context::new(size.mapped(), page)
+                .remedy("the address space is exhausted; ask for a smaller --size"),
         )
     })?;
-    let mut mapping = FileMapping {
-        base,
-        len,
-        // SAFETY: [base, base+len) is reserved by us and every byte of it is
-        // mapped read-write from a file below before the region is handed out
-        // (on error the mapping is dropped and unmapped first).
-        region: unsafe { Region::new(base, size) },
-        files: Vec::new(),
-        released: false,
-    };
-    for file in files {
-        let (Some(at), Ok(seg_len)) = (
-            mapping.region.at(file.extent.offset),
-            usize::try_from(file.extent.len),
-        ) else {
-            return Err(Error::config("segment outside the pool"));
-        };
-        // SAFETY: `at..at+seg_len` lies inside our reservation (segments
-        // cover [0, mapped) and are page-aligned by the layout math), and
-        // nothing refers to the reserved memory yet.
-        let mapped = unsafe { sys::map_file_fixed(at, seg_len, file.fd.as_fd(), 0) };
-        if let Err(e) = mapped {
-            let remedy = if e.raw_os_error() == Some(libc::ENOMEM) {
-                ctx.enomem_remedy.clone()
-            } else {
-                format!(
-                    "mapping a {} segment at offset {} failed",
-                    format_bytes(file.extent.len),
-                    file.extent.offset
-                )
-            };
-            let path = file.path.clone();
-            mapping.files.push(file);
-            return Err(io_error(
-                "mmap(MAP_SHARED)",
-                path.as_deref(),
-                seg_len as u64,
-                page,
-                &remedy,
-                e,
-            ));
+    for file in &files.0 {
+        match reservation.map_file(file.extent, file.fd.as_fd()) {
+            Ok(()) => {}
+            Err(FixedMapError::Os(e)) => {
+                let remedy = if e.raw_os_error() == Some(libc::ENOMEM) {
+                    ctx.enomem_remedy.clone()
+                } else {
+                    format!(
+                        "mapping a {} segment at offset {} failed",
+                        format_bytes(file.extent.len),
+                        file.extent.offset
+                    )
+                };
+                let mut c = Context::new(file.extent.len, page).remedy(remedy);
+                if let Some(path) = &file.path {
+                    c = c.path(path);
+                }
+                return Err(Error::os("mmap(MAP_SHARED)", e, c));
+            }
+            Err(bad) => {
+                files.unlink_all();
+                return Err(Error::Plugin {
+                    what: "file mapping".into(),
+                    message: format!(
+                        "the backing's files do not tile the {} pool, nothing was mapped over them",
+                        format_bytes(size.mapped())
+                    ),
+                    source: Some(Box::new(bad)),
+                });
+            }
         }
-        mapping.files.push(file);
     }
-    Ok(mapping)
+    let mmap = reservation.finish().map_err(|(_, gap)| {
+        files.unlink_all();
+        Error::Plugin {
+            what: "file mapping".into(),
+            message: format!(
+                "the backing's files do not tile the {} pool: {} at offset {} is covered by no file",
+                format_bytes(size.mapped()),
+                format_bytes(gap.len),
+                gap.offset
+            ),
+            source: None,
+        }
+    })?;
+    Ok(FileMapping { mmap, files })
 }
 
-/// A live file-backed mapping; unmaps, closes and unlinks its still-linked
-/// files (by inode) on teardown.
+/// The files of a mapping; still-linked ones are unlinked (by inode) when
+/// dropped.
 #[derive(Debug)]
-pub struct FileMapping {
-    base: NonNull<u8>,
-    len: usize,
-    region: Region,
-    files: Vec<PoolFile>,
-    released: bool,
-}
+struct Files(Vec<PoolFile>);
 
-// SAFETY: the mapping is owned memory; the pointer is only used to unmap it,
-// once, from whichever thread tears it down.
-unsafe impl Send for FileMapping {}
-// SAFETY: `&FileMapping` gives out only descriptions (Region, paths).
-unsafe impl Sync for FileMapping {}
-
-impl FileMapping {
-    /// The files, in pool order.
-    pub fn pool_files(&self) -> &[PoolFile] {
-        &self.files
-    }
-
-    /// Forget the paths (the files were unlinked by someone else, for example
-    /// the owner of a shared pool after its barrier).
-    pub fn forget_paths(&mut self) {
-        for f in &mut self.files {
-            f.path = None;
-        }
-    }
-
-    /// Unmap, close, and unlink still-linked files by inode.
-    pub fn release(&mut self) -> Vec<TeardownIssue> {
-        if std::mem::replace(&mut self.released, true) {
-            return Vec::new();
-        }
+impl Files {
+    fn unlink_all(&mut self) -> Vec<TeardownIssue> {
         let mut issues = Vec::new();
-        // SAFETY: we own the whole reserved range; pins and registrations were
-        // released before teardown, and nothing uses the memory afterwards.
-        if let Err(e) = unsafe { sys::unmap(self.base.as_ptr(), self.len) } {
-            issues.push(TeardownIssue::log(
-                "munmap",
-                format!(
-                    "{:p}+{} ({}): {e}",
-                    self.base,
-                    self.len,
-                    format_bytes(self.len as u64)
-                ),
-            ));
-        }
-        for f in self.files.drain(..) {
+        for f in self.0.drain(..) {
             let PoolFile { fd, path, id, .. } = f;
             drop(fd);
             if let Some(path) = path
@@ -420,23 +389,67 @@ impl FileMapping {
     }
 }
 
-impl Mapping for FileMapping {
-    fn region(&self) -> Region {
-        self.region
-    }
-
-    fn files(&self) -> Vec<PathBuf> {
-        self.files.iter().filter_map(|f| f.path.clone()).collect()
-    }
-
-    fn teardown(mut self: Box<Self>) -> Vec<TeardownIssue> {
-        self.release()
+impl Drop for Files {
+    fn drop(&mut self) {
+        self.unlink_all();
     }
 }
 
-impl Drop for FileMapping {
-    fn drop(&mut self) {
-        self.release();
+/// A live file-backed mapping; unmaps, closes and unlinks its still-linked
+/// files (by inode) on teardown or drop.
+#[derive(Debug)]
+pub struct FileMapping {
+    // Field order is drop order: unmap before the files are closed.
+    mmap: Mmap,
+    files: Files,
+}
+
+impl FileMapping {
+    /// The files, in pool order.
+    pub fn pool_files(&self) -> &[PoolFile] {
+        &self.files.0
+    }
+
+    /// Forget the paths (the files were unlinked by someone else, for example
+    /// the owner of a shared pool after its barrier).
+    pub fn forget_paths(&mut self) {
+        for f in &mut self.files.0 {
+            f.path = None;
+        }
+    }
+
+    /// Unmap, close, and unlink still-linked files by inode.
+    pub fn release(self) -> Vec<TeardownIssue> {
+        let FileMapping { mmap, mut files } = self;
+        let mut issues = Vec::new();
+        let span = mmap.region().span();
+        if let Err(e) = mmap.unmap() {
+            issues.push(TeardownIssue::log(
+                "munmap",
+                format!(
+                    "{:#x}+{} ({}): {e}",
+                    span.addr,
+                    span.len,
+                    format_bytes(span.len)
+                ),
+            ));
+        }
+        issues.extend(files.unlink_all());
+        issues
+    }
+}
+
+impl Mapping for FileMapping {
+    fn region(&self) -> Region<'_> {
+        self.mmap.region()
+    }
+
+    fn files(&self) -> Vec<PathBuf> {
+        self.files.0.iter().filter_map(|f| f.path.clone()).collect()
+    }
+
+    fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
+        self.release()
     }
 }
 
@@ -473,7 +486,7 @@ mod tests {
                 },
             });
         }
-        let mut m = map_files(
+        let m = map_files(
             files,
             size,
             &MapContext {
@@ -481,13 +494,101 @@ mod tests {
             },
         )
         .unwrap();
-        let at = m.region().at((4 << 20) - 2).unwrap();
-        // SAFETY: 4 bytes inside our own live mapping.
-        unsafe { std::ptr::copy_nonoverlapping([1u8, 2, 3, 4].as_ptr(), at, 4) };
+        for (i, b) in [1u8, 2, 3, 4].into_iter().enumerate() {
+            assert!(m.region().write_byte((4 << 20) - 2 + i as u64, b));
+        }
         let mut b = [0u8; 2];
         rustix::io::pread(&m.pool_files()[1].fd, &mut b, 0).unwrap();
         assert_eq!(b, [3, 4]);
         assert!(m.release().is_empty());
+    }
+
+    fn memfd_file(name: &str, offset: u64, len: u64) -> PoolFile {
+        let fd = create_memfd(name, len.max(4096), PageSize::BASE_4K, false).unwrap();
+        let id = file_id(&fd).unwrap();
+        PoolFile {
+            fd,
+            path: None,
+            id,
+            extent: Extent { offset, len },
+        }
+    }
+
+    fn maps_mention(name: &str) -> bool {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .contains(name)
+    }
+
+    #[test]
+    fn bad_extents_are_an_error_and_never_a_map() {
+        let size = round_to_page(8 << 20, PageSize::BASE_4K).unwrap();
+        let ctx = MapContext {
+            enomem_remedy: String::new(),
+        };
+        let mib = 1u64 << 20;
+        let cases: [(&str, Vec<(u64, u64)>, &str); 6] = [
+            (
+                "past-end",
+                vec![(0, 4 * mib), (4 * mib, 8 * mib)],
+                "outside",
+            ),
+            (
+                "far-away",
+                vec![(0, 8 * mib), (1 << 40, 4 * mib)],
+                "outside",
+            ),
+            ("wrapping", vec![(u64::MAX - 4095, 8192)], "outside"),
+            (
+                "misaligned",
+                vec![(0, 4 * mib + 1), (4 * mib + 1, 4 * mib - 1)],
+                "aligned",
+            ),
+            (
+                "overlap",
+                vec![(0, 6 * mib), (4 * mib, 4 * mib)],
+                "overlaps",
+            ),
+            (
+                "gap",
+                vec![(0, 2 * mib), (4 * mib, 4 * mib)],
+                "covered by no file",
+            ),
+        ];
+        for (tag, extents, want) in cases {
+            let name = format!("hostpool-bad-extent-{tag}");
+            let files = extents
+                .iter()
+                .map(|&(o, l)| memfd_file(&name, o, l))
+                .collect();
+            let e = map_files(files, size, &ctx).unwrap_err();
+            let chain = format!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            );
+            assert!(chain.contains(want), "{tag}: {chain}");
+            assert!(
+                !e.is_usage(),
+                "{tag}: a backing's bad extents are not the operator's input"
+            );
+            assert!(!maps_mention(&name), "{tag}: something stayed mapped");
+        }
+        // The same files, tiled properly, map.
+        let name = "hostpool-good-extent";
+        let m = map_files(
+            vec![
+                memfd_file(name, 0, 4 * mib),
+                memfd_file(name, 4 * mib, 4 * mib),
+            ],
+            size,
+            &ctx,
+        )
+        .unwrap();
+        assert!(maps_mention(name));
+        assert!(m.release().is_empty());
+        assert!(!maps_mention(name));
     }
 
     #[test]

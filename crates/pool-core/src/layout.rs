@@ -339,6 +339,10 @@ pub fn lcm(a: u64, b: u64) -> Result<u64, LayoutError> {
         })
 }
 
+/// The largest pool hostpool maps: 128 TiB, the user address space of
+/// x86-64 with 4-level page tables (and far beyond any node's memory).
+pub const MAX_POOL_BYTES: u64 = 1 << 47;
+
 /// Renders a byte count for operators.
 ///
 /// Uses the largest IEC unit (B, KiB, MiB, GiB, TiB, PiB, EiB) that is not

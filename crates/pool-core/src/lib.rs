@@ -17,6 +17,7 @@ pub mod config;
 pub mod conformance;
 pub mod cost;
 pub mod error;
+pub mod failpoint;
 pub mod file;
 pub mod fs;
 pub mod gc;
@@ -33,12 +34,14 @@ pub mod sys;
 pub mod traits;
 
 pub use config::{PinConfig, PoolConfig, PrefaultChoice, SharingConfig};
-pub use error::{Error, Result, TeardownIssue};
+pub use error::{Context, Error, Result, TeardownIssue};
 pub use layout::{Extent, MappedSize, PageSize};
 pub use plugin::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
 pub use pool::{Observer, Phase, PinStatus, Pool, PoolPlan, PoolReport, Quiet};
 pub use size::ByteSize;
-pub use traits::{Backing, BackingPlan, Mapping, Pin, Pinner, Region, Registrar, Registration};
+pub use traits::{
+    Backing, BackingPlan, Mapping, Pin, Pinner, Region, Registrar, Registration, Span,
+};
 
 /// Re-exported so plugin crates submit records with the same `inventory`.
 pub use inventory;

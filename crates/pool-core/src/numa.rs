@@ -24,7 +24,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::layout::format_bytes;
 use crate::sys::numa as sys;
 use crate::traits::Region;
@@ -215,15 +215,14 @@ pub fn bind(region: &Region, node: u32) -> Result<()> {
         );
         return Ok(());
     }
-    Err(Error::Os {
-        op: "mbind(MPOL_BIND, MPOL_MF_STRICT|MPOL_MF_MOVE)",
-        path: None,
-        addr: Some(region.addr() as usize),
-        size: region.mapped_len(),
-        page: region.page(),
-        remedy: bind_remedy(e.raw_os_error(), node),
-        source: e,
-    })
+    let remedy = bind_remedy(e.raw_os_error(), node);
+    Err(Error::os(
+        "mbind(MPOL_BIND, MPOL_MF_STRICT|MPOL_MF_MOVE)",
+        e,
+        Context::new(region.mapped_len(), region.page())
+            .addr(region.addr() as usize)
+            .remedy(remedy),
+    ))
 }
 
 fn bind_remedy(errno: Option<i32>, node: u32) -> String {
@@ -409,15 +408,15 @@ pub fn verify(region: &Region, node: u32, samples: usize) -> Result<Placement> {
                     ),
                     _ => format!("skip the check and read /proc/<pid>/numa_maps for node {node}"),
                 };
-                return Err(Error::Os {
-                    op: "get_mempolicy(MPOL_F_NODE|MPOL_F_ADDR)",
-                    path: None,
-                    addr: region.at(off).map(|a| a as usize),
-                    size: base,
-                    page: region.page(),
-                    remedy,
-                    source: e,
-                });
+                let mut context = Context::new(base, region.page()).remedy(remedy);
+                if let Some(a) = region.at(off) {
+                    context = context.addr(a as usize);
+                }
+                return Err(Error::os(
+                    "get_mempolicy(MPOL_F_NODE|MPOL_F_ADDR)",
+                    e,
+                    context,
+                ));
             }
         };
         if u32::try_from(found) == Ok(node) {
@@ -452,54 +451,50 @@ fn sample_offsets(pages: u64, page: u64, samples: usize) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::Extent;
     use crate::layout::{PageSize, round_to_page};
-    use crate::sys::{
-        AnonMapOptions, advise_hugepage, map_anonymous, populate_write, resident_base_pages, unmap,
-    };
+    use crate::sys::{AnonMapOptions, Mmap};
 
     /// An anonymous mapping owned by a test, unmapped on drop.
     struct Mapped {
-        region: Region,
+        mmap: Mmap,
     }
 
     impl Mapped {
         fn new(len: usize, page: PageSize, shared: bool) -> Mapped {
-            let p = map_anonymous(
-                len,
+            let size = round_to_page(len as u64, page).unwrap();
+            assert_eq!(size.mapped(), len as u64);
+            let mmap = Mmap::anonymous(
+                size,
                 AnonMapOptions {
                     shared,
                     align: page.get() as usize,
                 },
             )
             .unwrap();
-            let size = round_to_page(len as u64, page).unwrap();
-            assert_eq!(size.mapped(), len as u64);
-            // SAFETY: p is a fresh mapping of len bytes aligned to `page`,
-            // owned by this value and unmapped only when it drops.
-            let region = unsafe { Region::new(p, size) };
-            Mapped { region }
+            Mapped { mmap }
+        }
+
+        fn region(&self) -> Region<'_> {
+            self.mmap.region()
         }
 
         fn len(&self) -> usize {
-            self.region.mapped_len() as usize
+            self.region().mapped_len() as usize
         }
 
         fn populate(&self, offset: usize, len: usize) {
             assert!(offset + len <= self.len());
-            // SAFETY: a sub-range of the mapping owned by self, page-aligned.
-            unsafe { populate_write(self.region.addr().add(offset), len) }.unwrap();
+            self.region()
+                .populate_write(Extent {
+                    offset: offset as u64,
+                    len: len as u64,
+                })
+                .unwrap();
         }
 
         fn resident(&self) -> u64 {
-            // SAFETY: the whole mapping owned by self.
-            unsafe { resident_base_pages(self.region.addr(), self.len()) }.unwrap()
-        }
-    }
-
-    impl Drop for Mapped {
-        fn drop(&mut self) {
-            // SAFETY: the mapping made in `new`; the region dies with self.
-            unsafe { unmap(self.region.addr(), self.len()) }.unwrap();
+            self.region().resident_pages().unwrap()
         }
     }
 
@@ -629,34 +624,34 @@ mod tests {
     #[test]
     fn bound_then_prefaulted_memory_is_on_node_0() {
         let m = Mapped::new(64 * MIB, PageSize::BASE_4K, false);
-        bind(&m.region, 0).unwrap();
+        bind(&m.region(), 0).unwrap();
         m.populate(0, m.len());
-        let p = verify(&m.region, 0, 64).unwrap();
+        let p = verify(&m.region(), 0, 64).unwrap();
         assert_eq!(p.sampled, 64);
         assert_eq!(p.on_node, 64);
         assert!(p.elsewhere.is_empty());
         assert!(p.is_exact());
         p.require_exact().unwrap();
         // Binding again after prefault: the pages are on the node, nothing moves.
-        bind(&m.region, 0).unwrap();
+        bind(&m.region(), 0).unwrap();
         // A tiny sample count still checks first and last page.
-        assert_eq!(verify(&m.region, 0, 1).unwrap().sampled, 2);
+        assert_eq!(verify(&m.region(), 0, 1).unwrap().sampled, 2);
     }
 
     #[test]
     fn every_page_of_a_small_region_is_sampled() {
         let m = Mapped::new(8 * 4096, PageSize::BASE_4K, false);
-        bind(&m.region, 0).unwrap();
+        bind(&m.region(), 0).unwrap();
         m.populate(0, m.len());
-        let p = verify(&m.region, 0, 1000).unwrap();
+        let p = verify(&m.region(), 0, 1000).unwrap();
         assert_eq!((p.sampled, p.on_node), (8, 8));
     }
 
     #[test]
     fn verify_reports_unfaulted_pages_and_does_not_fault_them() {
         let m = Mapped::new(16 * MIB, PageSize::BASE_4K, false);
-        bind(&m.region, 0).unwrap();
-        let p = verify(&m.region, 0, 16).unwrap();
+        bind(&m.region(), 0).unwrap();
+        let p = verify(&m.region(), 0, 16).unwrap();
         assert_eq!((p.sampled, p.on_node), (16, 0));
         assert_eq!(p.not_present(), 16);
         assert_eq!(p.elsewhere[0], (0, NOT_PRESENT));
@@ -682,20 +677,20 @@ mod tests {
     #[test]
     fn verify_on_shared_memory_does_not_allocate() {
         let m = Mapped::new(4 * MIB, PageSize::BASE_4K, true);
-        bind(&m.region, 0).unwrap();
-        let p = verify(&m.region, 0, 8).unwrap();
+        bind(&m.region(), 0).unwrap();
+        let p = verify(&m.region(), 0, 8).unwrap();
         assert_eq!(p.not_present(), 8);
         assert_eq!(m.resident(), 0);
         m.populate(0, m.len());
-        assert!(verify(&m.region, 0, 8).unwrap().is_exact());
+        assert!(verify(&m.region(), 0, 8).unwrap().is_exact());
     }
 
     #[test]
     fn a_partly_faulted_region_shows_its_holes_at_first_and_last_page() {
         let m = Mapped::new(4 * MIB, PageSize::BASE_4K, false);
-        bind(&m.region, 0).unwrap();
+        bind(&m.region(), 0).unwrap();
         m.populate(MIB, 2 * MIB);
-        let p = verify(&m.region, 0, 4).unwrap();
+        let p = verify(&m.region(), 0, 4).unwrap();
         // Samples at pages 0, 341, 682, 1023: the first and last are holes.
         assert_eq!(p.sampled, 4);
         assert_eq!(p.on_node, 2);
@@ -709,7 +704,7 @@ mod tests {
     fn bind_to_a_missing_node_is_a_config_error() {
         let m = Mapped::new(4 * MIB, PageSize::BASE_4K, false);
         for node in [63, 1000, u32::MAX] {
-            let e = bind(&m.region, node).unwrap_err();
+            let e = bind(&m.region(), node).unwrap_err();
             assert!(matches!(e, Error::Config { .. }), "{e:?}");
             assert_eq!(e.exit_code(), 2);
             let msg = e.to_string();
@@ -721,17 +716,16 @@ mod tests {
         }
         // Nothing was bound or faulted.
         assert_eq!(m.resident(), 0);
-        bind(&m.region, 0).unwrap();
+        bind(&m.region(), 0).unwrap();
     }
 
     #[test]
     fn transparent_huge_pages_bind_and_verify() {
         let m = Mapped::new(8 * MIB, PageSize::HUGE_2M, false);
-        // SAFETY: the mapping owned by m, 2 MiB aligned.
-        unsafe { advise_hugepage(m.region.addr(), m.len()) }.unwrap();
-        bind(&m.region, 0).unwrap();
+        m.region().advise_hugepage().unwrap();
+        bind(&m.region(), 0).unwrap();
         m.populate(0, m.len());
-        let p = verify(&m.region, 0, 64).unwrap();
+        let p = verify(&m.region(), 0, 64).unwrap();
         assert_eq!((p.sampled, p.on_node), (4, 4), "one sample per 2 MiB page");
         p.require_exact().unwrap();
     }

@@ -14,8 +14,8 @@ use serde_json::Value;
 
 use crate::capacity::{self, CapacityCheck};
 use crate::config::PoolConfig;
-use crate::error::{Result, TeardownIssue};
-use crate::layout::{Extent, format_bytes};
+use crate::error::{Context, Result, TeardownIssue};
+use crate::layout::{Extent, MAX_POOL_BYTES, format_bytes};
 use crate::plugin::{self, PinnerPlugin, RegistrarPlugin};
 use crate::prefault::{self, FaultIn, PrefaultOutcome, PrefaultPlan};
 use crate::shared::RankBarrier;
@@ -101,6 +101,7 @@ impl PoolPlan {
     /// backing cannot honour). Capacity shortfalls are *not* errors here:
     /// they are verdicts in the plan, and [`Pool::build`] refuses them.
     pub fn new(config: PoolConfig) -> Result<PoolPlan> {
+        check_size(&config)?;
         plugin::validate_plugin_tables(&config)?;
         if let Some(node) = config.numa_node {
             crate::numa::check_node(node)?;
@@ -108,6 +109,9 @@ impl PoolPlan {
         let selection = plugin::select_backing(&config)?;
         let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;
         let backing_plan = backing.plan(&config)?;
+        if let Some(block) = config.block_size {
+            check_block(block.get(), backing_plan.size)?;
+        }
         // A shared pool's rank faults only its own shard.
         let extent = match &config.sharing {
             Some(sharing) => {
@@ -269,6 +273,55 @@ impl PoolPlan {
                 .all(|c| c.verdict != capacity::Verdict::Short),
             explain,
         }
+    }
+}
+
+/// A pool larger than [`MAX_POOL_BYTES`] is a configuration error that names
+/// the limit.
+fn check_size(config: &PoolConfig) -> Result<()> {
+    let size = config.size.get();
+    if size > MAX_POOL_BYTES {
+        return Err(crate::Error::config(format!(
+            "size = {} ({size} bytes) is more than the {} a pool can have (the user address space \
+             of x86-64 with 4-level page tables); ask for at most {} (--size {})",
+            format_bytes(size),
+            format_bytes(MAX_POOL_BYTES),
+            format_bytes(MAX_POOL_BYTES),
+            format_bytes(MAX_POOL_BYTES).replace(' ', "")
+        )));
+    }
+    Ok(())
+}
+
+/// The caller's block must be a positive multiple of the 4 KiB base page, and
+/// `lcm(page, block)` (the grain of registration chunks, which never split a
+/// block) must fit in the pool. Checked at plan time whatever the pin policy.
+fn check_block(block: u64, size: crate::layout::MappedSize) -> Result<()> {
+    let base = crate::layout::PageSize::BASE_4K.get();
+    let bad = |why: String| {
+        crate::Error::config(format!(
+            "block_size = {} ({block} bytes) {why}; give the engine's KV block size, a positive \
+             multiple of 4 KiB such as 2MiB",
+            format_bytes(block)
+        ))
+    };
+    if block == 0 || !block.is_multiple_of(base) {
+        return Err(bad(
+            "is not a positive multiple of the 4 KiB base page".into()
+        ));
+    }
+    match crate::layout::lcm(size.page().get(), block) {
+        Ok(unit) if unit <= size.mapped() => Ok(()),
+        Ok(unit) => Err(bad(format!(
+            "with {} pages makes registration units of {}, more than the {} pool",
+            size.page(),
+            format_bytes(unit),
+            format_bytes(size.mapped())
+        ))),
+        Err(_) => Err(bad(format!(
+            "and the {} page size have no common multiple below 16 EiB",
+            size.page()
+        ))),
     }
 }
 
@@ -482,13 +535,9 @@ impl Pool {
             plan.backing.map(bp, &plan.config)
         });
         let mapping = mapping?;
-        let region = mapping.region();
-        let sharing = mapping.sharing();
-        let mut pool = Pool {
-            mapping: Some(mapping),
-            pin: None,
-            registrations: Vec::new(),
-            report: PoolReport {
+        let report = {
+            let region = mapping.region();
+            PoolReport {
                 backing: bp.backing.to_string(),
                 page_size: region.page().get(),
                 logical_bytes: region.logical_len(),
@@ -514,51 +563,57 @@ impl Pool {
                 },
                 registrations: Vec::new(),
                 capacity: bp.capacity.clone(),
-                sharing,
+                sharing: mapping.sharing(),
                 numa: None,
                 teardown_issues: Vec::new(),
-            },
+            }
+        };
+        let mut pool = Pool {
+            mapping: Some(mapping),
+            pin: None,
+            registrations: Vec::new(),
+            report,
         };
         // From here on, an early return drops `pool`, which tears down.
+        let shared = plan.config.sharing.is_some();
+        let Some(mapping) = pool.mapping.as_mut() else {
+            return Err(gone());
+        };
         if let Some(node) = plan.config.numa_node
-            && let Err(e) = crate::numa::bind(&region, node)
+            && let Err(e) = crate::numa::bind(&mapping.region(), node)
         {
             // A shared pool's peers learn the cause rather than a vanished rank.
-            if plan.config.sharing.is_some()
-                && let Some(m) = pool.mapping.as_mut()
-            {
-                let _ = m.rendezvous(Err(e.to_string()), barrier);
+            if shared {
+                let _ = mapping.rendezvous(Err(e.to_string()), barrier);
             }
             return Err(e);
         }
         let (outcome, secs) = timed(observer, Phase::Prefault, plan.prefault.extent.len, || {
-            prefault::run(&region, &plan.prefault, &|done| {
+            prefault::run(&mapping.region(), &plan.prefault, &|done| {
                 observer.progress(Phase::Prefault, done)
             })
         });
         pool.report.phases.prefault = Some(secs);
         // Every rank of a shared pool meets its peers, even after a failure,
         // so that they fail on its error instead of waiting for it.
-        let met = match pool.mapping.as_mut() {
-            Some(m) if plan.config.sharing.is_some() => {
-                let t = Instant::now();
-                let met = m.rendezvous(
-                    outcome.as_ref().map(|_| ()).map_err(|e| e.to_string()),
-                    barrier,
-                );
-                pool.report.phases.barrier = Some(t.elapsed().as_secs_f64());
-                met
-            }
-            _ => Ok(()),
+        let met = if shared {
+            let t = Instant::now();
+            let met = mapping.rendezvous(
+                outcome.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+                barrier,
+            );
+            pool.report.phases.barrier = Some(t.elapsed().as_secs_f64());
+            met
+        } else {
+            Ok(())
         };
         pool.report.prefault = Some(outcome?);
         met?;
+        let region = mapping.region();
         // A shared pool pinned whole: fill the page tables of the peers'
         // shards now, in one pass, rather than let the driver fault them in
         // one page at a time under its lock.
-        if plan.config.sharing.is_some()
-            && plan.pinner.is_some()
-            && plan.config.pin.scope == crate::config::PinScope::Pool
+        if shared && plan.pinner.is_some() && plan.config.pin.scope == crate::config::PinScope::Pool
         {
             let (attached, secs) = timed(
                 observer,
@@ -575,7 +630,7 @@ impl Pool {
             // Exact placement is required only where this process faulted
             // every page: not in a shared pool (peers fault their shards),
             // and not without prefault (pages are not in memory yet).
-            let faulted_all = plan.config.sharing.is_none()
+            let faulted_all = !shared
                 && !matches!(
                     plan.prefault.method,
                     prefault::PrefaultMethod::NoPrefault(_)
@@ -585,34 +640,42 @@ impl Pool {
             }
         }
 
-        // Pin the whole pool, or with scope = shard only this rank's shard.
-        let pin_region = match (&plan.config.sharing, plan.config.pin.scope) {
-            (Some(_), crate::config::PinScope::Shard) => {
-                region.sub(plan.prefault.extent).unwrap_or(region)
-            }
-            _ => region,
+        // Pin the whole pool, or with scope = shard only this rank's shard;
+        // an empty shard (more ranks than pages) pins nothing.
+        let pin_region = match (shared, plan.config.pin.scope) {
+            (true, crate::config::PinScope::Shard) => region.sub(plan.prefault.extent),
+            _ => Some(region),
         };
-        if let Some(pinner) = &plan.pinner {
-            let (pinned, secs) = timed(observer, Phase::Pin, region.mapped_len(), || {
-                pinner.pin(pin_region, &plan.config)
-            });
-            pool.report.phases.pin = Some(secs);
-            match pinned {
-                Ok(pin) => {
-                    pool.report.pin.status = PinStatus::Pinned;
-                    pool.report.pin.details = pin.details();
-                    pool.pin = Some(pin);
-                }
-                Err(e) if !plan.config.pin.required => {
-                    tracing::warn!(
-                        "pinning with {} skipped, the pool stays pageable: {e}",
-                        pinner.name()
-                    );
-                    pool.report.pin.status = PinStatus::Skipped;
-                    pool.report.pin.reason = Some(e.to_string());
-                }
-                Err(e) => return Err(e),
+        match (&plan.pinner, pin_region) {
+            (Some(_), None) => {
+                pool.report.pin.status = PinStatus::Skipped;
+                pool.report.pin.reason = Some(
+                    "this rank's shard is empty (more ranks than pages): nothing to pin".into(),
+                );
             }
+            (Some(pinner), Some(pin_region)) => {
+                let (pinned, secs) = timed(observer, Phase::Pin, pin_region.mapped_len(), || {
+                    pinner.pin(pin_region, &plan.config)
+                });
+                pool.report.phases.pin = Some(secs);
+                match pinned {
+                    Ok(pin) => {
+                        pool.report.pin.status = PinStatus::Pinned;
+                        pool.report.pin.details = pin.details();
+                        pool.pin = Some(pin);
+                    }
+                    Err(e) if !plan.config.pin.required => {
+                        tracing::warn!(
+                            "pinning with {} skipped, the pool stays pageable: {e}",
+                            pinner.name()
+                        );
+                        pool.report.pin.status = PinStatus::Skipped;
+                        pool.report.pin.reason = Some(e.to_string());
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            (None, _) => {}
         }
 
         if !plan.registrars.is_empty() {
@@ -633,8 +696,9 @@ impl Pool {
         Ok(pool)
     }
 
-    /// The pool's memory.
-    pub fn region(&self) -> Option<Region> {
+    /// The pool's memory, for as long as the pool is borrowed (`None` only
+    /// once torn down).
+    pub fn region(&self) -> Option<Region<'_>> {
         self.mapping.as_ref().map(|m| m.region())
     }
 
@@ -683,9 +747,17 @@ impl Pool {
     }
 }
 
+fn gone() -> crate::Error {
+    crate::Error::Plugin {
+        what: "pool".into(),
+        message: "the mapping was released while the pool was being built".into(),
+        source: None,
+    }
+}
+
 /// Map every page outside `own` (pages the peers faulted) into this
 /// process's page tables with `MADV_POPULATE_READ`.
-fn attach_peers(region: &Region, own: Extent) -> Result<()> {
+fn attach_peers(region: &Region<'_>, own: Extent) -> Result<()> {
     let before = Extent {
         offset: 0,
         len: own.offset,
@@ -695,22 +767,15 @@ fn attach_peers(region: &Region, own: Extent) -> Result<()> {
         len: region.mapped_len() - own.end(),
     };
     for e in [before, after].into_iter().filter(|e| e.len > 0) {
-        let (Some(addr), Ok(len)) = (region.at(e.offset), usize::try_from(e.len)) else {
-            continue;
-        };
-        // SAFETY: the extent lies inside the live pool's mapping (it is the
-        // complement of a shard within [0, mapped)).
-        unsafe { crate::sys::populate_read(addr, len) }.map_err(|source| crate::Error::Os {
-            op: "madvise(MADV_POPULATE_READ)",
-            path: None,
-            addr: Some(addr as usize),
-            size: e.len,
-            page: region.page(),
-            remedy: format!(
+        region.populate_read(e).map_err(|source| {
+            let mut context = Context::new(e.len, region.page()).remedy(format!(
                 "attaching to the peers' pages at offset {} failed",
                 e.offset
-            ),
-            source,
+            ));
+            if let Some(addr) = region.at(e.offset) {
+                context = context.addr(addr as usize);
+            }
+            crate::Error::os("madvise(MADV_POPULATE_READ)", source, context)
         })?;
     }
     Ok(())
@@ -719,5 +784,57 @@ fn attach_peers(region: &Region, own: Extent) -> Result<()> {
 impl Drop for Pool {
     fn drop(&mut self) {
         self.release(&Quiet);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{PageSize, round_to_page};
+    use crate::size::ByteSize;
+
+    #[test]
+    fn block_sizes_that_are_not_positive_base_page_multiples_are_usage_errors() {
+        let huge = round_to_page(4 << 30, PageSize::HUGE_1G).unwrap();
+        let small = round_to_page(8 << 20, PageSize::BASE_4K).unwrap();
+        for (block, size, want) in [
+            (0, small, "not a positive multiple"),
+            (1000, small, "not a positive multiple"),
+            (4097, huge, "not a positive multiple"),
+            (5 << 30, huge, "more than the 4 GiB pool"),
+        ] {
+            let e = check_block(block, size).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{e}");
+            assert!(e.to_string().contains(want), "{block}: {e}");
+            assert!(e.to_string().contains("block_size"), "{e}");
+        }
+        for (block, size) in [
+            (4096, small),
+            (2 << 20, huge),
+            (1 << 30, huge),
+            (64 << 10, huge),
+        ] {
+            check_block(block, size).unwrap();
+        }
+    }
+
+    #[test]
+    fn pools_beyond_the_address_space_name_the_limit() {
+        let config = PoolConfig {
+            size: ByteSize(u64::MAX),
+            ..PoolConfig::default()
+        };
+        let e = check_size(&config).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("128 TiB") && !msg.contains("too large"),
+            "{msg}"
+        );
+        let config = PoolConfig {
+            size: ByteSize(MAX_POOL_BYTES),
+            ..PoolConfig::default()
+        };
+        check_size(&config).unwrap();
     }
 }

@@ -22,10 +22,10 @@ use enum_dispatch::enum_dispatch;
 use serde::Serialize;
 
 use crate::config::PrefaultChoice;
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::layout::{Extent, PageSize, format_bytes, shards};
 use crate::sys;
-use crate::traits::Region;
+use crate::sys::Region;
 
 /// Each prefault thread gets at least this much: below it, thread start-up
 /// and mm-lock contention cost more than the parallel faults save
@@ -47,7 +47,7 @@ pub trait FaultIn {
     ///
     /// # Errors
     /// The errno of the underlying call.
-    fn fault(&self, region: &Region, extent: Extent) -> io::Result<()>;
+    fn fault(&self, region: &Region<'_>, extent: Extent) -> io::Result<()>;
 }
 
 /// `madvise(MADV_POPULATE_WRITE)`.
@@ -62,28 +62,13 @@ pub struct Touch;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NoPrefault;
 
-fn checked_range(region: &Region, extent: Extent) -> io::Result<(*mut u8, usize)> {
-    let inside = extent.end() <= region.mapped_len() && region.page().is_aligned(extent.offset);
-    let (Some(addr), Ok(len), true) = (
-        region.at(extent.offset),
-        usize::try_from(extent.len),
-        inside,
-    ) else {
-        return Err(io::Error::from_raw_os_error(libc::ERANGE));
-    };
-    Ok((addr, len))
-}
-
 impl FaultIn for PopulateWrite {
     fn name(&self) -> &'static str {
         "populate-write"
     }
 
-    fn fault(&self, region: &Region, extent: Extent) -> io::Result<()> {
-        let (addr, len) = checked_range(region, extent)?;
-        // SAFETY: the range lies inside `region` (checked above), whose
-        // constructor guarantees it is mapped read-write and owned by the pool.
-        unsafe { sys::populate_write(addr, len) }
+    fn fault(&self, region: &Region<'_>, extent: Extent) -> io::Result<()> {
+        region.populate_write(extent)
     }
 }
 
@@ -92,15 +77,12 @@ impl FaultIn for Touch {
         "touch"
     }
 
-    fn fault(&self, region: &Region, extent: Extent) -> io::Result<()> {
-        let (addr, len) = checked_range(region, extent)?;
+    fn fault(&self, region: &Region<'_>, extent: Extent) -> io::Result<()> {
         // Touch every base page: a huge page is faulted by its first touch and
         // the rest cost a cache miss each, but base-page stride is right for
         // every mapping kind.
         let stride = sys::base_page_size().min(region.page().get() as usize);
-        // SAFETY: as for PopulateWrite; the range is page-aligned.
-        unsafe { sys::touch_pages(addr, len, stride) };
-        Ok(())
+        region.touch(extent, stride)
     }
 }
 
@@ -109,7 +91,7 @@ impl FaultIn for NoPrefault {
         "none"
     }
 
-    fn fault(&self, _: &Region, _: Extent) -> io::Result<()> {
+    fn fault(&self, _: &Region<'_>, _: Extent) -> io::Result<()> {
         Ok(())
     }
 }
@@ -153,7 +135,8 @@ pub fn thread_count(len: u64, requested: Option<NonZeroUsize>, available: usize)
 ///
 /// # Errors
 /// [`Error::NotAvailable`] when `populate-write` is asked for on a kernel
-/// without it.
+/// without it (the probe got `EINVAL`); [`Error::Os`] when the probe failed
+/// with any other errno, for `auto` and `populate-write` alike.
 pub fn plan(
     choice: PrefaultChoice,
     extent: Extent,
@@ -161,9 +144,21 @@ pub fn plan(
     requested_threads: Option<NonZeroUsize>,
 ) -> Result<PrefaultPlan> {
     let available = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
-    let supported = sys::populate_write_supported();
+    let supported = || {
+        sys::populate_write_probe().map_err(|e| {
+            Error::os(
+                "madvise(MADV_POPULATE_WRITE) probe",
+                e,
+                Context::new(sys::base_page_size() as u64, PageSize::BASE_4K).remedy(
+                    "probing the kernel's populate call failed with an error other than EINVAL \
+                     (which alone means the kernel lacks it); check dmesg for memory errors, or \
+                     set prefault = \"touch\" to bypass the call",
+                ),
+            )
+        })
+    };
     let (method, why) = match choice {
-        PrefaultChoice::Auto if supported => (
+        PrefaultChoice::Auto if supported()? => (
             PrefaultMethod::from(PopulateWrite),
             "prefault auto: the kernel has MADV_POPULATE_WRITE (probed)",
         ),
@@ -171,14 +166,14 @@ pub fn plan(
             PrefaultMethod::from(Touch),
             "prefault auto: the kernel lacks MADV_POPULATE_WRITE (needs Linux 5.14), so touch one byte per page",
         ),
-        PrefaultChoice::PopulateWrite if supported => (
+        PrefaultChoice::PopulateWrite if supported()? => (
             PopulateWrite.into(),
             "prefault populate-write was asked for",
         ),
         PrefaultChoice::PopulateWrite => {
             return Err(Error::NotAvailable {
                 what: "prefault populate-write".into(),
-                reason: "the kernel lacks MADV_POPULATE_WRITE (Linux 5.14+); use prefault = \"auto\" or \"touch\"".into(),
+                reason: "the kernel lacks MADV_POPULATE_WRITE (Linux 5.14+, the probe got EINVAL); use prefault = \"auto\" or \"touch\"".into(),
             });
         }
         PrefaultChoice::Touch => (Touch.into(), "prefault touch was asked for"),
@@ -234,7 +229,7 @@ pub struct PrefaultOutcome {
 /// [`Error::Os`] naming the call, the failing range and the remedy; the first
 /// error stops the other threads at their next step.
 pub fn run(
-    region: &Region,
+    region: &Region<'_>,
     plan: &PrefaultPlan,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<PrefaultOutcome> {
@@ -334,7 +329,7 @@ fn with_tail(e: Extent, tail: u64) -> Extent {
 }
 
 struct Worker<'a> {
-    region: &'a Region,
+    region: &'a Region<'a>,
     method: PrefaultMethod,
     page: PageSize,
     done: AtomicU64,
@@ -402,19 +397,17 @@ impl Worker<'_> {
             }
             _ => "see the error number below",
         };
-        Error::Os {
-            op: if method == "touch" {
-                "prefault (touch)"
-            } else {
-                "madvise(MADV_POPULATE_WRITE)"
-            },
-            path: None,
-            addr: self.region.at(extent.offset).map(|p| p as usize),
-            size: extent.len,
-            page: self.page,
-            remedy: format!("offset {} into the pool: {remedy}", extent.offset),
-            source,
+        let op = if method == "touch" {
+            "prefault (touch)"
+        } else {
+            "madvise(MADV_POPULATE_WRITE)"
+        };
+        let mut context = Context::new(extent.len, self.page)
+            .remedy(format!("offset {} into the pool: {remedy}", extent.offset));
+        if let Some(addr) = self.region.at(extent.offset) {
+            context = context.addr(addr as usize);
         }
+        Error::os(op, source, context)
     }
 }
 
@@ -422,7 +415,7 @@ impl Worker<'_> {
 mod tests {
     use super::*;
     use crate::layout::round_to_page;
-    use crate::sys::{AnonMapOptions, map_anonymous, resident_base_pages, unmap};
+    use crate::sys::{AnonMapOptions, Mmap, Reservation};
 
     fn nz(n: usize) -> Option<NonZeroUsize> {
         NonZeroUsize::new(n)
@@ -452,26 +445,22 @@ mod tests {
         assert_eq!(thread_count(u64::MAX, None, 0), 1);
     }
 
-    fn with_mapping(len: usize, f: impl FnOnce(Region)) {
-        let p = map_anonymous(
-            len,
+    fn with_mapping(len: usize, f: impl FnOnce(Region<'_>)) {
+        let size = round_to_page(len as u64, PageSize::BASE_4K).unwrap();
+        let m = Mmap::anonymous(
+            size,
             AnonMapOptions {
                 shared: false,
                 align: 4096,
             },
         )
         .unwrap();
-        let size = round_to_page(len as u64, PageSize::BASE_4K).unwrap();
-        // SAFETY: fresh private mapping of `len` bytes, unmapped below after `f`.
-        let region = unsafe { Region::new(p, size) };
-        f(region);
-        // SAFETY: the mapping made above; `f` has returned.
-        unsafe { unmap(p.as_ptr(), len) }.unwrap();
+        f(m.region());
+        m.unmap().unwrap();
     }
 
-    fn resident(region: &Region) -> u64 {
-        // SAFETY: the region is mapped for the duration of `with_mapping`.
-        unsafe { resident_base_pages(region.addr(), region.mapped_len() as usize) }.unwrap()
+    fn resident(region: &Region<'_>) -> u64 {
+        region.resident_pages().unwrap()
     }
 
     #[test]
@@ -631,23 +620,18 @@ mod tests {
             rustix::fs::memfd_create("hostpool-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
         let len = 4usize << 20;
-        // SAFETY: a fresh shared mapping of our own memfd at a kernel-chosen address.
-        let p = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::SHARED,
-                &fd,
-                0,
-            )
-        }
+        let size = round_to_page(len as u64, PageSize::BASE_4K).unwrap();
+        let mut r = Reservation::new(size).unwrap();
+        r.map_file(
+            Extent {
+                offset: 0,
+                len: len as u64,
+            },
+            rustix::fd::AsFd::as_fd(&fd),
+        )
         .unwrap();
-        let base = std::ptr::NonNull::new(p.cast::<u8>()).unwrap();
-        // SAFETY: mapped above for `len` bytes; only the prefault engine
-        // accesses it (through MADV_POPULATE_WRITE, never a direct access).
-        let region =
-            unsafe { Region::new(base, round_to_page(len as u64, PageSize::BASE_4K).unwrap()) };
+        let m = r.finish().unwrap();
+        let region = m.region();
         let plan = plan(
             PrefaultChoice::PopulateWrite,
             Extent {
@@ -667,7 +651,6 @@ mod tests {
                 && msg.contains("hostpool plan"),
             "{msg}"
         );
-        // SAFETY: our mapping; nothing refers to it any more.
-        unsafe { unmap(base.as_ptr(), len) }.unwrap();
+        m.unmap().unwrap();
     }
 }

@@ -29,7 +29,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
@@ -37,16 +37,14 @@ use serde::Serialize;
 
 use crate::capacity::{self, CapacityCheck};
 use crate::config::SharingConfig;
-use crate::error::{Error, Result, TeardownIssue};
+use crate::error::{Context, Error, Result, TeardownIssue};
 use crate::file::{self, FileId, FileMapping, MapContext, PoolFile};
 use crate::layout::{Extent, MappedSize, PageSize, format_bytes};
-use crate::sys::{self, AtomicsOnly, SharedView};
-use crate::traits::{Mapping, Region};
+use crate::sys::control::Ctl;
+use crate::sys::{self, Region, SharedView};
+use crate::traits::Mapping;
 
-/// Most ranks one shared pool can have.
-pub const MAX_WORLD: u32 = 256;
-/// Most files (segments) one shared pool can have.
-pub const MAX_FILES: usize = 1024;
+pub use crate::sys::control::{MAX_FILES, MAX_WORLD};
 /// Prefix of every file hostpool creates, for `gc`.
 pub const FILE_PREFIX: &str = "hostpool-";
 /// Default directory of control files.
@@ -67,38 +65,6 @@ const SLOT_ATTACHED: u32 = 1;
 const SLOT_ARRIVED: u32 = 2;
 const SLOT_FAILED: u32 = 3;
 
-#[repr(C)]
-struct Header {
-    magic: AtomicU64,
-    version: AtomicU32,
-    world: AtomicU32,
-    state: AtomicU32,
-    creator_rank: AtomicU32,
-    logical: AtomicU64,
-    mapped: AtomicU64,
-    page_size: AtomicU64,
-    nfiles: AtomicU32,
-    arrived: AtomicU32,
-    done: AtomicU32,
-    fail_rank: AtomicU32,
-    fail_msg: [AtomicU8; 1024],
-}
-
-#[repr(C)]
-struct Slot {
-    state: AtomicU32,
-    pid: AtomicU32,
-    msg: [AtomicU8; 248],
-}
-
-/// The control block every rank maps.
-#[repr(C)]
-pub struct Ctl {
-    header: Header,
-    files: [[AtomicU64; 2]; MAX_FILES],
-    slots: [Slot; MAX_WORLD as usize],
-}
-
 impl std::fmt::Debug for Ctl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ctl")
@@ -108,10 +74,6 @@ impl std::fmt::Debug for Ctl {
             .finish_non_exhaustive()
     }
 }
-
-// SAFETY: Ctl is made only of atomics and arrays of atomics (repr(C), no
-// padding-sensitive invariants, no Drop), valid for every bit pattern.
-unsafe impl AtomicsOnly for Ctl {}
 
 fn write_msg(dst: &[AtomicU8], msg: &str) {
     let mut end = msg.len().min(dst.len() - 1);
@@ -264,31 +226,30 @@ impl Session {
         started: Instant,
     ) -> Result<Option<Session>> {
         let len = SharedView::<Ctl>::len_for() as u64;
-        let cfg_err = |what: &str, e: rustix::io::Errno| {
-            Error::config(format!(
-                "cannot {what} the control file of shared pool `{}` in {}: {e}; control_dir must be a \
-                 writable tmpfs such as /dev/shm",
-                sharing.name,
-                dir.display()
-            ))
+        let cfg_err = |op: &'static str, e: std::io::Error| {
+            Error::os(
+                op,
+                e,
+                Context::file(dir).remedy(format!(
+                    "making the control file of shared pool `{}` failed; control_dir must be a \
+                     writable tmpfs such as /dev/shm",
+                    sharing.name
+                )),
+            )
         };
         let fd = rustix::fs::open(
             dir,
             OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
             Mode::RUSR | Mode::WUSR,
         )
-        .map_err(|e| cfg_err("create", e))?;
-        rustix::fs::ftruncate(&fd, len).map_err(|e| cfg_err("size", e))?;
+        .map_err(|e| cfg_err("open(O_TMPFILE)", e.into()))?;
+        rustix::fs::ftruncate(&fd, len).map_err(|e| cfg_err("ftruncate", e.into()))?;
         rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared)
-            .map_err(|e| cfg_err("lock", e))?;
-        sys::ofd_lock_byte(fd.as_fd(), LOCK_BASE + i64::from(sharing.rank)).map_err(|e| {
-            Error::config(format!(
-                "cannot lock the control file of `{}`: {e}",
-                sharing.name
-            ))
-        })?;
-        let view = SharedView::<Ctl>::map(fd.as_fd())
-            .map_err(|e| Error::config(format!("cannot map control file: {e}")))?;
+            .map_err(|e| cfg_err("flock(LOCK_SH)", e.into()))?;
+        sys::ofd_lock_byte(fd.as_fd(), LOCK_BASE + i64::from(sharing.rank))
+            .map_err(|e| cfg_err("fcntl(F_OFD_SETLK)", e))?;
+        let view =
+            SharedView::<Ctl>::map(fd.as_fd()).map_err(|e| cfg_err("mmap(MAP_SHARED)", e))?;
         let h = &view.get().header;
         h.version.store(VERSION, Ordering::Relaxed);
         h.world.store(sharing.world, Ordering::Relaxed);
@@ -312,10 +273,9 @@ impl Session {
         ) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == libc::EEXIST => return Ok(None),
-            Err(e) => return Err(cfg_err("link", e)),
+            Err(e) => return Err(cfg_err("linkat", e.into())),
         }
-        let ctl_id =
-            file::file_id(&fd).map_err(|e| Error::config(format!("fstat control file: {e}")))?;
+        let ctl_id = file::file_id(&fd).map_err(|e| cfg_err("fstat", e))?;
         Ok(Some(Session {
             sharing: sharing.clone(),
             role: Role::Creator,
@@ -353,8 +313,13 @@ impl Session {
             }
         };
         file::check_owner(&fd, path)?;
-        let ctl_id = file::file_id(&fd)
-            .map_err(|e| Error::config(format!("fstat {}: {e}", path.display())))?;
+        let ctl_id = file::file_id(&fd).map_err(|e| {
+            Error::os(
+                "fstat",
+                e,
+                Context::file(path).remedy("reading the pool's control file failed"),
+            )
+        })?;
         // Stale: nobody holds it (a crashed earlier run). Clear it and retry.
         if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok() {
             tracing::warn!(
@@ -370,19 +335,24 @@ impl Session {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == libc::EWOULDBLOCK => return Ok(None),
             Err(e) => {
-                return Err(Error::config(format!(
-                    "cannot lock {}: {e}",
-                    path.display()
-                )));
+                return Err(Error::os(
+                    "flock(LOCK_SH)",
+                    e,
+                    Context::file(path).remedy("locking the pool's control file failed"),
+                ));
             }
         }
         let view = match SharedView::<Ctl>::map(fd.as_fd()) {
             Ok(v) => v,
             Err(e) => {
-                return Err(Error::config(format!(
-                    "{} is not a hostpool control file: {e}",
-                    path.display()
-                )));
+                return Err(Error::Conflict {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "{} is not a hostpool control file ({e}); remove it, or pick another \
+                         --shared name",
+                        path.display()
+                    ),
+                });
             }
         };
         let s = Session {
@@ -531,26 +501,29 @@ impl Session {
 
     /// Creator: create one data file exclusively, clearing a stale leftover.
     fn create_data(&mut self, path: &Path, extent: Extent, page: PageSize) -> Result<PoolFile> {
-        let os = |op, e: std::io::Error| Error::Os {
-            op,
-            path: Some(path.to_path_buf()),
-            addr: None,
-            size: extent.len,
-            page,
-            remedy: "check that the directory exists and is writable".into(),
-            source: e,
+        let os = |op, e: std::io::Error| {
+            Error::os(
+                op,
+                e,
+                Context::new(extent.len, page)
+                    .path(path)
+                    .remedy("check that the directory exists and is writable"),
+            )
         };
         let fd = match file::create_exclusive(path) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 let old = file::open_checked(path, page)?;
                 if rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive).is_err() {
-                    return Err(Error::config(format!(
-                        "pool file {} is in use by another process: a pool named `{}` already exists; \
-                         pick another --shared name or stop that pool",
-                        path.display(),
-                        self.sharing.name
-                    )));
+                    return Err(Error::Conflict {
+                        path: path.to_path_buf(),
+                        message: format!(
+                            "pool file {} is in use by another process: a pool named `{}` already \
+                             exists; pick another --shared name or stop that pool",
+                            path.display(),
+                            self.sharing.name
+                        ),
+                    });
                 }
                 tracing::warn!(
                     "removing stale pool file {} left by a crashed run",
@@ -585,19 +558,30 @@ impl Session {
         page: PageSize,
     ) -> Result<PoolFile> {
         let fd = file::open_checked(path, page)?;
-        let id = file::file_id(&fd)
-            .map_err(|e| Error::config(format!("fstat {}: {e}", path.display())))?;
+        let id = file::file_id(&fd).map_err(|e| {
+            Error::os(
+                "fstat",
+                e,
+                Context::new(extent.len, page)
+                    .path(path)
+                    .remedy("reading a pool file failed"),
+            )
+        })?;
         let want = &self.ctl().files[index];
         let want = FileId {
             dev: want[0].load(Ordering::Relaxed),
             ino: want[1].load(Ordering::Relaxed),
         };
         if id != want {
-            return Err(Error::config(format!(
-                "{} is not the file the creator of `{}` made (a leftover of another run?); stop all ranks and run `hostpool gc`",
-                path.display(),
-                self.sharing.name
-            )));
+            return Err(Error::Conflict {
+                path: path.to_path_buf(),
+                message: format!(
+                    "{} is not the file the creator of `{}` made (a leftover of another run?); \
+                     stop all ranks and run `hostpool gc`",
+                    path.display(),
+                    self.sharing.name
+                ),
+            });
         }
         let size = rustix::fs::fstat(&fd)
             .map(|st| st.st_size as u64)
@@ -611,8 +595,15 @@ impl Session {
             )));
         }
         // Blocking, for the same reason as in `create_data`.
-        rustix::fs::flock(&fd, FlockOperation::LockShared)
-            .map_err(|e| Error::config(format!("cannot lock {}: {e}", path.display())))?;
+        rustix::fs::flock(&fd, FlockOperation::LockShared).map_err(|e| {
+            Error::os(
+                "flock(LOCK_SH)",
+                e,
+                Context::new(extent.len, page)
+                    .path(path)
+                    .remedy("locking a pool file failed"),
+            )
+        })?;
         self.data.push((path.to_path_buf(), id));
         Ok(PoolFile {
             fd,
@@ -803,9 +794,11 @@ pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
             let shard = shard(spec.size, sharing)?;
             Ok(Box::new(SharedMapping {
                 inner: mapping,
-                session,
+                session: Unpassed {
+                    session,
+                    passed: AtomicBool::new(false),
+                },
                 shard,
-                passed: AtomicBool::new(false),
             }))
         }
         Err(e) => {
@@ -818,10 +811,38 @@ pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
 /// A rank's mapping of a shared pool.
 #[derive(Debug)]
 pub struct SharedMapping {
+    // Field order is drop order: unmap before the session's files go.
     inner: FileMapping,
-    session: Session,
+    session: Unpassed,
     shard: Extent,
+}
+
+/// A session whose files are removed when dropped before the barrier passed.
+#[derive(Debug)]
+struct Unpassed {
+    session: Session,
     passed: AtomicBool,
+}
+
+impl std::ops::Deref for Unpassed {
+    type Target = Session;
+    fn deref(&self) -> &Session {
+        &self.session
+    }
+}
+
+impl Unpassed {
+    fn passed(&self) -> bool {
+        self.passed.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Unpassed {
+    fn drop(&mut self) {
+        if !self.passed() {
+            self.session.unlink_all();
+        }
+    }
 }
 
 /// The `sharing` object of a report.
@@ -842,13 +863,13 @@ pub struct SharingReport {
 }
 
 impl Mapping for SharedMapping {
-    fn region(&self) -> Region {
+    fn region(&self) -> Region<'_> {
         self.inner.region()
     }
 
     fn files(&self) -> Vec<PathBuf> {
         let mut v = self.inner.files();
-        if !self.passed.load(Ordering::Acquire) {
+        if !self.session.passed() {
             v.push(self.session.ctl_path.clone());
         }
         v
@@ -883,7 +904,7 @@ impl Mapping for SharedMapping {
             None => s.barrier(outcome),
         };
         if result.is_ok() {
-            self.passed.store(true, Ordering::Release);
+            self.session.passed.store(true, Ordering::Release);
             if s.role == Role::Creator {
                 for issue in s.unlink_all() {
                     tracing::warn!("after the barrier: {}", issue.detail);
@@ -894,21 +915,14 @@ impl Mapping for SharedMapping {
         result
     }
 
-    fn teardown(mut self: Box<Self>) -> Vec<TeardownIssue> {
-        let mut issues = self.inner.release();
-        if !self.passed.load(Ordering::Acquire) {
+    fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
+        let SharedMapping { inner, session, .. } = *self;
+        let mut issues = inner.release();
+        if !session.passed() {
             // Never passed the barrier: make sure nothing is left behind.
-            issues.extend(self.session.unlink_all());
+            issues.extend(session.unlink_all());
         }
         issues
-    }
-}
-
-impl Drop for SharedMapping {
-    fn drop(&mut self) {
-        if !self.passed.load(Ordering::Acquire) {
-            self.session.unlink_all();
-        }
     }
 }
 
@@ -1007,17 +1021,15 @@ mod tests {
                     sc.spawn(move || {
                         start.wait();
                         let mut m = attach(d, &sharing(d, 4, r, 10.0), 16, &[]).unwrap();
-                        let region = m.region();
                         // Each rank writes its rank number at the start of its shard.
-                        let shard = shard(region.size(), &sharing(d, 4, r, 10.0)).unwrap();
+                        let shard = shard(m.region().size(), &sharing(d, 4, r, 10.0)).unwrap();
                         assert_eq!(shard.len, 4 << 20);
-                        // SAFETY: inside our own live shared mapping.
-                        unsafe { region.at(shard.offset).unwrap().write_volatile(r as u8 + 1) };
+                        assert!(m.region().write_byte(shard.offset, r as u8 + 1));
                         m.rendezvous(Ok(()), None).unwrap();
                         // After the barrier every rank sees every rank's write.
+                        let region = m.region();
                         let seen: Vec<u8> = (0..4u64)
-                            // SAFETY: inside the mapping.
-                            .map(|i| unsafe { region.at(i * (4 << 20)).unwrap().read_volatile() })
+                            .map(|i| region.read_byte(i * (4 << 20)).unwrap())
                             .collect();
                         (role(&*m), seen, m)
                     })

@@ -8,7 +8,6 @@
 
 use std::fmt;
 use std::path::PathBuf;
-use std::ptr::NonNull;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -16,94 +15,8 @@ use serde_json::Value;
 use crate::capacity::CapacityCheck;
 use crate::config::PoolConfig;
 use crate::error::{Result, TeardownIssue};
-use crate::layout::{Extent, MappedSize, PageSize};
-
-/// A mapped range of pool memory: base address, logical and mapped size, page size.
-///
-/// A `Region` is a description, not an owner: the [`Mapping`] that produced it
-/// keeps the memory alive, and the pool makes sure pins and registrations are
-/// released before the mapping is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Region {
-    base: NonNull<u8>,
-    size: MappedSize,
-}
-
-// SAFETY: a Region is an address and a length. Reading or writing the memory
-// it names takes `unsafe` code whose caller must uphold the mapping's
-// lifetime; sending the description to another thread is harmless.
-unsafe impl Send for Region {}
-// SAFETY: as for Send; `&Region` gives no access to the memory.
-unsafe impl Sync for Region {}
-
-impl Region {
-    /// Describe a mapping.
-    ///
-    /// # Safety
-    /// `[base, base + size.mapped())` must be mapped read-write, `base` aligned
-    /// to `size.page()`, and stay mapped for as long as the region is used.
-    pub unsafe fn new(base: NonNull<u8>, size: MappedSize) -> Region {
-        Region { base, size }
-    }
-
-    /// The base address.
-    pub fn addr(&self) -> *mut u8 {
-        self.base.as_ptr()
-    }
-
-    /// The sizes and page size.
-    pub fn size(&self) -> MappedSize {
-        self.size
-    }
-
-    /// The page size.
-    pub fn page(&self) -> PageSize {
-        self.size.page()
-    }
-
-    /// Bytes mapped (a multiple of the page size).
-    pub fn mapped_len(&self) -> u64 {
-        self.size.mapped()
-    }
-
-    /// Bytes the caller asked for.
-    pub fn logical_len(&self) -> u64 {
-        self.size.logical()
-    }
-
-    /// The part of the region an extent names, or `None` when it is not
-    /// inside the region or not aligned to its page size.
-    pub fn sub(&self, extent: Extent) -> Option<Region> {
-        let page = self.page();
-        if extent.end() > self.mapped_len()
-            || !page.is_aligned(extent.offset)
-            || !page.is_aligned(extent.len)
-            || extent.len == 0
-        {
-            return None;
-        }
-        let base = NonNull::new(self.at(extent.offset)?)?;
-        let size = crate::layout::round_to_page(extent.len, page).ok()?;
-        // SAFETY: a page-aligned, non-empty sub-range of a region is mapped
-        // read-write for as long as the region is (its constructor's contract).
-        Some(unsafe { Region::new(base, size) })
-    }
-
-    /// Whether the region is backed by reserved huge pages (a page larger
-    /// than the base page).
-    pub fn is_hugetlb(&self) -> bool {
-        self.page().get() > crate::sys::base_page_size() as u64
-    }
-
-    /// The address of an offset inside the region, or `None` past its end.
-    pub fn at(&self, offset: u64) -> Option<*mut u8> {
-        if offset > self.size.mapped() {
-            return None;
-        }
-        let offset = usize::try_from(offset).ok()?;
-        Some(self.base.as_ptr().wrapping_add(offset))
-    }
-}
+use crate::layout::{Extent, MappedSize};
+pub use crate::sys::{Region, Span};
 
 /// What a backing will do, resolved from the config: pure, nothing created.
 #[derive(Debug, Clone)]
@@ -146,7 +59,7 @@ pub trait Backing: Send + Sync + fmt::Debug {
 /// A live mapping made by a backing; its owner.
 pub trait Mapping: Send + Sync + fmt::Debug {
     /// The mapped memory.
-    fn region(&self) -> Region;
+    fn region(&self) -> Region<'_>;
 
     /// Files that exist while the mapping lives (checked gone after teardown).
     fn files(&self) -> Vec<PathBuf> {
@@ -189,13 +102,15 @@ pub trait Pinner: Send + Sync + fmt::Debug {
         Value::Null
     }
 
-    /// Pin the region.
+    /// Pin the region. The returned pin must not keep the region: it keeps a
+    /// [`Span`] (`region.span()`) to undo itself, and the pool unpins before
+    /// the mapping goes.
     ///
     /// # Errors
     /// [`crate::Error::NotAvailable`] when the host lacks what the pinner
     /// needs; other variants when pinning itself failed (nothing is left
     /// pinned either way).
-    fn pin(&self, region: Region, config: &PoolConfig) -> Result<Box<dyn Pin>>;
+    fn pin(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Pin>>;
 }
 
 /// A live pin.
@@ -225,7 +140,7 @@ pub trait Registrar: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// As for [`Pinner::pin`]; nothing is left registered on error.
-    fn register(&self, region: Region, config: &PoolConfig) -> Result<Box<dyn Registration>>;
+    fn register(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Registration>>;
 }
 
 /// A live registration.

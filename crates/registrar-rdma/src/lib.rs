@@ -220,7 +220,7 @@ pub fn probe(options: &RdmaOptions) -> Result<Vec<DeviceProbe>> {
 /// What was asked of each device thread.
 struct Job<'a> {
     verbs: &'a Arc<Verbs>,
-    region: Region,
+    region: Region<'a>,
     page: PageSize,
     block: u64,
     abort: &'a AtomicBool,
@@ -275,7 +275,7 @@ impl Registrar for RdmaRegistrar {
         serde_json::json!({ "block": block, "devices": per_device })
     }
 
-    fn register(&self, region: Region, config: &PoolConfig) -> Result<Box<dyn Registration>> {
+    fn register(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Registration>> {
         let started = Instant::now();
         let len = region.mapped_len();
         let page = region.page();
@@ -851,7 +851,7 @@ fn layout_error(device: &str, max: u64, page: PageSize, block: u64, e: LayoutErr
 
 fn reg_error(
     device: &str,
-    region: &Region,
+    region: &Region<'_>,
     (index, count): (usize, usize),
     extent: Extent,
     max: u64,

@@ -17,6 +17,8 @@
 //! dropped. Each session holds the library, so it stays loaded until the last
 //! region is gone.
 
+#![allow(unsafe_code)]
+
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::io;
 use std::marker::{PhantomData, PhantomPinned};
@@ -454,7 +456,12 @@ impl Session {
     /// # Errors
     /// The errno of a NULL return; `EINVAL` without calling the library when
     /// the extent is not a page-aligned, non-empty part of the region.
-    pub fn register(&mut self, region: &Region, extent: Extent, access: c_int) -> io::Result<&Mr> {
+    pub fn register(
+        &mut self,
+        region: &Region<'_>,
+        extent: Extent,
+        access: c_int,
+    ) -> io::Result<&Mr> {
         let pd = self
             .pd
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;

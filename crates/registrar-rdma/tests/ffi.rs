@@ -21,7 +21,6 @@
 //! through `LD_LIBRARY_PATH`, so the path under test is the one operators use.
 
 use std::collections::BTreeMap;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -205,33 +204,7 @@ fn run_child(spec: Value, env: &[(&str, &str)], memlock: Option<(u64, u64)>) -> 
         cmd.env(k, v);
     }
     if let Some((soft, hard)) = memlock {
-        // SAFETY: the closure runs in the child between fork and exec and
-        // makes only system calls (setrlimit, prctl, capget, capset), which
-        // are async-signal-safe; it allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                use rustix::thread::CapabilitySet;
-                rustix::process::setrlimit(
-                    rustix::process::Resource::Memlock,
-                    rustix::process::Rlimit {
-                        current: Some(soft),
-                        maximum: Some(hard),
-                    },
-                )?;
-                // As `capsh --drop=cap_ipc_lock`: out of the bounding set, so
-                // root does not regain it at exec (fails harmlessly without
-                // CAP_SETPCAP, when the process has no CAP_IPC_LOCK anyway).
-                let _ =
-                    rustix::thread::remove_capability_from_bounding_set(CapabilitySet::IPC_LOCK);
-                if let Ok(mut caps) = rustix::thread::capabilities(None) {
-                    caps.inheritable.remove(CapabilitySet::IPC_LOCK);
-                    caps.effective.remove(CapabilitySet::IPC_LOCK);
-                    caps.permitted.remove(CapabilitySet::IPC_LOCK);
-                    let _ = rustix::thread::set_capabilities(None, caps);
-                }
-                Ok(())
-            });
-        }
+        sys::lower_memlock_at_exec(&mut cmd, soft, hard);
     }
     let output = cmd.output().expect("run the child");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -313,12 +286,12 @@ fn run_spec(spec: &Value) -> Value {
         };
         return match Pool::build(&plan, &Quiet) {
             Ok(pool) => {
-                let region = pool.region().unwrap();
+                let span = pool.region().unwrap().span();
                 let report = serde_json::to_value(pool.report()).unwrap();
                 let done = pool.teardown();
                 json!({
                     "ok": true,
-                    "region": {"addr": region.addr() as u64, "len": region.mapped_len(), "page": region.page().get()},
+                    "region": {"addr": span.addr as u64, "len": span.len, "page": span.page.get()},
                     "report": report,
                     "teardown_issues": done.teardown_issues,
                 })
@@ -1064,4 +1037,44 @@ fn plan_shows_each_devices_regions_at_its_max_mr_size_and_registers_nothing() {
         run.log
     );
     assert_nothing_left(&run);
+}
+
+/// The one `unsafe` of these tests: a `pre_exec` hook.
+mod sys {
+    #![allow(unsafe_code)]
+
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    /// Make the child start with `RLIMIT_MEMLOCK` at `soft`/`hard` and
+    /// without `CAP_IPC_LOCK` (as `capsh --drop=cap_ipc_lock`).
+    pub fn lower_memlock_at_exec(cmd: &mut Command, soft: u64, hard: u64) {
+        // SAFETY: the closure runs in the child between fork and exec and
+        // makes only system calls (setrlimit, prctl, capget, capset), which
+        // are async-signal-safe; it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                use rustix::thread::CapabilitySet;
+                rustix::process::setrlimit(
+                    rustix::process::Resource::Memlock,
+                    rustix::process::Rlimit {
+                        current: Some(soft),
+                        maximum: Some(hard),
+                    },
+                )?;
+                // As `capsh --drop=cap_ipc_lock`: out of the bounding set, so
+                // root does not regain it at exec (fails harmlessly without
+                // CAP_SETPCAP, when the process has no CAP_IPC_LOCK anyway).
+                let _ =
+                    rustix::thread::remove_capability_from_bounding_set(CapabilitySet::IPC_LOCK);
+                if let Ok(mut caps) = rustix::thread::capabilities(None) {
+                    caps.inheritable.remove(CapabilitySet::IPC_LOCK);
+                    caps.effective.remove(CapabilitySet::IPC_LOCK);
+                    caps.permitted.remove(CapabilitySet::IPC_LOCK);
+                    let _ = rustix::thread::set_capabilities(None, caps);
+                }
+                Ok(())
+            });
+        }
+    }
 }

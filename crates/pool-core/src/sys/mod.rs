@@ -1,7 +1,11 @@
 //! The system calls pool-core makes, and the only `unsafe` in it.
 //!
 //! Each function is a thin wrapper over one call. Plugins use them too, so the
-//! raw-pointer handling lives in one audited place.
+//! raw-pointer handling lives in one audited place. [`Region`] and [`Mmap`]
+//! are the safe face of it: memory reached through them is alive for as long
+//! as they are borrowed.
+
+#![allow(unsafe_code)]
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -11,7 +15,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use rustix::mm::{Advice, MapFlags, ProtFlags};
 
+pub(crate) mod control;
 pub mod numa;
+mod region;
+
+pub use region::{FixedMapError, Mmap, Region, Reservation, Span};
 
 /// The base page size of this machine (4 KiB on x86-64).
 pub fn base_page_size() -> usize {
@@ -155,29 +163,47 @@ pub unsafe fn touch_pages(addr: *mut u8, len: usize, page: usize) {
 }
 
 /// Whether this kernel supports `MADV_POPULATE_WRITE`, probed once per
-/// process on one page of private anonymous memory. `EINVAL` means the advice
-/// is unknown (kernels before 5.14).
-pub fn populate_write_supported() -> bool {
-    static PROBE: OnceLock<bool> = OnceLock::new();
-    *PROBE.get_or_init(|| {
+/// process on one page of private anonymous memory.
+///
+/// # Errors
+/// Only `EINVAL` means "unsupported" (kernels before 5.14 do not know the
+/// advice): any other errno (`EIO`, `ENOMEM`, a failed `mmap` of the probe
+/// page) is returned as it is, never taken for a missing feature.
+pub fn populate_write_probe() -> io::Result<bool> {
+    static PROBE: OnceLock<Result<bool, i32>> = OnceLock::new();
+    let cached = PROBE.get_or_init(|| {
+        let errno = |e: io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+        if let Some(e) = crate::failpoint::check("populate-write-probe") {
+            return Err(errno(e));
+        }
         let page = base_page_size();
-        let Ok(p) = map_anonymous(
+        let p = map_anonymous(
             page,
             AnonMapOptions {
                 shared: false,
                 align: page,
             },
-        ) else {
-            return false;
-        };
+        )
+        .map_err(errno)?;
         // SAFETY: p is the one-page mapping made just above.
-        let supported = unsafe { populate_write(p.as_ptr(), page) }.is_ok();
+        let outcome = unsafe { populate_write(p.as_ptr(), page) };
         // SAFETY: same mapping, no references into it remain.
         if let Err(e) = unsafe { unmap(p.as_ptr(), page) } {
             tracing::warn!("munmap of the populate probe page failed: {e}");
         }
-        supported
-    })
+        match outcome {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+            Err(e) => Err(errno(e)),
+        }
+    });
+    cached.map_err(io::Error::from_raw_os_error)
+}
+
+/// Whether [`populate_write_probe`] found the call supported (an error
+/// counts as no), for reports that only show the fact.
+pub fn populate_write_supported() -> bool {
+    matches!(populate_write_probe(), Ok(true))
 }
 
 /// How many base pages of `[addr, addr + len)` are resident (`mincore`).
@@ -260,6 +286,43 @@ fn pattern_byte(off: usize, seed: u8) -> u8 {
 pub unsafe fn fill(addr: *mut u8, len: usize, byte: u8) {
     // SAFETY: the caller guarantees exclusive access to the whole range.
     unsafe { ptr::write_bytes(addr, byte, len) };
+}
+
+/// Fork a child that writes `value` at `offset` of `region` and exits, and
+/// wait for it: the check that a shared backing's memory really is shared
+/// with a child (a private one keeps the parent's byte).
+///
+/// # Errors
+/// The `fork` or `waitpid` errno; `ERANGE` when the offset is outside the
+/// region; `ECHILD` when the child did not exit 0.
+#[cfg(feature = "conformance")]
+pub fn child_writes_byte(region: &Region<'_>, offset: u64, value: u8) -> io::Result<()> {
+    if region.read_byte(offset).is_none() {
+        return Err(io::Error::from_raw_os_error(libc::ERANGE));
+    }
+    // SAFETY: the child only does a relaxed atomic store into memory the
+    // region keeps mapped (inherited by fork) and calls _exit, which is
+    // async-signal-safe; it touches no lock, allocator or stdio.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        region.write_byte(offset, value);
+        // SAFETY: _exit ends the child at once without running the parent's
+        // atexit handlers or destructors.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waitpid writes the status of our own child into `status`.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } != pid {
+        return Err(io::Error::last_os_error());
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::ECHILD))
+    }
 }
 
 /// Reserve `len` bytes of address space, inaccessible (`PROT_NONE`,

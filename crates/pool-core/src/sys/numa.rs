@@ -34,7 +34,7 @@ use std::io;
 
 use libc::{c_int, c_long, c_uint, c_ulong};
 
-use crate::traits::Region;
+use super::Region;
 
 /// `MPOL_BIND`: allocate only from the nodes in the mask (the OOM killer, not
 /// another node, is what happens when they are full).

@@ -1,0 +1,47 @@
+//! The control block of a shared pool as every rank maps it: made of atomics
+//! only, so it may live in a file that other processes write.
+
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64};
+
+use super::AtomicsOnly;
+
+/// Most ranks one shared pool can have.
+pub const MAX_WORLD: u32 = 256;
+/// Most files (segments) one shared pool can have.
+pub const MAX_FILES: usize = 1024;
+
+#[repr(C)]
+pub(crate) struct Header {
+    pub(crate) magic: AtomicU64,
+    pub(crate) version: AtomicU32,
+    pub(crate) world: AtomicU32,
+    pub(crate) state: AtomicU32,
+    pub(crate) creator_rank: AtomicU32,
+    pub(crate) logical: AtomicU64,
+    pub(crate) mapped: AtomicU64,
+    pub(crate) page_size: AtomicU64,
+    pub(crate) nfiles: AtomicU32,
+    pub(crate) arrived: AtomicU32,
+    pub(crate) done: AtomicU32,
+    pub(crate) fail_rank: AtomicU32,
+    pub(crate) fail_msg: [AtomicU8; 1024],
+}
+
+#[repr(C)]
+pub(crate) struct Slot {
+    pub(crate) state: AtomicU32,
+    pub(crate) pid: AtomicU32,
+    pub(crate) msg: [AtomicU8; 248],
+}
+
+/// The control block every rank maps.
+#[repr(C)]
+pub struct Ctl {
+    pub(crate) header: Header,
+    pub(crate) files: [[AtomicU64; 2]; MAX_FILES],
+    pub(crate) slots: [Slot; MAX_WORLD as usize],
+}
+
+// SAFETY: Ctl is made only of atomics and arrays of atomics (repr(C), no
+// padding-sensitive invariants, no Drop), valid for every bit pattern.
+unsafe impl AtomicsOnly for Ctl {}
