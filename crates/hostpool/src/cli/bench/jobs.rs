@@ -4,7 +4,7 @@
 use pool_core::PrefaultChoice;
 
 use super::{Bench, Row, Status, error_text, mib, progress};
-use crate::benchkit::{self, ANON_4K, FreshPool, Memory, Populate};
+use bench_support::benchkit::{self, ANON_4K, FreshPool, Memory, Populate};
 
 /// One kind of timed run of a prefault group.
 #[derive(Debug, Clone, Copy)]

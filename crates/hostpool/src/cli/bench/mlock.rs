@@ -5,7 +5,7 @@ use pool_core::{Error, PinStatus, Pool, PrefaultChoice, Quiet};
 use serde_json::Value;
 
 use super::{Bench, Row, Status, error_text, mib, progress};
-use crate::benchkit::{self, Memory};
+use bench_support::benchkit::{self, Memory};
 
 impl Bench<'_> {
     /// `mlock` of a resident pool through the mlock pinner, per repeat on a

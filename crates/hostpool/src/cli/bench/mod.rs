@@ -17,7 +17,7 @@
 //! backing and thread count run back to back in each repeat (in a rotating
 //! order), so load that comes and goes on a shared machine hits them alike.
 //! Measurement code is shared with the criterion benches in
-//! [`crate::benchkit`].
+//! [`bench_support::benchkit`].
 
 mod env;
 mod jobs;
@@ -35,7 +35,9 @@ use pool_core::{ByteSize, Error, capacity};
 use serde::Serialize;
 
 use super::write_stdout;
-use crate::benchkit::{self, ANON_4K, ANON_THP, GIB, HUGETLB_1G, HUGETLB_2M, MIB, Memory, SHM_4K};
+use bench_support::benchkit::{
+    self, ANON_4K, ANON_THP, GIB, HUGETLB_1G, HUGETLB_2M, MIB, Memory, SHM_4K,
+};
 use env::{Environment, read_trimmed, thp_mode, utc_now};
 use rows::{Row, Status};
 use table::{ratios, table};

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::benchkit::{self, Memory};
+use bench_support::benchkit::{self, Memory};
 
 /// What became of one row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -145,7 +145,7 @@ pub(super) fn table(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::benchkit::{ANON_4K, Memory, SHM_4K};
+    use bench_support::benchkit::{ANON_4K, Memory, SHM_4K};
 
     fn row(method: &'static str, memory: &Memory, threads: usize, secs: f64) -> Row {
         let mut r = Row::new("prefault", method, memory, threads, GIB);
