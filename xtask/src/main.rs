@@ -20,6 +20,10 @@
 //! is set, `cargo xtask test` runs `sh -c "$XTASK_TEST_CMD" xtask-test ARGS...`
 //! instead of `cargo test`, so the setup/restore logic can be exercised with
 //! commands such as `false` or `sleep 60`.
+//!
+//! Only [`sys`] may use `unsafe` (it allows what this crate denies).
+
+#![deny(unsafe_code)]
 
 mod ci;
 mod cmd;
@@ -28,6 +32,7 @@ mod hugepages;
 mod mounts;
 mod session;
 mod signals;
+mod sys;
 mod test_suite;
 
 use std::process::ExitCode;
