@@ -4,7 +4,7 @@
 //! * [`benchkit`]: the kinds of memory measured, fresh unfaulted pools, one
 //!   timed prefault with the engine or the C reference, `mmap(MAP_POPULATE)`
 //!   of the same kind of memory, warm-up, and the small helpers around them.
-//! * [`reference`]: the plain-C prefault reference
+//! * [`reference`](mod@reference): the plain-C prefault reference
 //!   (`benches/c/raw_populate.c`, compiled by `build.rs`).
 //!
 //! Pools are planned through pool-core's plugin registry, so the program
