@@ -50,16 +50,16 @@ use std::ptr::{self, NonNull};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkGroup, BenchmarkId, Criterion, measurement::WallTime};
-use hostpool::benchkit::{
+use bench_support::benchkit::{
     self, PRESENT_FIELDS, Populate, free_huge_pages, median, page_label, raw_c_slices_aligned,
     smaps_bytes,
 };
+use bench_support::reference::raw_memset;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, measurement::WallTime};
 use hostpool::pool_core::layout::{Extent, PageSize, round_to_page};
 use hostpool::pool_core::{
     ByteSize, Pool, PoolPlan, PrefaultChoice, Quiet, Region, file, prefault,
 };
-use hostpool::reference::raw_memset;
 use rustix::mm::{Advice, MapFlags, ProtFlags};
 
 const MIB: u64 = 1 << 20;
@@ -208,7 +208,7 @@ impl Backing {
 
     /// The plan of a pool of `size` bytes that is mapped but not prefaulted.
     fn plan(&self, size: u64) -> PoolPlan {
-        let memory = hostpool::benchkit::Memory {
+        let memory = bench_support::benchkit::Memory {
             label: self.backing,
             backing: self.backing,
             page: self.page,

@@ -31,9 +31,9 @@ use std::num::NonZeroUsize;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use bench_support::benchkit::median;
+use bench_support::reference::{raw_memset, raw_populate};
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, measurement::WallTime};
-use hostpool::benchkit::median;
-use hostpool::reference::{raw_memset, raw_populate};
 use pool_core::layout::{Extent, PageSize, round_to_page};
 use pool_core::sys::{AnonMapOptions, advise_hugepage, base_page_size, map_anonymous, unmap};
 use pool_core::{PrefaultChoice, Region, prefault};

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
 
 fn hostpool(args: &[&str]) -> Output {
@@ -351,8 +352,9 @@ fn hold_then_signal(signal: i32) {
         maps.lines().any(|l| l.starts_with(&addr)),
         "held pool {addr} not mapped in the child"
     );
-    // SAFETY: kill() with the pid of our own child and a valid signal number.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    let pid = i32::try_from(child.id()).ok().and_then(Pid::from_raw);
+    let sig = Signal::from_named_raw(signal).expect("a named signal");
+    kill_process(pid.expect("a child pid"), sig).expect("kill");
     let status = child.wait().unwrap();
     let mut err = String::new();
     child

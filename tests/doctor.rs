@@ -435,8 +435,19 @@ fn the_rdma_finding_names_enosys_or_the_missing_library() {
 #[test]
 fn without_cap_ipc_lock_a_low_memlock_limit_warns_and_fails_a_required_pin() {
     const LIMIT: u64 = 8 << 20;
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
+    // RLIMIT_MEMLOCK belongs to the process: `sh` lowers its own (soft, then
+    // hard) and execs hostpool, which inherits it.
+    let have = rustix::process::getrlimit(rustix::process::Resource::Memlock);
+    let lower_kib = |l: Option<u64>| (l.map_or(LIMIT, |l| l.min(LIMIT)) / 1024).to_string();
+    let (soft, hard) = (lower_kib(have.current), lower_kib(have.maximum));
+    let mut c = Command::new("sh");
     c.args([
+        "-c",
+        r#"ulimit -S -l "$1" && ulimit -H -l "$2" && shift 2 && exec "$@""#,
+        "sh",
+        soft.as_str(),
+        hard.as_str(),
+        env!("CARGO_BIN_EXE_hostpool"),
         "doctor",
         "--json",
         "--size",
@@ -446,33 +457,23 @@ fn without_cap_ipc_lock_a_low_memlock_limit_warns_and_fails_a_required_pin() {
         "--pin-required",
     ])
     .env_remove("RUST_LOG");
-    // SAFETY: the closure runs in the child between fork and exec and makes
-    // only system calls (setrlimit, prctl, capget, capset); it allocates
-    // nothing.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        c.pre_exec(|| {
-            use rustix::thread::CapabilitySet;
-            let have = rustix::process::getrlimit(rustix::process::Resource::Memlock);
-            let lower = |l: Option<u64>| Some(l.map_or(LIMIT, |l| l.min(LIMIT)));
-            rustix::process::setrlimit(
-                rustix::process::Resource::Memlock,
-                rustix::process::Rlimit {
-                    current: lower(have.current),
-                    maximum: lower(have.maximum),
-                },
-            )?;
-            let _ = rustix::thread::remove_capability_from_bounding_set(CapabilitySet::IPC_LOCK);
-            if let Ok(mut caps) = rustix::thread::capabilities(None) {
-                caps.inheritable.remove(CapabilitySet::IPC_LOCK);
-                caps.effective.remove(CapabilitySet::IPC_LOCK);
-                caps.permitted.remove(CapabilitySet::IPC_LOCK);
-                let _ = rustix::thread::set_capabilities(None, caps);
-            }
-            Ok(())
-        });
-    }
-    let o = c.output().unwrap();
+    // Capabilities belong to a thread, and a child starts with those of the
+    // thread that spawns it: drop CAP_IPC_LOCK in a thread of its own, which
+    // then runs the command.
+    let o = std::thread::spawn(move || {
+        use rustix::thread::CapabilitySet;
+        let _ = rustix::thread::remove_capability_from_bounding_set(CapabilitySet::IPC_LOCK);
+        if let Ok(mut caps) = rustix::thread::capabilities(None) {
+            caps.inheritable.remove(CapabilitySet::IPC_LOCK);
+            caps.effective.remove(CapabilitySet::IPC_LOCK);
+            caps.permitted.remove(CapabilitySet::IPC_LOCK);
+            let _ = rustix::thread::set_capabilities(None, caps);
+        }
+        c.output()
+    })
+    .join()
+    .unwrap()
+    .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     let r = json(&o);
     let memlock = findings(&r, "memlock");

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
 
 const HUGE_2M: u64 = 2 << 20;
@@ -149,8 +150,9 @@ fn stderr_of(child: &mut Child) -> String {
 }
 
 fn signal(child: &Child, sig: i32) {
-    // SAFETY: kill() on our own child's pid with a valid signal.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    let pid = i32::try_from(child.id()).ok().and_then(Pid::from_raw);
+    let sig = Signal::from_named_raw(sig).expect("a named signal");
+    kill_process(pid.expect("a child pid"), sig).expect("kill");
 }
 
 /// Bytes of `[addr, addr+len)` that process `pid` has in its page tables

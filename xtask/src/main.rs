@@ -2,12 +2,15 @@
 //!
 //! Subcommands (see [`USAGE`]):
 //!
-//! * `test [ARGS...]`: reserve huge pages, mount hugetlbfs, run
+//! * `test [--no-lint] [ARGS...]`: everything CI checks, stopping at the
+//!   first failure: fmt, clippy and doc (all `-D warnings`), then the test
+//!   suite (reserve huge pages, mount hugetlbfs, run
 //!   `cargo test --workspace --all-targets ARGS...` with the `HOSTPOOL_TEST_*`
-//!   variables exported, and always restore the machine afterwards.
+//!   variables exported, and always restore the machine afterwards), then the
+//!   bench build. `--no-lint` runs the test suite alone. `.ci/run` runs this.
 //! * `hugepages up` / `hugepages down`: the same huge page setup as a
 //!   standalone step for manual work; `down` restores what `up` recorded.
-//! * `ci`: fmt, clippy, doc, `test`, bench build; stops at the first failure.
+//! * `ci`: an alias of `test`, kept for compatibility.
 //! * `help`: usage text.
 //!
 //! Restoring the machine is guaranteed by [`session::Session`], an RAII guard
@@ -17,17 +20,22 @@
 //! guard always gets to run.
 //!
 //! Self-test hook (not part of the public interface): when `XTASK_TEST_CMD`
-//! is set, `cargo xtask test` runs `sh -c "$XTASK_TEST_CMD" xtask-test ARGS...`
-//! instead of `cargo test`, so the setup/restore logic can be exercised with
-//! commands such as `false` or `sleep 60`.
+//! is set, `cargo xtask test` runs only the test suite step, with
+//! `sh -c "$XTASK_TEST_CMD" xtask-test ARGS...` instead of `cargo test`, so
+//! the setup/restore logic can be exercised with commands such as `false` or
+//! `sleep 60`.
+//!
+//! Only [`sys`] may use `unsafe` (it allows what this crate denies).
 
-mod ci;
+#![deny(unsafe_code)]
+
 mod cmd;
 mod gpu_check;
 mod hugepages;
 mod mounts;
 mod session;
 mod signals;
+mod sys;
 mod test_suite;
 
 use std::process::ExitCode;
@@ -37,21 +45,29 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  test [CARGO-TEST-ARGS...] [-- TEST-BINARY-ARGS...]
-        Reserve huge pages (2 MiB: >= 1024, 1 GiB: >= 2 where the kernel
-        allows), mount hugetlbfs under /tmp/hostpool-xtask-<pid>, run
-        `cargo test --workspace --all-targets ARGS...` with HOSTPOOL_TEST_*
-        exported, then restore everything (also on failure or Ctrl-C).
-        Needs root for the huge page part; without it the tests run with
-        huge page tests skipped.
+  test [--no-lint] [CARGO-TEST-ARGS...] [-- TEST-BINARY-ARGS...]
+        Everything CI checks (`.ci/run` runs this), in order, stopping at
+        the first failure:
+          1. cargo fmt --all --check
+          2. cargo clippy --workspace --all-targets -- -D warnings
+          3. RUSTDOCFLAGS=\"-D warnings\" cargo doc --workspace --no-deps
+          4. the test suite: reserve huge pages (2 MiB: >= 1024, 1 GiB: >= 2
+             where the kernel allows), mount hugetlbfs under
+             /tmp/hostpool-xtask-<pid>, run
+             `cargo test --workspace --all-targets ARGS...` with
+             HOSTPOOL_TEST_* exported, then restore everything (also on
+             failure or Ctrl-C). Needs root for the huge page part; without
+             it the tests run with huge page tests skipped.
+          5. cargo bench --workspace --no-run
+        --no-lint  run step 4 alone (no fmt, clippy, doc or bench build).
   hugepages up
         Do the same huge page setup for manual work and keep it; prints the
         environment to use (eval \"$(cargo xtask hugepages up)\").
         What to restore is recorded in /tmp/hostpool-xtask-state.
   hugepages down
         Undo `hugepages up` from /tmp/hostpool-xtask-state.
-  ci    cargo fmt --check, clippy -D warnings, doc -D warnings, `test`,
-        cargo bench --no-run; stops at the first failure.
+  ci [ARGS...]
+        The same as `test` (an alias, kept for compatibility).
   gpu-check
         Build hostpool and xtask in release and print the command to run on
         a GPU node; there, `xtask gpu-check --run --hostpool PATH --out FILE`
@@ -88,8 +104,7 @@ fn dispatch(args: &[String]) -> Result<i32, String> {
         None => return Ok(usage(None)),
     };
     match command {
-        "test" => test_suite::run(rest),
-        "ci" if rest.is_empty() => ci::run(),
+        "test" | "ci" => test_suite::run(rest),
         "gpu-check" => gpu_check::run(rest),
         "hugepages" => hugepages_command(rest),
         "help" | "-h" | "--help" => Ok(usage(None)),

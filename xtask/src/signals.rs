@@ -17,8 +17,9 @@
 //! the mask before `exec`) and with the default actions for these signals
 //! (see [`reset_dispositions`]), so none of this leaks into `cargo`.
 
-use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+
+use crate::sys::{self, SigSet};
 
 /// The signals xtask intercepts.
 const HANDLED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
@@ -35,17 +36,10 @@ static CHILD_PGID: AtomicI32 = AtomicI32::new(0);
 /// Must be called first thing in `main`, before any thread is spawned.
 pub fn install() -> Result<(), String> {
     let set = handled_set()?;
-    // SAFETY: `set` is a fully initialised sigset_t that lives across the
-    // call; a null `oldset` is allowed. No other thread exists yet, so the
-    // mask is inherited by every thread spawned later.
-    let rc =
-        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut()) };
-    if rc != 0 {
-        return Err(format!(
-            "could not block SIGINT/SIGTERM/SIGHUP (pthread_sigmask: {})",
-            io::Error::from_raw_os_error(rc)
-        ));
-    }
+    // No other thread exists yet, so the mask is inherited by every thread
+    // spawned later.
+    sys::block(&set)
+        .map_err(|err| format!("could not block SIGINT/SIGTERM/SIGHUP (pthread_sigmask: {err})"))?;
     reset_dispositions()?;
     std::thread::Builder::new()
         .name("xtask-signals".into())
@@ -61,51 +55,21 @@ pub fn install() -> Result<(), String> {
 /// SIGINT that xtask forwards.
 fn reset_dispositions() -> Result<(), String> {
     for sig in HANDLED {
-        // SAFETY: installs the default action (no handler code runs in this
-        // process); `sig` is a valid, catchable signal number.
-        let previous = unsafe { libc::signal(sig, libc::SIG_DFL) };
-        if previous == libc::SIG_ERR {
-            return Err(format!(
-                "could not reset the action of {}: {}",
-                name(sig),
-                io::Error::last_os_error()
-            ));
-        }
+        sys::reset_to_default(sig)
+            .map_err(|err| format!("could not reset the action of {}: {err}", name(sig)))?;
     }
     Ok(())
 }
 
 /// Builds the signal set containing [`HANDLED`].
-fn handled_set() -> Result<libc::sigset_t, String> {
-    // SAFETY: sigset_t is a plain array of integers, so all-zero bytes are a
-    // valid value; sigemptyset/sigaddset only write through the pointer to
-    // this local, which is valid for the whole block.
-    let (set, ok) = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        let mut ok = libc::sigemptyset(&raw mut set) == 0;
-        for sig in HANDLED {
-            ok &= libc::sigaddset(&raw mut set, sig) == 0;
-        }
-        (set, ok)
-    };
-    if ok {
-        Ok(set)
-    } else {
-        Err(format!(
-            "could not build the signal set: {}",
-            io::Error::last_os_error()
-        ))
-    }
+fn handled_set() -> Result<SigSet, String> {
+    SigSet::new(&HANDLED).map_err(|err| format!("could not build the signal set: {err}"))
 }
 
 /// Watcher thread body: takes blocked signals forever.
-fn watch(set: libc::sigset_t) {
+fn watch(set: SigSet) {
     loop {
-        let mut sig: libc::c_int = 0;
-        // SAFETY: `set` is an initialised sigset_t and `sig` a valid,
-        // writable c_int; both outlive the call.
-        let rc = unsafe { libc::sigwait(&raw const set, &raw mut sig) };
-        if rc == 0 {
+        if let Ok(sig) = sys::wait(&set) {
             on_signal(sig);
         }
     }
@@ -131,11 +95,9 @@ fn on_signal(sig: libc::c_int) {
 
 /// Sends `sig` to every process in process group `pgid`.
 pub fn signal_group(pgid: i32, sig: libc::c_int) {
-    // SAFETY: kill(2) has no memory-safety preconditions; the negative pid
-    // addresses the process group that xtask created for its own child.
-    unsafe {
-        libc::kill(-pgid, sig);
-    }
+    // The negative pid addresses the process group that xtask created for
+    // its own child; a group that is already gone is not an error here.
+    let _ = sys::kill(-pgid, sig);
 }
 
 /// The most recent intercepted signal, if any arrived.

@@ -1,12 +1,22 @@
-//! `cargo xtask test`: the whole test suite with huge pages set up.
+//! `cargo xtask test` (and its alias `cargo xtask ci`): every check CI runs,
+//! cheap static checks first, stopping at the first failure:
 //!
-//! Sets up a [`Session`] (or explains why it cannot), runs
-//! `cargo test --workspace --all-targets ARGS...` with the session's
-//! variables plus `RUST_BACKTRACE=1`, restores, and returns the test
-//! command's exit status.
+//! 1. `cargo fmt --all --check`
+//! 2. `cargo clippy --workspace --all-targets -- -D warnings`
+//! 3. `cargo doc --workspace --no-deps` with `-D warnings` added to
+//!    `RUSTDOCFLAGS`
+//! 4. the test suite: sets up a [`Session`] (or explains why it cannot), runs
+//!    `cargo test --workspace --all-targets ARGS...` with the session's
+//!    variables plus `RUST_BACKTRACE=1`, and restores
+//! 5. `cargo bench --workspace --no-run`
+//!
+//! `--no-lint` (before any `--`) runs step 4 alone, and so does the
+//! `XTASK_TEST_CMD` self-test hook. Returns 0 or the failing step's
+//! (non-zero) exit status.
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Instant;
 
 use crate::cmd;
 use crate::session::{self, Session, Setup};
@@ -15,8 +25,130 @@ use crate::signals;
 /// Self-test hook: a shell command that replaces `cargo test`.
 const TEST_CMD_VAR: &str = "XTASK_TEST_CMD";
 
-/// Runs the test suite; returns its exit status.
+/// Skips the static checks and the bench build: only the test suite runs.
+const NO_LINT: &str = "--no-lint";
+
+/// One step of `cargo xtask test`.
+enum Step {
+    /// A cargo invocation with extra environment variables.
+    Cargo {
+        args: &'static [&'static str],
+        env: Vec<(&'static str, String)>,
+    },
+    /// The test suite with huge pages ([`suite`]).
+    Suite,
+}
+
+/// The steps, in order, with their display names; only the suite when
+/// `lint` is false.
+fn steps(lint: bool) -> Vec<(&'static str, Step)> {
+    const SUITE: &str = "the test suite with huge pages";
+    if !lint {
+        return vec![(SUITE, Step::Suite)];
+    }
+    let rustdocflags = match std::env::var("RUSTDOCFLAGS") {
+        Ok(flags) if !flags.trim().is_empty() => format!("{flags} -D warnings"),
+        _ => "-D warnings".to_string(),
+    };
+    let cargo = |args, env| Step::Cargo { args, env };
+    vec![
+        (
+            "cargo fmt --all --check",
+            cargo(&["fmt", "--all", "--check"], vec![]),
+        ),
+        (
+            "cargo clippy --workspace --all-targets -- -D warnings",
+            cargo(
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                vec![],
+            ),
+        ),
+        (
+            "RUSTDOCFLAGS=\"-D warnings\" cargo doc --workspace --no-deps",
+            cargo(
+                &["doc", "--workspace", "--no-deps"],
+                vec![("RUSTDOCFLAGS", rustdocflags)],
+            ),
+        ),
+        (SUITE, Step::Suite),
+        (
+            "cargo bench --workspace --no-run",
+            cargo(&["bench", "--workspace", "--no-run"], vec![]),
+        ),
+    ]
+}
+
+/// Splits off [`NO_LINT`] (wherever it is before the first `--`): whether
+/// to lint, and the arguments for `cargo test`.
+fn parse(args: &[String]) -> (bool, Vec<String>) {
+    let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let (ours, test_binary) = args.split_at(split);
+    let lint = !ours.iter().any(|a| a == NO_LINT);
+    let cargo_test = ours
+        .iter()
+        .filter(|a| *a != NO_LINT)
+        .chain(test_binary)
+        .cloned()
+        .collect();
+    (lint, cargo_test)
+}
+
+/// Runs `cargo xtask test ARGS...`; returns 0 or the failing step's
+/// (non-zero) status.
 pub fn run(args: &[String]) -> Result<i32, String> {
+    let (lint, cargo_test_args) = parse(args);
+    let steps = steps(lint && std::env::var_os(TEST_CMD_VAR).is_none());
+    let total = steps.len();
+    for (index, (name, step)) in steps.into_iter().enumerate() {
+        eprintln!("xtask test: [{}/{total}] {name}", index + 1);
+        let started = Instant::now();
+        let code = run_one(name, step, &cargo_test_args)?;
+        let seconds = started.elapsed().as_secs();
+        if let Some(sig) = signals::received() {
+            eprintln!(
+                "xtask test: interrupted by {} during `{name}`",
+                signals::name(sig)
+            );
+            return Ok(if code == 0 {
+                signals::exit_code_for(sig)
+            } else {
+                code
+            });
+        }
+        if code != 0 {
+            eprintln!(
+                "xtask test: FAILED: `{name}` exited with status {code} after {seconds}s; stopping"
+            );
+            return Ok(code);
+        }
+        eprintln!("xtask test: ok: `{name}` ({seconds}s)");
+    }
+    eprintln!("xtask test: all {total} steps passed");
+    Ok(0)
+}
+
+/// Runs one step and returns its exit status.
+fn run_one(name: &str, step: Step, cargo_test_args: &[String]) -> Result<i32, String> {
+    match step {
+        Step::Suite => suite(cargo_test_args),
+        Step::Cargo { args, env } => {
+            let mut command: Command = cmd::cargo();
+            command.args(args).envs(env);
+            cmd::run_step(&mut command, &format!("`{name}`"))
+        }
+    }
+}
+
+/// Runs the test suite with huge pages set up (see the module docs);
+/// returns the test command's exit status.
+fn suite(args: &[String]) -> Result<i32, String> {
     if Path::new(session::STATE_FILE).exists() {
         eprintln!(
             "xtask: note: `cargo xtask hugepages up` is active ({}); this run restores to that state",
@@ -88,4 +220,46 @@ fn print_unavailable(reason: &str) {
          tests that need huge pages will be skipped",
         session::REQUIRE_VAR
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn no_lint_is_taken_before_the_separator_only() {
+        assert_eq!(parse(&[]), (true, vec![]));
+        assert_eq!(
+            parse(&strings(&[
+                "-p",
+                "pool-core",
+                "--no-lint",
+                "--",
+                "--no-lint"
+            ])),
+            (false, strings(&["-p", "pool-core", "--", "--no-lint"]))
+        );
+        assert_eq!(
+            parse(&strings(&["--", "--no-lint"])),
+            (true, strings(&["--", "--no-lint"]))
+        );
+    }
+
+    #[test]
+    fn the_static_checks_come_first_and_no_lint_runs_the_suite_alone() {
+        let names: Vec<&str> = steps(true).iter().map(|(name, _)| *name).collect();
+        assert_eq!(names.len(), 5);
+        assert!(names[0].starts_with("cargo fmt"));
+        assert!(names[1].starts_with("cargo clippy"));
+        assert!(names[2].contains("cargo doc"));
+        assert!(matches!(steps(true)[3].1, Step::Suite));
+        assert!(names[4].starts_with("cargo bench"));
+        let only = steps(false);
+        assert_eq!(only.len(), 1);
+        assert!(matches!(only[0].1, Step::Suite));
+    }
 }

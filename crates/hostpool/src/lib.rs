@@ -26,7 +26,5 @@ use pinner_cuda as _;
 use pinner_mlock as _;
 use registrar_rdma as _;
 
-pub mod benchkit;
 pub mod cli;
-pub mod reference;
 mod sys;

@@ -1,17 +1,18 @@
-//! The plain-C prefault reference, used by the benches and `hostpool bench`.
-//!
-//! `benches/c/raw_populate.c` (compiled by `build.rs`) is the kernel's path
-//! with nothing around it: the range is cut into page-aligned contiguous
-//! slices, as even as pages allow, one pthread per slice, and each thread makes
-//! a single `madvise(MADV_POPULATE_WRITE)` over its whole slice. The prefault
-//! engine ([`pool_core::prefault::run`]) must reach 0.9 of its throughput.
-//! [`raw_memset`] writes every byte with the same split: the memory-bandwidth
-//! limit that faulting (which zeroes every page) cannot beat.
+//! The only `unsafe` code of this crate: the C reference's functions
+//! (`benches/c/raw_populate.c`, compiled by `build.rs`; re-exported by
+//! [`crate::reference`]), the fill of a [`FreshPool`], and the one `mmap`
+//! (with its `munmap`) that [`crate::benchkit::map_populate_once`] times.
+
+#![allow(unsafe_code)]
 
 use std::ffi::c_int;
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr::{self, NonNull};
 
 use pool_core::Region;
+
+use crate::benchkit::FreshPool;
 
 unsafe extern "C" {
     fn hostpool_raw_populate(addr: *mut u8, len: usize, threads: c_int) -> c_int;
@@ -69,6 +70,80 @@ pub unsafe fn raw_memset(region: &Region, threads: usize) -> io::Result<()> {
     // for as long as the region is used, and the caller guarantees exclusive
     // access for the duration of the call; plain bytes have no invalid values.
     check(unsafe { hostpool_raw_memset(region.addr(), len, threads) })
+}
+
+/// Write `1` to every byte of `pool` with [`raw_memset`] on `threads`
+/// threads.
+///
+/// # Errors
+/// As for [`raw_memset`].
+pub(crate) fn memset_fresh(pool: &mut FreshPool, threads: usize) -> io::Result<()> {
+    // SAFETY: the pool is the FreshPool's own; nothing in this crate reads or
+    // writes its memory while the `&mut` borrow is held, and any other access
+    // would need unsafe code of the caller's.
+    unsafe { raw_memset(pool.region(), threads) }
+}
+
+/// A read-write mapping made with `MAP_POPULATE`, unmapped on drop. It
+/// never hands out a pointer into itself, only its address as a number.
+pub(crate) struct PopulatedMap {
+    base: NonNull<libc::c_void>,
+    len: usize,
+}
+
+impl PopulatedMap {
+    /// `mmap(MAP_POPULATE)` of `len` bytes: private anonymous memory
+    /// without `fd`, else `MAP_SHARED` of the file from offset 0 (the
+    /// caller sized it to `len`).
+    pub(crate) fn new(len: usize, fd: Option<BorrowedFd<'_>>) -> io::Result<PopulatedMap> {
+        let (flags, raw) = match fd {
+            None => (
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+            ),
+            Some(fd) => (libc::MAP_SHARED | libc::MAP_POPULATE, fd.as_raw_fd()),
+        };
+        // SAFETY: a new mapping at an address the kernel picks (null
+        // hint, no MAP_FIXED) replaces nothing and aliases no Rust object.
+        // The fd is borrowed, so open for the whole call. Populating a
+        // file mapping past its end leaves those pages absent rather than
+        // faulting, and the caller sized the file to `len` anyway.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                raw,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(p).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
+        Ok(PopulatedMap { base, len })
+    }
+
+    /// The start address.
+    pub(crate) fn addr(&self) -> usize {
+        self.base.as_ptr() as usize
+    }
+}
+
+impl Drop for PopulatedMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `new` made, unmapped exactly once, here; no
+        // pointer or reference into it was ever handed out.
+        let rc = unsafe { libc::munmap(self.base.as_ptr(), self.len) };
+        if rc != 0 {
+            tracing::warn!(
+                "munmap of a MAP_POPULATE bench mapping at {:p} failed: {}",
+                self.base,
+                io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Compiles the plain-C prefault reference (`benches/c/raw_populate.c`) that
-//! `hostpool::reference`, the benches and `hostpool bench` compare against.
+//! `bench_support::reference`, the benches and `hostpool bench` compare
+//! against.
 
 fn main() {
     let source = "../../benches/c/raw_populate.c";

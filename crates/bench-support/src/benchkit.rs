@@ -21,7 +21,7 @@ use pool_core::{
     hugetlb, prefault,
 };
 
-use crate::reference::{raw_memset, raw_populate};
+use crate::reference::raw_populate;
 
 /// One kibibyte.
 pub const KIB: u64 = 1 << 10;
@@ -271,10 +271,7 @@ impl FreshPool {
     /// `EINVAL` for no threads, or the errno of `pthread_create`.
     pub fn memset(&mut self, threads: usize) -> io::Result<Duration> {
         let start = Instant::now();
-        // SAFETY: the pool is this value's own; nothing in this library reads
-        // or writes its memory while `&mut self` is held, and any other access
-        // would need unsafe code of the caller's.
-        unsafe { raw_memset(&self.region, threads) }?;
+        crate::sys::memset_fresh(self, threads)?;
         Ok(start.elapsed())
     }
 
@@ -443,7 +440,7 @@ pub fn map_populate_once(memory: &Memory, size: u64) -> Result<MapPopulated> {
         )?),
     };
     let start = Instant::now();
-    let map = sys::PopulatedMap::new(len, fd.as_ref().map(AsFd::as_fd));
+    let map = crate::sys::PopulatedMap::new(len, fd.as_ref().map(AsFd::as_fd));
     let took = start.elapsed();
     let map = map.map_err(|source| Error::Os {
         op: "mmap(MAP_POPULATE)",
@@ -491,77 +488,11 @@ pub fn smaps_bytes(addr: usize, fields: &[&str]) -> Option<u64> {
     Some(kib * KIB)
 }
 
-/// The one `mmap` this module makes itself, and its `munmap`.
-mod sys {
-    use std::io;
-    use std::os::fd::{AsRawFd, BorrowedFd};
-    use std::ptr::{self, NonNull};
-
-    /// A read-write mapping made with `MAP_POPULATE`, unmapped on drop. It
-    /// never hands out a pointer into itself, only its address as a number.
-    pub(super) struct PopulatedMap {
-        base: NonNull<libc::c_void>,
-        len: usize,
-    }
-
-    impl PopulatedMap {
-        /// `mmap(MAP_POPULATE)` of `len` bytes: private anonymous memory
-        /// without `fd`, else `MAP_SHARED` of the file from offset 0 (the
-        /// caller sized it to `len`).
-        pub(super) fn new(len: usize, fd: Option<BorrowedFd<'_>>) -> io::Result<PopulatedMap> {
-            let (flags, raw) = match fd {
-                None => (
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                    -1,
-                ),
-                Some(fd) => (libc::MAP_SHARED | libc::MAP_POPULATE, fd.as_raw_fd()),
-            };
-            // SAFETY: a new mapping at an address the kernel picks (null
-            // hint, no MAP_FIXED) replaces nothing and aliases no Rust object.
-            // The fd is borrowed, so open for the whole call. Populating a
-            // file mapping past its end leaves those pages absent rather than
-            // faulting, and the caller sized the file to `len` anyway.
-            let p = unsafe {
-                libc::mmap(
-                    ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    flags,
-                    raw,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
-            let base = NonNull::new(p).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
-            Ok(PopulatedMap { base, len })
-        }
-
-        /// The start address.
-        pub(super) fn addr(&self) -> usize {
-            self.base.as_ptr() as usize
-        }
-    }
-
-    impl Drop for PopulatedMap {
-        fn drop(&mut self) {
-            // SAFETY: the mapping `new` made, unmapped exactly once, here; no
-            // pointer or reference into it was ever handed out.
-            let rc = unsafe { libc::munmap(self.base.as_ptr(), self.len) };
-            if rc != 0 {
-                tracing::warn!(
-                    "munmap of a MAP_POPULATE bench mapping at {:p} failed: {}",
-                    self.base,
-                    io::Error::last_os_error()
-                );
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    // The tests plan pools of the `anon` backing.
+    use backing_anon as _;
+
     use super::*;
 
     #[test]

@@ -1,0 +1,29 @@
+//! `memory`: `MemAvailable` and `MemTotal` from `/proc/meminfo`.
+
+use pool_core::capacity;
+use pool_core::layout::format_bytes;
+use serde_json::json;
+
+use super::Finding;
+
+/// The memory available to new pools.
+pub(super) fn findings() -> Vec<Finding> {
+    let total = capacity::meminfo("MemTotal");
+    let f = Finding::new("memory", "MemAvailable", "");
+    vec![match capacity::meminfo("MemAvailable") {
+        Some(avail) => Finding {
+            value: format!(
+                "{} of {} (MemTotal); reserved huge pages are not counted in it",
+                format_bytes(avail),
+                total.map_or("unknown".into(), format_bytes)
+            ),
+            ..f
+        }
+        .details(json!({ "available": avail, "total": total })),
+        None => Finding {
+            value: "cannot be read from /proc/meminfo".into(),
+            ..f
+        }
+        .warn("mount /proc (in a container: do not mask /proc/meminfo)"),
+    }]
+}

@@ -1,0 +1,78 @@
+//! `shm`: `/dev/shm`, where shared pools keep their control files and
+//! shm-segmented pools their memory: its file system, size and free space.
+
+use std::io;
+use std::path::Path;
+
+use pool_core::fs::{FsKind, filesystem_kind};
+use pool_core::layout::format_bytes;
+use serde_json::json;
+
+use super::{Finding, GIB};
+
+const SHM: &str = "/dev/shm";
+
+/// `statvfs(path)`: `(size, free)` in bytes; size 0 means no limit.
+fn statvfs(path: &Path) -> io::Result<(u64, u64)> {
+    let st = rustix::fs::statvfs(path)?;
+    let unit = if st.f_frsize > 0 {
+        st.f_frsize
+    } else {
+        st.f_bsize
+    };
+    Ok((
+        st.f_blocks.saturating_mul(unit),
+        st.f_bavail.saturating_mul(unit),
+    ))
+}
+
+/// `/dev/shm`: a tmpfs, and big enough for shared-memory pools.
+pub(super) fn findings() -> Vec<Finding> {
+    let dir = Path::new(SHM);
+    let grow = "docker run --shm-size=<N>g (or --ipc=host); Kubernetes: mount an emptyDir \
+                {medium: Memory, sizeLimit: <N>Gi} at /dev/shm";
+    let f = Finding::new("shm", SHM, "");
+    let finding = match (filesystem_kind(dir), statvfs(dir)) {
+        (Err(e), _) | (_, Err(e)) => Finding {
+            value: format!("cannot be examined: {e}"),
+            ..f
+        }
+        .warn(format!(
+            "shared pools keep their control files in /dev/shm: mount a tmpfs there (`mount -t \
+             tmpfs -o size=<N>G tmpfs /dev/shm`), or {grow}"
+        )),
+        (Ok(FsKind::Tmpfs), Ok((0, _))) => Finding {
+            value: "tmpfs without a size limit (bounded by memory)".into(),
+            ..f
+        }
+        .details(json!({ "size": 0, "free": null })),
+        (Ok(FsKind::Tmpfs), Ok((size, free))) => {
+            let f = Finding {
+                value: format!("tmpfs, {}, {} free", format_bytes(size), format_bytes(free)),
+                ..f
+            }
+            .details(json!({ "size": size, "free": free }));
+            if size < GIB {
+                f.warn(format!(
+                    "smaller than 1 GiB (Docker's default is 64 MiB), too small for a \
+                     shared-memory pool: {grow}"
+                ))
+            } else {
+                f
+            }
+        }
+        (Ok(kind), Ok((size, free))) => Finding {
+            value: format!(
+                "not tmpfs ({kind:?}), {}, {} free",
+                format_bytes(size),
+                format_bytes(free)
+            ),
+            ..f
+        }
+        .warn(format!(
+            "shared-memory pools need a tmpfs: `mount -t tmpfs -o size=<N>G tmpfs /dev/shm`, \
+             or {grow}"
+        )),
+    };
+    vec![finding]
+}

@@ -1,0 +1,88 @@
+//! `thp`: transparent huge pages, which `anon` pools with `thp = true` use.
+
+use std::path::Path;
+
+use pool_core::layout::format_bytes;
+use serde_json::json;
+
+use super::Finding;
+
+const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
+
+/// The `[selected]` word of a THP setting, or the whole text.
+fn selected(text: &str) -> String {
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
+        .unwrap_or(text.trim())
+        .to_string()
+}
+
+/// The THP `enabled` and `defrag` settings and the THP page size.
+pub(super) fn findings() -> Vec<Finding> {
+    let dir = Path::new(THP_DIR);
+    if !dir.exists() {
+        return vec![
+            Finding::new("thp", "transparent huge pages", "not in this kernel").info(
+                "anonymous pools with thp = true get 4 KiB pages; use the hugetlbfs backing for \
+                 huge pages",
+            ),
+        ];
+    }
+    let read = |name: &str| std::fs::read_to_string(dir.join(name));
+    let mut out = Vec::new();
+    for (name, wanted) in [("enabled", "always or madvise"), ("defrag", "")] {
+        let item = format!("THP {name}");
+        let path = dir.join(name);
+        out.push(match read(name) {
+            Ok(text) => {
+                let s = selected(&text);
+                let f = Finding::new("thp", item, s.clone()).details(json!({ "value": s }));
+                match (name, s.as_str()) {
+                    ("enabled", "never") => f.info(format!(
+                        "anonymous pools with thp = true get 4 KiB pages; `echo madvise > {}` \
+                         ({wanted})",
+                        path.display()
+                    )),
+                    ("defrag", "never") => f.info(format!(
+                        "THP faults never compact memory, so a thp pool may get few huge pages; \
+                         `echo madvise > {}`",
+                        path.display()
+                    )),
+                    _ => f,
+                }
+            }
+            Err(e) => Finding::new("thp", item, format!("cannot read {}: {e}", path.display()))
+                .info("check that /sys is mounted and readable"),
+        });
+    }
+    out.push(match read("hpage_pmd_size") {
+        Ok(text) => match text.trim().parse::<u64>() {
+            Ok(b) => Finding::new("thp", "THP page size", format_bytes(b))
+                .details(json!({ "hpage_pmd_size": b })),
+            Err(_) => Finding::new(
+                "thp",
+                "THP page size",
+                format!("unreadable hpage_pmd_size `{}`", text.trim()),
+            )
+            .info("anonymous pools with thp = true assume 2 MiB"),
+        },
+        Err(e) => Finding::new(
+            "thp",
+            "THP page size",
+            format!("cannot read hpage_pmd_size: {e}"),
+        )
+        .info("anonymous pools with thp = true assume 2 MiB"),
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thp_settings_read_the_bracketed_word() {
+        assert_eq!(selected("always [madvise] never\n"), "madvise");
+        assert_eq!(selected("weird\n"), "weird");
+    }
+}
