@@ -46,21 +46,17 @@ use std::hint::black_box;
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::ptr::{self, NonNull};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use bench_support::SharedMap;
 use bench_support::benchkit::{
     self, PRESENT_FIELDS, Populate, free_huge_pages, median, page_label, raw_c_slices_aligned,
     smaps_bytes,
 };
-use bench_support::reference::raw_memset;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, measurement::WallTime};
-use hostpool::pool_core::layout::{Extent, PageSize, round_to_page};
-use hostpool::pool_core::{
-    ByteSize, Pool, PoolPlan, PrefaultChoice, Quiet, Region, file, prefault,
-};
-use rustix::mm::{Advice, MapFlags, ProtFlags};
+use hostpool::pool_core::layout::{Extent, PageSize};
+use hostpool::pool_core::{ByteSize, PoolPlan, PrefaultChoice, file, prefault};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -219,22 +215,6 @@ impl Backing {
     }
 }
 
-/// A fresh, unfaulted pool.
-fn build(plan: &PoolPlan) -> (Pool, Region) {
-    let pool = Pool::build(plan, &Quiet).expect("pool build");
-    let region = pool.region().expect("a built pool has a region");
-    (pool, region)
-}
-
-fn teardown(pool: Pool) {
-    let report = pool.teardown();
-    assert!(
-        report.teardown_issues.is_empty(),
-        "teardown left issues: {:?}",
-        report.teardown_issues
-    );
-}
-
 /// Build, fill and tear down a pool of the group's size twice with every
 /// core, so the benchmarks do not pay for the host handing the memory back
 /// to the VM on first touch.
@@ -281,24 +261,20 @@ fn populate(
 /// `memset` over a resident pool of the same backing.
 fn memset(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, plan: &PoolPlan, threads: usize) {
     let size = plan.backing_plan.size.mapped();
-    let (pool, region) = build(plan);
-    // SAFETY: the bench's own pool; nothing else touches it.
-    unsafe { raw_memset(&region, threads) }.expect("memset buffer");
+    let mut pool = benchkit::FreshPool::build(plan).expect("pool build");
+    pool.memset(threads).expect("memset buffer");
     g.bench_function(BenchmarkId::new("memset", threads), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                let start = Instant::now();
-                // SAFETY: as above.
-                unsafe { raw_memset(black_box(&region), threads) }.expect("memset");
-                let took = start.elapsed();
+                let took = black_box(&mut pool).memset(threads).expect("memset");
                 total += took;
                 record(group, "memset", threads, size, took);
             }
             total
         })
     });
-    teardown(pool);
+    pool.teardown().expect("teardown");
 }
 
 fn pairs() -> usize {
@@ -371,60 +347,6 @@ fn vllm_group(c: &mut Criterion) {
 
 // ---------------------------------------------------------------- attach
 
-/// A `MAP_SHARED` read-write mapping of a whole file, unmapped on drop.
-struct SharedMap {
-    base: NonNull<u8>,
-    len: usize,
-}
-
-impl SharedMap {
-    fn new(fd: BorrowedFd<'_>, len: usize, populate: bool) -> SharedMap {
-        let flags = if populate {
-            MapFlags::SHARED | MapFlags::POPULATE
-        } else {
-            MapFlags::SHARED
-        };
-        // SAFETY: a fresh mapping at a kernel-chosen address aliases no Rust
-        // object; it is ours until `drop` unmaps it. The file is `len` bytes
-        // (set by `ftruncate` before), so no access past its end can SIGBUS.
-        let p = unsafe {
-            rustix::mm::mmap(
-                ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                flags,
-                fd,
-                0,
-            )
-        }
-        .expect("mmap of the pool file");
-        let base = NonNull::new(p.cast::<u8>()).expect("mmap returned a non-null address");
-        SharedMap { base, len }
-    }
-
-    fn advise(&self, advice: Advice) {
-        // SAFETY: the whole of our own live mapping. MADV_POPULATE_READ and
-        // MADV_POPULATE_WRITE only fault pages in and never change data.
-        unsafe { rustix::mm::madvise(self.base.as_ptr().cast(), self.len, advice) }
-            .expect("madvise(MADV_POPULATE_*)");
-    }
-
-    fn region(&self, page: PageSize) -> Region {
-        let size = round_to_page(self.len as u64, page).expect("a page multiple");
-        // SAFETY: `base` is our read-write mapping of `len` bytes, a multiple
-        // of `page`; the kernel aligns a hugetlb file mapping to its page
-        // size. The region is used only while `self` is alive.
-        unsafe { Region::new(self.base, size) }
-    }
-}
-
-impl Drop for SharedMap {
-    fn drop(&mut self) {
-        // SAFETY: our mapping; no reference into it outlives `self`.
-        unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) }.expect("munmap");
-    }
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Attach {
     MapPopulate,
@@ -465,8 +387,8 @@ fn attach_once(
     let m = SharedMap::new(fd, len, method == Attach::MapPopulate);
     match method {
         Attach::MapPopulate => {}
-        Attach::PopulateWrite => m.advise(Advice::LinuxPopulateWrite),
-        Attach::PopulateRead => m.advise(Advice::LinuxPopulateRead),
+        Attach::PopulateWrite => m.populate(true),
+        Attach::PopulateRead => m.populate(false),
         Attach::Engine => {
             let region = m.region(page);
             let mut pf = prefault::plan(
@@ -504,7 +426,7 @@ fn populated_file(page: PageSize, size: u64) -> Populated {
     };
     let len = usize::try_from(size).expect("size fits in usize");
     let peer = SharedMap::new(fd.as_fd(), len, false);
-    peer.advise(Advice::LinuxPopulateWrite);
+    peer.populate(true);
     Populated { fd, peer }
 }
 
@@ -566,7 +488,7 @@ fn attach_group(c: &mut Criterion, kind: &'static str, page: PageSize) {
         // Check once, outside the clock, that the method really makes every
         // page present in the second mapping.
         let (_, m) = attach_once(fd, len, page, method, threads);
-        match smaps_bytes(m.base.as_ptr() as usize, &PRESENT_FIELDS) {
+        match smaps_bytes(m.addr(), &PRESENT_FIELDS) {
             Some(p) if p == size => {}
             Some(p) => println!(
                 "{name} {}: only {} of {} MiB present after attach",

@@ -32,10 +32,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bench_support::benchkit::median;
-use bench_support::reference::{raw_memset, raw_populate};
+use bench_support::reference::raw_populate;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, measurement::WallTime};
 use pool_core::layout::{Extent, PageSize, round_to_page};
-use pool_core::sys::{AnonMapOptions, advise_hugepage, base_page_size, map_anonymous, unmap};
+use pool_core::sys::{AnonMapOptions, Mmap, base_page_size};
 use pool_core::{PrefaultChoice, Region, prefault};
 
 const MIB: u64 = 1 << 20;
@@ -85,15 +85,15 @@ fn thread_counts() -> Vec<usize> {
 
 /// A private anonymous mapping, unmapped on drop.
 struct Mapping {
-    region: Region,
+    mmap: Mmap,
 }
 
 impl Mapping {
     fn new(size: u64, thp: bool) -> Mapping {
-        let len = usize::try_from(size).expect("size fits in usize");
         let align = if thp { 2 << 20 } else { base_page_size() };
-        let base = map_anonymous(
-            len,
+        let size = round_to_page(size, PageSize::BASE_4K).expect("a 2 MiB multiple");
+        let mmap = Mmap::anonymous(
+            size,
             AnonMapOptions {
                 shared: false,
                 align,
@@ -101,22 +101,19 @@ impl Mapping {
         )
         .expect("mmap");
         if thp {
-            // SAFETY: the fresh mapping just made, aligned to 2 MiB.
-            unsafe { advise_hugepage(base.as_ptr(), len) }.expect("madvise(MADV_HUGEPAGE)");
+            mmap.region()
+                .advise_hugepage()
+                .expect("madvise(MADV_HUGEPAGE)");
         }
-        let size = round_to_page(size, PageSize::BASE_4K).expect("a 2 MiB multiple");
-        // SAFETY: `base` is a fresh read-write mapping of `size` bytes,
-        // page-aligned, unmapped only by `drop`.
-        let region = unsafe { Region::new(base, size) };
-        Mapping { region }
+        Mapping { mmap }
     }
-}
 
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        let len = usize::try_from(self.region.mapped_len()).unwrap_or(usize::MAX);
-        // SAFETY: our mapping; the region is not used after this.
-        unsafe { unmap(self.region.addr(), len) }.expect("munmap");
+    fn region(&self) -> Region<'_> {
+        self.mmap.region()
+    }
+
+    fn memset(&mut self, threads: usize) {
+        bench_support::memset_mmap(&mut self.mmap, threads).expect("memset");
     }
 }
 
@@ -127,9 +124,8 @@ fn warm_up(size: u64, thp: bool) {
     let cores = *thread_counts().last().unwrap_or(&1);
     for round in 1..=2 {
         let start = Instant::now();
-        let m = Mapping::new(size, thp);
-        // SAFETY: the bench's own warm-up buffer; nothing else touches it.
-        unsafe { raw_memset(&m.region, cores) }.expect("warm-up memset");
+        let mut m = Mapping::new(size, thp);
+        m.memset(cores);
         drop(m);
         eprintln!(
             "warm-up {round}: map+fill+unmap of {} MiB{} took {:.2?}",
@@ -145,7 +141,8 @@ fn warm_up(size: u64, thp: bool) {
 /// of the prefault alone (mapping and unmapping are outside it).
 fn prefault_once(method: support::Method, size: u64, threads: usize, thp: bool) -> Duration {
     let m = Mapping::new(size, thp);
-    let region = black_box(&m.region);
+    let region = m.region();
+    let region = black_box(&region);
     let mut plan = prefault::plan(
         PrefaultChoice::PopulateWrite,
         Extent {
@@ -235,16 +232,14 @@ fn prefault_4k(c: &mut Criterion) {
     let mut g = c.benchmark_group(&name);
     support::configure(&mut g, size);
     for threads in thread_counts() {
-        let buffer = Mapping::new(size, false);
-        // SAFETY: the bench's own buffer; nothing else touches it.
-        unsafe { raw_memset(&buffer.region, threads) }.expect("memset buffer");
+        let mut buffer = Mapping::new(size, false);
+        buffer.memset(threads);
         g.bench_function(BenchmarkId::new("memset", threads), |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let start = Instant::now();
-                    // SAFETY: as above.
-                    unsafe { raw_memset(black_box(&buffer.region), threads) }.expect("memset");
+                    black_box(&mut buffer).memset(threads);
                     let took = start.elapsed();
                     total += took;
                     record(&name, "memset", threads, size, took);

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use pool_core::{
     ByteSize, Error, Pin, PinStatus, Pinner, PinnerPlugin, Pool, PoolConfig, PoolPlan, Quiet,
-    Region, Registrar, RegistrarPlugin, Registration, Result, TeardownIssue,
+    Region, Registrar, RegistrarPlugin, Registration, Result, Span, TeardownIssue,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -35,12 +35,17 @@ fn events(tag: &str) -> Vec<String> {
         .collect()
 }
 
-fn mapped(region: Region<'_>) -> &'static str {
-    let mut v = [0u8; 1];
-    // SAFETY: mincore only reads page-table state; on an unmapped range it
-    // fails with ENOMEM, which is what we look for.
-    let rc = unsafe { libc::mincore(region.addr().cast(), 4096, v.as_mut_ptr()) };
-    if rc == 0 { "mapped" } else { "UNMAPPED" }
+/// Whether the span's first page is mapped now, from /proc/self/maps.
+fn mapped(span: Span) -> &'static str {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    let inside = maps.lines().any(|line| {
+        let range = line.split_whitespace().next().unwrap_or("");
+        let (lo, hi) = range.split_once('-').unwrap_or(("0", "0"));
+        let lo = usize::from_str_radix(lo, 16).unwrap_or(0);
+        let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
+        lo <= span.addr && span.addr < hi
+    });
+    if inside { "mapped" } else { "UNMAPPED" }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -63,12 +68,15 @@ struct Recorder {
 struct Held {
     name: &'static str,
     opts: Opts,
-    region: Region,
+    span: Span,
 }
 
 impl Recorder {
     fn start(&self, region: Region<'_>) -> Result<Held> {
-        record(&self.opts.tag, format!("{} {}", self.name, mapped(region)));
+        record(
+            &self.opts.tag,
+            format!("{} {}", self.name, mapped(region.span())),
+        );
         match self.opts.fail.as_deref() {
             Some("unavailable") => Err(Error::NotAvailable {
                 what: self.name.into(),
@@ -82,7 +90,7 @@ impl Recorder {
             None => Ok(Held {
                 name: self.name,
                 opts: self.opts.clone(),
-                region,
+                span: region.span(),
             }),
         }
     }
@@ -92,7 +100,7 @@ impl Held {
     fn release(self) -> Vec<TeardownIssue> {
         record(
             &self.opts.tag,
-            format!("release {} {}", self.name, mapped(self.region)),
+            format!("release {} {}", self.name, mapped(self.span)),
         );
         if self.opts.fail_release {
             vec![TeardownIssue::log(self.name, "device refused to let go")]
@@ -131,7 +139,7 @@ impl Pin for Held {
 
 impl Registration for Held {
     fn details(&self) -> Value {
-        json!({"by": self.name, "len": self.region.mapped_len()})
+        json!({"by": self.name, "len": self.span.len})
     }
     fn deregister(self: Box<Self>) -> Vec<TeardownIssue> {
         self.release()

@@ -238,7 +238,6 @@ impl Memory {
 #[derive(Debug)]
 pub struct FreshPool {
     pool: Pool,
-    region: Region,
 }
 
 impl FreshPool {
@@ -248,15 +247,16 @@ impl FreshPool {
     /// As for [`Pool::build`].
     pub fn build(plan: &PoolPlan) -> Result<FreshPool> {
         let pool = Pool::build(plan, &Quiet)?;
-        let region = pool
-            .region()
+        pool.region()
             .ok_or_else(|| Error::config("a built pool has no memory"))?;
-        Ok(FreshPool { pool, region })
+        Ok(FreshPool { pool })
     }
 
     /// The pool's memory.
-    pub fn region(&self) -> &Region {
-        &self.region
+    pub fn region(&self) -> Region<'_> {
+        self.pool
+            .region()
+            .expect("a FreshPool owns its pool until teardown, which consumes it")
     }
 
     /// The pool itself (its report, for example).
@@ -323,7 +323,7 @@ pub struct Timed {
 ///
 /// # Errors
 /// The prefault's error.
-pub fn prefault_region(region: &Region, how: Populate, threads: usize) -> Result<Timed> {
+pub fn prefault_region(region: &Region<'_>, how: Populate, threads: usize) -> Result<Timed> {
     match how {
         Populate::RawC => {
             let start = Instant::now();
@@ -373,7 +373,7 @@ pub fn prefault_region(region: &Region, how: Populate, threads: usize) -> Result
 /// The build's, the prefault's or the teardown's error.
 pub fn prefault_once(plan: &PoolPlan, how: Populate, threads: usize) -> Result<Timed> {
     let pool = FreshPool::build(plan)?;
-    let timed = prefault_region(black_box(pool.region()), how, threads)?;
+    let timed = prefault_region(black_box(&pool.region()), how, threads)?;
     pool.teardown()?;
     Ok(timed)
 }

@@ -20,3 +20,5 @@
 pub mod benchkit;
 pub mod reference;
 mod sys;
+
+pub use sys::{SharedMap, memset_mmap};

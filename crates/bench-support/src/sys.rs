@@ -11,6 +11,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::{self, NonNull};
 
 use pool_core::Region;
+use pool_core::layout::{PageSize, round_to_page};
 
 use crate::benchkit::FreshPool;
 
@@ -20,7 +21,7 @@ unsafe extern "C" {
 }
 
 /// The region's length and the thread count as the C functions take them.
-fn c_args(region: &Region, threads: usize) -> io::Result<(usize, c_int)> {
+fn c_args(region: &Region<'_>, threads: usize) -> io::Result<(usize, c_int)> {
     let len = usize::try_from(region.mapped_len())
         .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
     // The C side clamps to 1024 threads and rejects 0 with EINVAL.
@@ -43,9 +44,9 @@ fn check(rc: c_int) -> io::Result<()> {
 /// The first errno of a slice (`EFAULT` when the backing cannot supply a page,
 /// `ENOMEM`, `EINVAL` for `threads == 0` or a kernel without the advice), or
 /// of `pthread_create`.
-pub fn raw_populate(region: &Region, threads: usize) -> io::Result<()> {
+pub fn raw_populate(region: &Region<'_>, threads: usize) -> io::Result<()> {
     let (len, threads) = c_args(region, threads)?;
-    // SAFETY: `Region::new`'s contract makes `[addr, addr + len)` a read-write
+    // SAFETY: a Region keeps its owner borrowed, which makes `[addr, addr + len)` a read-write
     // mapping, page-aligned at `addr`, that stays mapped while the region is
     // used, which covers this call. MADV_POPULATE_WRITE only faults pages in
     // and never changes their contents, so no Rust reference into the memory
@@ -64,9 +65,9 @@ pub fn raw_populate(region: &Region, threads: usize) -> io::Result<()> {
 ///
 /// # Errors
 /// `EINVAL` for `threads == 0`, or the errno of `pthread_create`.
-pub unsafe fn raw_memset(region: &Region, threads: usize) -> io::Result<()> {
+pub unsafe fn raw_memset(region: &Region<'_>, threads: usize) -> io::Result<()> {
     let (len, threads) = c_args(region, threads)?;
-    // SAFETY: `Region::new`'s contract makes the whole range mapped read-write
+    // SAFETY: a Region keeps its owner borrowed, which makes the whole range mapped read-write
     // for as long as the region is used, and the caller guarantees exclusive
     // access for the duration of the call; plain bytes have no invalid values.
     check(unsafe { hostpool_raw_memset(region.addr(), len, threads) })
@@ -81,7 +82,18 @@ pub(crate) fn memset_fresh(pool: &mut FreshPool, threads: usize) -> io::Result<(
     // SAFETY: the pool is the FreshPool's own; nothing in this crate reads or
     // writes its memory while the `&mut` borrow is held, and any other access
     // would need unsafe code of the caller's.
-    unsafe { raw_memset(pool.region(), threads) }
+    unsafe { raw_memset(&pool.region(), threads) }
+}
+
+/// Write `1` to every byte of `mmap` with [`raw_memset`] on `threads`
+/// threads. Safe: `&mut` means no Region of the mapping exists meanwhile.
+///
+/// # Errors
+/// As for [`raw_memset`].
+pub fn memset_mmap(mmap: &mut pool_core::sys::Mmap, threads: usize) -> io::Result<()> {
+    // SAFETY: the exclusive borrow of the owner rules out any other access
+    // from this process during the call.
+    unsafe { raw_memset(&mmap.region(), threads) }
 }
 
 /// A read-write mapping made with `MAP_POPULATE`, unmapped on drop. It
@@ -146,55 +158,134 @@ impl Drop for PopulatedMap {
     }
 }
 
+/// A `MAP_SHARED` read-write mapping of a whole file, unmapped on drop: a
+/// peer's view of a shared pool file, for the attach benchmarks.
+#[derive(Debug)]
+pub struct SharedMap {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+impl SharedMap {
+    /// Map `len` bytes of `fd` (`MAP_SHARED`, with `MAP_POPULATE` when
+    /// `populate`). The file must be at least `len` bytes long.
+    ///
+    /// # Panics
+    /// When `mmap` fails (a benchmark has nothing to measure then).
+    pub fn new(fd: BorrowedFd<'_>, len: usize, populate: bool) -> SharedMap {
+        let flags = if populate {
+            rustix::mm::MapFlags::SHARED | rustix::mm::MapFlags::POPULATE
+        } else {
+            rustix::mm::MapFlags::SHARED
+        };
+        // SAFETY: a fresh mapping at a kernel-chosen address aliases no Rust
+        // object; it is ours until `drop` unmaps it.
+        let p = unsafe {
+            rustix::mm::mmap(
+                ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                flags,
+                fd,
+                0,
+            )
+        }
+        .expect("mmap of the pool file");
+        let base = NonNull::new(p.cast::<u8>()).expect("mmap returned a non-null address");
+        SharedMap { base, len }
+    }
+
+    /// The start address, as a number.
+    pub fn addr(&self) -> usize {
+        self.base.as_ptr() as usize
+    }
+
+    /// `MADV_POPULATE_WRITE` (`write`) or `MADV_POPULATE_READ` over the
+    /// whole mapping.
+    ///
+    /// # Panics
+    /// When `madvise` fails.
+    pub fn populate(&self, write: bool) {
+        let advice = if write {
+            rustix::mm::Advice::LinuxPopulateWrite
+        } else {
+            rustix::mm::Advice::LinuxPopulateRead
+        };
+        // SAFETY: the whole of our own live mapping; both advices only fault
+        // pages in and never change data.
+        unsafe { rustix::mm::madvise(self.base.as_ptr().cast(), self.len, advice) }
+            .expect("madvise(MADV_POPULATE_*)");
+    }
+
+    /// The mapping as a region of `page`-sized pages (for the engine).
+    ///
+    /// # Panics
+    /// When `len` is not a multiple of `page`.
+    pub fn region(&self, page: PageSize) -> Region<'_> {
+        let size = round_to_page(self.len as u64, page).expect("a page multiple");
+        assert_eq!(size.mapped(), self.len as u64, "a page multiple");
+        // SAFETY: `base` is our read-write mapping of `len` bytes, a multiple
+        // of `page`; the kernel aligns a hugetlb file mapping to its page
+        // size; the region borrows `self`, which unmaps only in drop.
+        unsafe { Region::new(self.base, size) }
+    }
+}
+
+// SAFETY: the mapping is owned memory; the pointer is used only to make
+// Regions (whose accesses are atomic) and to unmap once.
+unsafe impl Send for SharedMap {}
+// SAFETY: as for Send.
+unsafe impl Sync for SharedMap {}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: our mapping; no Region of it outlives `self`.
+        if let Err(e) = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) } {
+            tracing::warn!("munmap of a bench mapping at {:p} failed: {e}", self.base);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::ptr::NonNull;
 
     use pool_core::layout::{PageSize, round_to_page};
-    use pool_core::sys::{
-        AnonMapOptions, base_page_size, map_anonymous, resident_base_pages, unmap,
-    };
+    use pool_core::sys::{AnonMapOptions, base_page_size, unmap};
 
     use super::*;
 
     /// A private anonymous mapping of `len` bytes, unmapped on drop.
     struct Anon {
-        region: Region,
+        mmap: pool_core::sys::Mmap,
         len: usize,
     }
 
     impl Anon {
         fn new(len: usize) -> Anon {
             let page = base_page_size();
-            let base = map_anonymous(
-                len,
+            let size = round_to_page(len as u64, PageSize::BASE_4K).unwrap();
+            let mmap = pool_core::sys::Mmap::anonymous(
+                size,
                 AnonMapOptions {
                     shared: false,
                     align: page,
                 },
             )
             .unwrap();
-            let size = round_to_page(len as u64, PageSize::BASE_4K).unwrap();
-            // SAFETY: `base` is a fresh read-write mapping of `len` bytes (a
-            // page multiple), page-aligned, unmapped only by `drop`.
-            let region = unsafe { Region::new(base, size) };
-            Anon { region, len }
+            Anon { mmap, len }
+        }
+
+        fn region(&self) -> Region<'_> {
+            self.mmap.region()
         }
 
         fn resident(&self) -> u64 {
-            // SAFETY: the range is our live mapping, page-aligned.
-            unsafe { resident_base_pages(self.region.addr(), self.len) }.unwrap()
+            self.region().resident_pages().unwrap()
         }
 
         fn pages(&self) -> u64 {
             (self.len / base_page_size()) as u64
-        }
-    }
-
-    impl Drop for Anon {
-        fn drop(&mut self) {
-            // SAFETY: our mapping; nothing refers to it after the test.
-            unsafe { unmap(self.region.addr(), self.len) }.unwrap();
         }
     }
 
@@ -203,13 +294,11 @@ mod tests {
         // 1000 pages over 3 threads: the slices are uneven by one page.
         for threads in [1, 3] {
             let m = Anon::new(1000 * base_page_size());
-            // SAFETY: byte 5000 is inside our exclusive mapping.
-            unsafe { m.region.addr().add(5000).write(42) };
+            assert!(m.region().write_byte(5000, 42));
             assert_eq!(m.resident(), 1);
-            raw_populate(&m.region, threads).unwrap();
+            raw_populate(&m.region(), threads).unwrap();
             assert_eq!(m.resident(), m.pages(), "{threads} thread(s)");
-            // SAFETY: as above; populate left the page in place.
-            let byte = unsafe { m.region.addr().add(5000).read() };
+            let byte = m.region().read_byte(5000).unwrap();
             assert_eq!(byte, 42, "populate must not change data");
         }
     }
@@ -218,18 +307,18 @@ mod tests {
     fn raw_memset_makes_every_page_resident_and_writes_every_byte() {
         let m = Anon::new(257 * base_page_size());
         // SAFETY: the test's own buffer; nothing else touches it.
-        unsafe { raw_memset(&m.region, 4) }.unwrap();
+        unsafe { raw_memset(&m.region(), 4) }.unwrap();
         assert_eq!(m.resident(), m.pages());
         // SAFETY: the whole mapping is ours, initialised and not written
         // while this slice lives.
-        let bytes = unsafe { std::slice::from_raw_parts(m.region.addr(), m.len) };
+        let bytes = unsafe { std::slice::from_raw_parts(m.region().addr(), m.len) };
         assert!(bytes.iter().all(|b| *b == 1));
     }
 
     #[test]
     fn more_threads_than_pages_still_covers_everything() {
         let m = Anon::new(3 * base_page_size());
-        raw_populate(&m.region, 8).unwrap();
+        raw_populate(&m.region(), 8).unwrap();
         assert_eq!(m.resident(), 3);
     }
 
@@ -237,12 +326,12 @@ mod tests {
     fn zero_threads_is_einval() {
         let m = Anon::new(base_page_size());
         assert_eq!(
-            raw_populate(&m.region, 0).unwrap_err().raw_os_error(),
+            raw_populate(&m.region(), 0).unwrap_err().raw_os_error(),
             Some(libc::EINVAL)
         );
         assert_eq!(
             // SAFETY: as above.
-            unsafe { raw_memset(&m.region, 0) }
+            unsafe { raw_memset(&m.region(), 0) }
                 .unwrap_err()
                 .raw_os_error(),
             Some(libc::EINVAL)

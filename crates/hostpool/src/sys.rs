@@ -1,5 +1,7 @@
 //! Signal handling for `alloc --hold`: the only `unsafe` in the facade.
 
+#![allow(unsafe_code)]
+
 use std::io;
 use std::mem::MaybeUninit;
 

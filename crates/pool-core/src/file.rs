@@ -527,7 +527,8 @@ mod tests {
             enomem_remedy: String::new(),
         };
         let mib = 1u64 << 20;
-        let cases: [(&str, Vec<(u64, u64)>, &str); 6] = [
+        type Case = (&'static str, Vec<(u64, u64)>, &'static str);
+        let cases: [Case; 6] = [
             (
                 "past-end",
                 vec![(0, 4 * mib), (4 * mib, 8 * mib)],

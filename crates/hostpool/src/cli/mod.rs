@@ -346,16 +346,21 @@ fn alloc(args: AllocArgs) -> Result<i32, Error> {
             "--verify-copy needs --pin cuda: it copies through the GPU from the pinned pool",
         ));
     }
-    let pool = Pool::build(&plan, &observer)?;
+    let mut pool = Pool::build(&plan, &observer)?;
     let mut extra = serde_json::Map::new();
     let mut copy_ok = true;
     if args.verify_copy {
-        let report = verify_copy(&pool, &plan)?;
-        copy_ok = report.verified;
-        extra.insert(
-            "verify_copy".into(),
-            serde_json::to_value(&report).map_err(|e| Error::config(e.to_string()))?,
-        );
+        let value = match verify_copy(&mut pool, &plan)? {
+            Some(report) => {
+                copy_ok = report.verified;
+                serde_json::to_value(&report).map_err(|e| Error::config(e.to_string()))?
+            }
+            None => serde_json::json!({
+                "bytes": 0,
+                "skipped": "this rank's shard is empty (more ranks than pages): nothing to copy",
+            }),
+        };
+        extra.insert("verify_copy".into(), value);
     }
     match signals {
         Some(signals) => {
@@ -430,7 +435,9 @@ fn print_report(
 }
 
 /// `--verify-copy`: a round trip through the GPU from the pinned pool.
-fn verify_copy(pool: &Pool, plan: &PoolPlan) -> Result<pinner_cuda::CopyReport, Error> {
+/// `None` when this rank's shard is empty: it copies nothing, and never
+/// anything outside its shard (the check overwrites what it copies).
+fn verify_copy(pool: &mut Pool, plan: &PoolPlan) -> Result<Option<pinner_cuda::CopyReport>, Error> {
     let r = pool.report();
     if r.pin.status != pool_core::PinStatus::Pinned {
         return Err(Error::Plugin {
@@ -442,21 +449,17 @@ fn verify_copy(pool: &Pool, plan: &PoolPlan) -> Result<pinner_cuda::CopyReport, 
             source: None,
         });
     }
-    let region = pool
-        .region()
-        .ok_or_else(|| Error::config("the pool has no memory"))?;
-    // A shared pool's rank copies only through its own shard: the check
-    // overwrites the bytes it copies.
-    let region = region.sub(plan.prefault.extent).unwrap_or(region);
     let device = r.pin.details["device"]
         .as_u64()
         .and_then(|d| u32::try_from(d).ok())
         .unwrap_or(0);
-    let bytes = region.mapped_len().min(1 << 30);
-    // SAFETY: this process built the pool and nothing else in it touches the
-    // pool's memory; in a shared pool only this rank's shard is used, which
-    // its peers do not write after the barrier in the CLI.
-    unsafe { pinner_cuda::verify_copy(region, device, bytes) }
+    // A shared pool's rank copies only through its own shard.
+    let extent = plan.prefault.extent;
+    if extent.len == 0 {
+        return Ok(None);
+    }
+    let bytes = extent.len.min(1 << 30);
+    pinner_cuda::verify_copy(pool, extent, device, bytes).map(Some)
 }
 
 pub(crate) fn write_stdout(text: &str) -> Result<(), Error> {
