@@ -850,3 +850,57 @@ impl Drop for TempFile {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// Eight ranks over a pool of four pages: half the ranks have an empty
+/// shard. With `--pin-scope shard` such a rank pins nothing (it once pinned
+/// the whole pool), and the others pin exactly their one page.
+#[test]
+fn ranks_with_an_empty_shard_pin_nothing() {
+    let cfg = shm_config(1);
+    let pool = name("empty-shard");
+    let mut ranks = spawn_ranks(
+        &[
+            "--config",
+            cfg.path(),
+            "--size",
+            "16KiB",
+            "--pin",
+            "mlock",
+            "--pin-scope",
+            "shard",
+        ],
+        &pool,
+        8,
+        &[],
+    );
+    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    let mut empty = 0;
+    for (r, rep) in reports.iter().enumerate() {
+        assert_eq!(rep["mapped_bytes"], 16384, "{rep}");
+        let shard = rep["sharing"]["shard"]["len"].as_u64().unwrap();
+        if shard == 0 {
+            empty += 1;
+            assert_eq!(rep["pin"]["status"], "skipped", "rank {r}: {rep}");
+            assert!(
+                rep["pin"]["reason"].as_str().unwrap().contains("empty"),
+                "rank {r}: {rep}"
+            );
+            assert!(rep["phases"]["pin"].is_null(), "rank {r} pinned: {rep}");
+        } else {
+            assert_eq!(shard, 4096, "rank {r}: {rep}");
+            assert_eq!(rep["pin"]["status"], "pinned", "rank {r}: {rep}");
+            assert_eq!(rep["pin"]["details"]["bytes"], shard, "rank {r}: {rep}");
+        }
+    }
+    assert_eq!(empty, 4, "four of eight ranks get no page: {reports:?}");
+    for child in ranks.iter() {
+        signal(child, libc::SIGTERM);
+    }
+    for child in ranks.iter_mut() {
+        assert_eq!(
+            wait_timeout(child, Duration::from_secs(20)).and_then(|s| s.code()),
+            Some(0)
+        );
+    }
+    assert!(pool_files(Path::new("/dev/shm"), &pool).is_empty());
+}

@@ -150,14 +150,17 @@ impl Backing for AnonBacking {
         } else {
             sys::base_page_size()
         };
-        let mmap = Mmap::anonymous(
-            plan.size,
-            AnonMapOptions {
-                shared: self.options.shared,
-                align,
-            },
-        )
-        .map_err(|source| {
+        let mapped = match pool_core::failpoint::check("anon-mmap") {
+            Some(e) => Err(e),
+            None => Mmap::anonymous(
+                plan.size,
+                AnonMapOptions {
+                    shared: self.options.shared,
+                    align,
+                },
+            ),
+        };
+        let mmap = mapped.map_err(|source| {
             Error::os(
                 "mmap(MAP_ANONYMOUS)",
                 source,
@@ -250,7 +253,7 @@ mod tests {
                 expect: "zero",
             },
             BadConfig {
-                config: config(1 << 60, None),
+                config: config(100 << 40, None),
                 expect: "cannot hold the pool",
             },
             BadConfig {

@@ -360,7 +360,7 @@ fn translate_hisparse(
             && g > limit_gib as f64
         {
             return Err(Error::config(format!(
-                "`host_pool_gib` = {gib} is more than the {limit_gib} GiB (128 TiB) a pool can \
+                "`host_pool_gib` = {gib} is more than the {limit_gib} GiB (64 PiB) a pool can \
                  have; ask for at most {limit_gib}"
             )));
         }
@@ -548,10 +548,10 @@ mod tests {
             (r#"{"host_pool_gib": 4, "size": "4GiB"}"#, "not both"),
             (r#"{"host_pool_gib": "384"}"#, "number of GiB"),
             (r#"{"host_pool_gib": -1}"#, "number of GiB"),
-            (r#"{"host_pool_gib": 1e30}"#, "131072 GiB (128 TiB)"),
+            (r#"{"host_pool_gib": 1e30}"#, "67108864 GiB (64 PiB)"),
             (
                 r#"{"host_pool_gib": 18446744073709551615}"#,
-                "131072 GiB (128 TiB)",
+                "67108864 GiB (64 PiB)",
             ),
             (r#"{"host_pool_dir": 7}"#, "must be a path"),
             (r#"{"host_pool_dir": "/a", "dir": "/b"}"#, "not both"),

@@ -339,9 +339,9 @@ pub fn lcm(a: u64, b: u64) -> Result<u64, LayoutError> {
         })
 }
 
-/// The largest pool hostpool maps: 128 TiB, the user address space of
-/// x86-64 with 4-level page tables (and far beyond any node's memory).
-pub const MAX_POOL_BYTES: u64 = 1 << 47;
+/// The largest pool hostpool maps: 64 PiB, the user address space of
+/// x86-64 with 5-level page tables (and far beyond any node's memory).
+pub const MAX_POOL_BYTES: u64 = 1 << 56;
 
 /// Renders a byte count for operators.
 ///

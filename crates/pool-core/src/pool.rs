@@ -283,7 +283,7 @@ fn check_size(config: &PoolConfig) -> Result<()> {
     if size > MAX_POOL_BYTES {
         return Err(crate::Error::config(format!(
             "size = {} ({size} bytes) is more than the {} a pool can have (the user address space \
-             of x86-64 with 4-level page tables); ask for at most {} (--size {})",
+             of x86-64 with 5-level page tables); ask for at most {} (--size {})",
             format_bytes(size),
             format_bytes(MAX_POOL_BYTES),
             format_bytes(MAX_POOL_BYTES),
@@ -828,7 +828,7 @@ mod tests {
         assert_eq!(e.exit_code(), 2);
         let msg = e.to_string();
         assert!(
-            msg.contains("128 TiB") && !msg.contains("too large"),
+            msg.contains("64 PiB") && !msg.contains("too large"),
             "{msg}"
         );
         let config = PoolConfig {
