@@ -229,7 +229,7 @@ fn configuration_errors_exit_2_with_the_fix_and_runtime_shortfalls_exit_1() {
     let cfg = s.config(
         "huge.toml",
         &format!(
-            "backing = \"file\"\ndir = \"{}\"\nsize = \"1000000TiB\"\n",
+            "backing = \"file\"\ndir = \"{}\"\nsize = \"10PiB\"\n",
             s.pool_dir().display()
         ),
     );
