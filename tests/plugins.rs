@@ -156,16 +156,16 @@ fn recorder<T: ?Sized>(
 }
 
 inventory::submit! {
-    PinnerPlugin { name: "test-pin", summary: "records calls", origin: "tests/plugins.rs",
-        build: |t| recorder("test-pin", t, |r| Box::new(r) as Box<dyn Pinner>) }
+    PinnerPlugin::new("test-pin", "records calls", "tests/plugins.rs",
+        |t| recorder("test-pin", t, |r| Box::new(r) as Box<dyn Pinner>))
 }
 inventory::submit! {
-    RegistrarPlugin { name: "test-reg-a", summary: "records calls", origin: "tests/plugins.rs",
-        build: |t| recorder("test-reg-a", t, |r| Box::new(r) as Box<dyn Registrar>) }
+    RegistrarPlugin::new("test-reg-a", "records calls", "tests/plugins.rs",
+        |t| recorder("test-reg-a", t, |r| Box::new(r) as Box<dyn Registrar>))
 }
 inventory::submit! {
-    RegistrarPlugin { name: "test-reg-b", summary: "records calls", origin: "tests/plugins.rs",
-        build: |t| recorder("test-reg-b", t, |r| Box::new(r) as Box<dyn Registrar>) }
+    RegistrarPlugin::new("test-reg-b", "records calls", "tests/plugins.rs",
+        |t| recorder("test-reg-b", t, |r| Box::new(r) as Box<dyn Registrar>))
 }
 
 fn config(tag: &str, pin: Option<Value>, reg_a: Option<Value>, reg_b: Option<Value>) -> PoolConfig {

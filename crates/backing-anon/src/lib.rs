@@ -17,7 +17,7 @@
 
 use pool_core::capacity;
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
-use pool_core::plugin::parse_table;
+use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
 use pool_core::sys::{self, AnonMapOptions, Mmap};
 use pool_core::{
     Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Region, Result,
@@ -53,12 +53,22 @@ fn build(table: Option<&serde_json::Value>) -> Result<Box<dyn Backing>> {
 }
 
 inventory::submit! {
-    BackingPlugin {
-        name: NAME,
-        summary: "anonymous memory (MAP_PRIVATE, or MAP_SHARED with shared = true; THP with thp = true)",
-        origin: env!("CARGO_PKG_NAME"),
+    BackingPlugin::new(
+        NAME,
+        "anonymous memory (MAP_PRIVATE, or MAP_SHARED with shared = true; THP with thp = true)",
+        env!("CARGO_PKG_NAME"),
         build,
-    }
+    )
+    .with_auto(claim)
+    .with_cost(PrefaultCost::DEFAULT)
+}
+
+/// `auto` without a `dir` is anonymous memory.
+fn claim(dir: Option<AutoDir<'_>>) -> Option<AutoClaim> {
+    dir.is_none().then(|| AutoClaim {
+        priority: 10,
+        reason: "no dir given: anonymous memory".into(),
+    })
 }
 
 /// The transparent huge page size (`hpage_pmd_size`), 2 MiB when unreadable.

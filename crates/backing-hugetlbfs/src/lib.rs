@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use pool_core::file::{self, MapContext, PoolFile};
 use pool_core::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
-use pool_core::plugin::parse_table;
+use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};
 use pool_core::{Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Result, hugetlb};
 use serde::{Deserialize, Serialize};
@@ -49,12 +49,30 @@ fn build(table: Option<&serde_json::Value>) -> Result<Box<dyn Backing>> {
 }
 
 inventory::submit! {
-    BackingPlugin {
-        name: NAME,
-        summary: "reserved huge pages: one file on a hugetlbfs mount (dir), or a memfd (MFD_HUGETLB) without one",
-        origin: env!("CARGO_PKG_NAME"),
+    BackingPlugin::new(
+        NAME,
+        "reserved huge pages: one file on a hugetlbfs mount (dir), or a memfd (MFD_HUGETLB) without one",
+        env!("CARGO_PKG_NAME"),
         build,
-    }
+    )
+    .with_auto(claim)
+    .with_cost(PrefaultCost::DEFAULT)
+}
+
+/// `auto` on a hugetlbfs mount is this backing.
+fn claim(dir: Option<AutoDir<'_>>) -> Option<AutoClaim> {
+    let dir = dir?;
+    let FsKind::Hugetlbfs { page_size } = dir.fs.kind() else {
+        return None;
+    };
+    Some(AutoClaim {
+        priority: 10,
+        reason: format!(
+            "{} is a hugetlbfs mount with {} pages",
+            dir.path.display(),
+            format_bytes(page_size)
+        ),
+    })
 }
 
 /// Where the pages come from.

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use pool_core::file::{self, MapContext, PoolFile};
 use pool_core::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, SegmentSpec, format_bytes, round_to_page, segments};
-use pool_core::plugin::parse_table;
+use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};
 use pool_core::{
     Backing, BackingPlan, BackingPlugin, ByteSize, Error, Mapping, PoolConfig, Result, hugetlb, sys,
@@ -65,12 +65,29 @@ fn build(table: Option<&serde_json::Value>) -> Result<Box<dyn Backing>> {
 }
 
 inventory::submit! {
-    BackingPlugin {
-        name: NAME,
-        summary: "tmpfs files (/dev/shm) stitched into one range; segments or segment_size",
-        origin: env!("CARGO_PKG_NAME"),
+    BackingPlugin::new(
+        NAME,
+        "tmpfs files (/dev/shm) stitched into one range; segments or segment_size",
+        env!("CARGO_PKG_NAME"),
         build,
-    }
+    )
+    .with_auto(claim)
+    .with_cost(PrefaultCost {
+        base_gbps: 1.6,
+        ..PrefaultCost::DEFAULT
+    })
+}
+
+/// `auto` on tmpfs is segmented shared-memory files.
+fn claim(dir: Option<AutoDir<'_>>) -> Option<AutoClaim> {
+    let dir = dir?;
+    (dir.fs.kind() == FsKind::Tmpfs).then(|| AutoClaim {
+        priority: 10,
+        reason: format!(
+            "{} is tmpfs: segmented shared-memory files",
+            dir.path.display()
+        ),
+    })
 }
 
 fn dir_of(config: &PoolConfig) -> PathBuf {

@@ -48,7 +48,7 @@
 use std::time::Instant;
 
 use pool_core::layout::{Extent, format_bytes, registration_chunks};
-use pool_core::plugin::parse_table;
+use pool_core::plugin::{PinCost, parse_table};
 use pool_core::{
     ByteSize, Error, Pin, Pinner, PinnerPlugin, PoolConfig, Region, Result, TeardownIssue, memlock,
 };
@@ -187,12 +187,16 @@ fn build(table: Option<&Value>) -> Result<Box<dyn Pinner>> {
 }
 
 inventory::submit! {
-    PinnerPlugin {
-        name: NAME,
-        summary: "cuMemHostRegister of the pool in chunks (driver loaded at run time; [cuda] device, chunk_size, flags)",
-        origin: env!("CARGO_PKG_NAME"),
+    PinnerPlugin::new(
+        NAME,
+        "cuMemHostRegister of the pool in chunks (driver loaded at run time; [cuda] device, chunk_size, flags)",
+        env!("CARGO_PKG_NAME"),
         build,
-    }
+    )
+    .with_cost(PinCost {
+        seconds_per_page: pool_core::cost::REGISTER_SECONDS_PER_PAGE,
+        free_on_huge_pages: false,
+    })
 }
 
 /// The driver, or why it is not available.

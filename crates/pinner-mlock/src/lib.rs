@@ -16,7 +16,7 @@ mod sys;
 use std::time::Instant;
 
 use pool_core::layout::format_bytes;
-use pool_core::plugin::parse_table;
+use pool_core::plugin::{PinCost, parse_table};
 use pool_core::{
     Context, Error, Pin, Pinner, PinnerPlugin, PoolConfig, Region, Result, Span, TeardownIssue,
     memlock,
@@ -42,12 +42,17 @@ fn build(table: Option<&Value>) -> Result<Box<dyn Pinner>> {
 }
 
 inventory::submit! {
-    PinnerPlugin {
-        name: NAME,
-        summary: "mlock the pool so it is never swapped (a no-op, said so, on reserved huge pages)",
-        origin: env!("CARGO_PKG_NAME"),
+    PinnerPlugin::new(
+        NAME,
+        "mlock the pool so it is never swapped (a no-op, said so, on reserved huge pages)",
+        env!("CARGO_PKG_NAME"),
         build,
-    }
+    )
+    // About 0.13 s/GiB of resident 4 KiB pages on the CI machines.
+    .with_cost(PinCost {
+        seconds_per_page: 0.13 / 262_144.0,
+        free_on_huge_pages: true,
+    })
 }
 
 /// Locked bytes of this process (`VmLck` in /proc/self/status).

@@ -6,16 +6,7 @@
 use serde::Serialize;
 
 use crate::layout::MappedSize;
-
-/// Prefault GB/s (10^9 bytes) of one thread, by backing and page size.
-pub fn prefault_gbps_per_thread(backing: &str, page: u64) -> f64 {
-    match (backing, page) {
-        (_, p) if p >= 1 << 30 => 25.0,
-        (_, p) if p >= 2 << 20 => 11.0,
-        ("shm-segmented", _) => 1.6,
-        _ => 3.1,
-    }
-}
+use crate::plugin::{PinCost, PrefaultCost};
 
 /// No prefault goes faster than this in total: memory bandwidth for zeroing.
 pub const PREFAULT_CEILING_GBPS: f64 = 50.0;
@@ -23,10 +14,9 @@ pub const PREFAULT_CEILING_GBPS: f64 = 50.0;
 /// `cuMemHostRegister` (and `ibv_reg_mr`) cost per page: vLLM #51080
 /// registered 511.96 GiB of 4 KiB pages in 55.4 s on an H200 host, about
 /// 0.41 µs per page. The cost is per page, which is why huge pages win.
+/// Plugins that register with a device put this in their record's
+/// [`PinCost`].
 pub const REGISTER_SECONDS_PER_PAGE: f64 = 55.4 / (511.96 * 262_144.0);
-
-/// `mlock` of resident 4 KiB pages: about 0.13 s/GiB on the CI machines.
-pub const MLOCK_SECONDS_PER_GIB_4K: f64 = 0.13;
 
 /// The prediction.
 #[derive(Debug, Clone, Serialize)]
@@ -43,28 +33,45 @@ pub struct Predicted {
     pub basis: &'static str,
 }
 
-/// Predict the phases of a pool.
-pub fn predict(
-    backing: &str,
-    size: MappedSize,
-    prefault_bytes: u64,
-    threads: usize,
-    pinner: Option<&str>,
-    registrars: usize,
-) -> Predicted {
+/// What a pool costs, phase by phase: the inputs of [`predict`].
+#[derive(Debug, Clone)]
+pub struct CostInputs {
+    /// The backing's prefault rates.
+    pub prefault: PrefaultCost,
+    /// Bytes this process faults (its shard of a shared pool).
+    pub prefault_bytes: u64,
+    /// Prefault threads.
+    pub threads: usize,
+    /// The pinner's cost, when a pinner whose record gives one is asked for.
+    pub pin: Option<PinCost>,
+    /// The costs of the registrars whose records give one.
+    pub registrars: Vec<PinCost>,
+}
+
+fn pin_seconds(cost: PinCost, size: MappedSize) -> f64 {
+    let huge = size.page().get() > crate::sys::base_page_size() as u64;
+    if huge && cost.free_on_huge_pages {
+        0.0
+    } else {
+        cost.seconds_per_page * size.pages() as f64
+    }
+}
+
+/// Predict the phases of a pool of `size`.
+pub fn predict(size: MappedSize, inputs: &CostInputs) -> Predicted {
     let page = size.page().get();
-    let gbps = (prefault_gbps_per_thread(backing, page) * threads.max(1) as f64)
-        .min(PREFAULT_CEILING_GBPS);
-    let pages = size.pages() as f64;
-    let pin = pinner.map(|p| match p {
-        "mlock" if page > 4096 => 0.0,
-        "mlock" => MLOCK_SECONDS_PER_GIB_4K * size.mapped() as f64 / f64::from(1u32 << 30),
-        _ => REGISTER_SECONDS_PER_PAGE * pages,
-    });
+    let gbps =
+        (inputs.prefault.gbps(page) * inputs.threads.max(1) as f64).min(PREFAULT_CEILING_GBPS);
     Predicted {
-        prefault: prefault_bytes as f64 / (gbps * 1e9),
-        pin,
-        register: (registrars > 0).then_some(REGISTER_SECONDS_PER_PAGE * pages * registrars as f64),
+        prefault: inputs.prefault_bytes as f64 / (gbps * 1e9),
+        pin: inputs.pin.map(|c| pin_seconds(c, size)),
+        register: (!inputs.registrars.is_empty()).then(|| {
+            inputs
+                .registrars
+                .iter()
+                .map(|&c| pin_seconds(c, size))
+                .sum()
+        }),
         basis: "rough: rates measured on the 2-core CI machines and vLLM #51080 (registration, per page); \
                 run `hostpool bench` for this node's",
     }
@@ -75,12 +82,31 @@ mod tests {
     use super::*;
     use crate::layout::{PageSize, round_to_page};
 
+    const REGISTER: PinCost = PinCost {
+        seconds_per_page: REGISTER_SECONDS_PER_PAGE,
+        free_on_huge_pages: false,
+    };
+    const MLOCK: PinCost = PinCost {
+        seconds_per_page: 0.13 / 262_144.0,
+        free_on_huge_pages: true,
+    };
+
+    fn inputs(size: MappedSize, threads: usize, pin: Option<PinCost>, regs: usize) -> CostInputs {
+        CostInputs {
+            prefault: PrefaultCost::DEFAULT,
+            prefault_bytes: size.mapped(),
+            threads,
+            pin,
+            registrars: vec![REGISTER; regs],
+        }
+    }
+
     #[test]
     fn huge_pages_predict_faster_prefault_and_registration() {
         let small = round_to_page(400 << 30, PageSize::BASE_4K).unwrap();
         let huge = round_to_page(400 << 30, PageSize::HUGE_1G).unwrap();
-        let a = predict("hugetlbfs", small, small.mapped(), 16, Some("cuda"), 1);
-        let b = predict("hugetlbfs", huge, huge.mapped(), 16, Some("cuda"), 1);
+        let a = predict(small, &inputs(small, 16, Some(REGISTER), 1));
+        let b = predict(huge, &inputs(huge, 16, Some(REGISTER), 1));
         assert!(b.prefault < a.prefault);
         assert!(
             b.pin.unwrap() * 1000.0 < a.pin.unwrap(),
@@ -88,9 +114,14 @@ mod tests {
         );
         // 400 GiB of 4 KiB pages: about 43 s to register, as vLLM measured.
         assert!((a.pin.unwrap() - 43.3).abs() < 1.0, "{:?}", a.pin);
-        let m = predict("anon", small, small.mapped(), 2, Some("mlock"), 0);
+        let m = predict(small, &inputs(small, 2, Some(MLOCK), 0));
         assert!((m.pin.unwrap() - 52.0).abs() < 0.1 && m.register.is_none());
-        let h = predict("hugetlbfs", huge, huge.mapped(), 2, Some("mlock"), 0);
+        let h = predict(huge, &inputs(huge, 2, Some(MLOCK), 0));
         assert_eq!(h.pin, Some(0.0), "mlock of huge pages is a no-op");
+        let none = predict(small, &inputs(small, 2, None, 0));
+        assert!(
+            none.pin.is_none(),
+            "a pinner without a cost is not predicted"
+        );
     }
 }

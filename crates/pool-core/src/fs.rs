@@ -25,21 +25,48 @@ pub enum FsKind {
     },
 }
 
+/// What `statfs` says of a filesystem: its magic number and block size
+/// (for hugetlbfs, its huge page size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsInfo {
+    /// `f_type`, e.g. [`HUGETLBFS_MAGIC`] or [`TMPFS_MAGIC`].
+    pub magic: u64,
+    /// `f_bsize`.
+    pub block_size: u64,
+}
+
+impl FsInfo {
+    /// Classified.
+    pub fn kind(&self) -> FsKind {
+        match self.magic {
+            HUGETLBFS_MAGIC => FsKind::Hugetlbfs {
+                page_size: self.block_size,
+            },
+            TMPFS_MAGIC => FsKind::Tmpfs,
+            magic => FsKind::Other { magic },
+        }
+    }
+}
+
+/// `statfs(path)`: magic number and block size.
+///
+/// # Errors
+/// The `statfs` errno (for example `ENOENT`).
+pub fn statfs_info(path: &Path) -> io::Result<FsInfo> {
+    let st = rustix::fs::statfs(path)?;
+    // f_type is a signed word on some targets; the magic numbers are 32-bit.
+    Ok(FsInfo {
+        magic: (st.f_type as u64) & 0xffff_ffff,
+        block_size: st.f_bsize as u64,
+    })
+}
+
 /// `statfs(path)` classified.
 ///
 /// # Errors
 /// The `statfs` errno (for example `ENOENT`).
 pub fn filesystem_kind(path: &Path) -> io::Result<FsKind> {
-    let st = rustix::fs::statfs(path)?;
-    // f_type is a signed word on some targets; the magic numbers are 32-bit.
-    let magic = (st.f_type as u64) & 0xffff_ffff;
-    Ok(match magic {
-        HUGETLBFS_MAGIC => FsKind::Hugetlbfs {
-            page_size: st.f_bsize as u64,
-        },
-        TMPFS_MAGIC => FsKind::Tmpfs,
-        _ => FsKind::Other { magic },
-    })
+    statfs_info(path).map(|i| i.kind())
 }
 
 /// Bytes free in `dir` for unprivileged writers: `statvfs` `f_bavail ×

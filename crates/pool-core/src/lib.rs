@@ -16,6 +16,7 @@ pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod cost;
+pub mod doctor;
 pub mod error;
 pub mod failpoint;
 pub mod file;

@@ -10,12 +10,7 @@
 //! }
 //!
 //! pool_core::inventory::submit! {
-//!     BackingPlugin {
-//!         name: "example",
-//!         summary: "an example record",
-//!         origin: env!("CARGO_PKG_NAME"),
-//!         build,
-//!     }
+//!     BackingPlugin::new("example", "an example record", env!("CARGO_PKG_NAME"), build)
 //! }
 //!
 //! let found = pool_core::plugin::lookup::<BackingPlugin>("example").unwrap();
@@ -26,7 +21,8 @@
 //! named in code is not linked, and its records silently vanish. The binary
 //! must name it (`use my_backing as _;`).
 //!
-//! The `auto` backing rule lives here and nowhere else: see [`select_backing`].
+//! The `auto` rule lives here and nowhere else ([`auto_backing`]): each
+//! backing's record says what it claims, and the highest priority wins.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -34,15 +30,85 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::config::PoolConfig;
+use crate::doctor::DoctorFn;
 use crate::error::{Error, Result};
-use crate::fs::{FsKind, filesystem_kind};
+use crate::fs::{FsInfo, statfs_info};
 use crate::traits::{Backing, Pinner, Registrar};
 
 /// Parses the plugin's own config table (`None` when the config has none)
 /// into a configured plugin object. Must not create anything.
 pub type BuildFn<T> = fn(Option<&Value>) -> Result<Box<T>>;
 
-/// A backing plugin record.
+/// The directory `backing = "auto"` must serve, as `statfs` sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct AutoDir<'a> {
+    /// The directory.
+    pub path: &'a Path,
+    /// Its filesystem.
+    pub fs: FsInfo,
+}
+
+/// A backing's claim on a pool under `backing = "auto"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoClaim {
+    /// Higher wins; two claims of the same priority are an error naming both.
+    pub priority: u32,
+    /// One line saying why, for `hostpool plan`.
+    pub reason: String,
+}
+
+/// Whether a backing serves `auto` for a directory (`None`: no `dir` was
+/// given). Pure apart from reading the host; creates nothing.
+pub type AutoFn = fn(Option<AutoDir<'_>>) -> Option<AutoClaim>;
+
+/// Prefault rates of a backing for `hostpool plan`'s predictions: GB/s
+/// (10^9 bytes) of one thread, by page size, measured on the project's CI
+/// machines (`hostpool bench` measures the node at hand).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefaultCost {
+    /// Base (4 KiB) pages.
+    pub base_gbps: f64,
+    /// 2 MiB pages.
+    pub huge_2m_gbps: f64,
+    /// 1 GiB pages.
+    pub huge_1g_gbps: f64,
+}
+
+impl PrefaultCost {
+    /// What faulting anonymous memory costs: the rate of a backing that
+    /// says nothing of its own.
+    pub const DEFAULT: PrefaultCost = PrefaultCost {
+        base_gbps: 3.1,
+        huge_2m_gbps: 11.0,
+        huge_1g_gbps: 25.0,
+    };
+
+    /// The per-thread rate for a page size.
+    pub fn gbps(&self, page: u64) -> f64 {
+        if page >= 1 << 30 {
+            self.huge_1g_gbps
+        } else if page >= 2 << 20 {
+            self.huge_2m_gbps
+        } else {
+            self.base_gbps
+        }
+    }
+}
+
+/// What pinning or registering costs, for `hostpool plan`'s predictions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PinCost {
+    /// Seconds per page pinned (registration costs are per page, which is
+    /// why huge pages win).
+    pub seconds_per_page: f64,
+    /// Whether reserved huge pages cost nothing (`mlock` of hugetlb pages
+    /// is a no-op).
+    pub free_on_huge_pages: bool,
+}
+
+/// A backing plugin record. Build it with [`BackingPlugin::new`] and the
+/// `with_*` methods, all `const`, so it can be submitted with
+/// `inventory::submit!`; fields added later do not break a plugin.
 #[derive(Debug)]
 pub struct BackingPlugin {
     /// The name config and CLI select it by.
@@ -53,33 +119,120 @@ pub struct BackingPlugin {
     pub origin: &'static str,
     /// Parse options and build.
     pub build: BuildFn<dyn Backing>,
+    /// Its claim under `backing = "auto"`, if it makes one.
+    pub auto: Option<AutoFn>,
+    /// Its prefault rates, for predictions ([`PrefaultCost::DEFAULT`] when
+    /// none).
+    pub cost: Option<PrefaultCost>,
+    /// Its findings for `hostpool doctor`.
+    pub doctor: Option<DoctorFn>,
 }
 
-/// A pinner plugin record.
-#[derive(Debug)]
-pub struct PinnerPlugin {
-    /// The name config and CLI select it by.
-    pub name: &'static str,
-    /// One line for `hostpool plugins`.
-    pub summary: &'static str,
-    /// The crate that submitted it.
-    pub origin: &'static str,
-    /// Parse options and build.
-    pub build: BuildFn<dyn Pinner>,
+impl BackingPlugin {
+    /// A record with no `auto` claim, no cost figures and no doctor hook.
+    pub const fn new(
+        name: &'static str,
+        summary: &'static str,
+        origin: &'static str,
+        build: BuildFn<dyn Backing>,
+    ) -> BackingPlugin {
+        BackingPlugin {
+            name,
+            summary,
+            origin,
+            build,
+            auto: None,
+            cost: None,
+            doctor: None,
+        }
+    }
+
+    /// With a claim under `backing = "auto"`.
+    #[must_use]
+    pub const fn with_auto(mut self, auto: AutoFn) -> BackingPlugin {
+        self.auto = Some(auto);
+        self
+    }
+
+    /// With prefault rates.
+    #[must_use]
+    pub const fn with_cost(mut self, cost: PrefaultCost) -> BackingPlugin {
+        self.cost = Some(cost);
+        self
+    }
+
+    /// With a doctor hook.
+    #[must_use]
+    pub const fn with_doctor(mut self, doctor: DoctorFn) -> BackingPlugin {
+        self.doctor = Some(doctor);
+        self
+    }
 }
 
-/// A registrar plugin record.
-#[derive(Debug)]
-pub struct RegistrarPlugin {
-    /// The name config and CLI select it by.
-    pub name: &'static str,
-    /// One line for `hostpool plugins`.
-    pub summary: &'static str,
-    /// The crate that submitted it.
-    pub origin: &'static str,
-    /// Parse options and build.
-    pub build: BuildFn<dyn Registrar>,
+macro_rules! pin_like_record {
+    ($(#[$doc:meta])* $t:ident, $trait:ident) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $t {
+            /// The name config and CLI select it by.
+            pub name: &'static str,
+            /// One line for `hostpool plugins`.
+            pub summary: &'static str,
+            /// The crate that submitted it.
+            pub origin: &'static str,
+            /// Parse options and build.
+            pub build: BuildFn<dyn $trait>,
+            /// What it costs per page, for predictions (none: not predicted).
+            pub cost: Option<PinCost>,
+            /// Its findings for `hostpool doctor`.
+            pub doctor: Option<DoctorFn>,
+        }
+
+        impl $t {
+            /// A record with no cost figures and no doctor hook.
+            pub const fn new(
+                name: &'static str,
+                summary: &'static str,
+                origin: &'static str,
+                build: BuildFn<dyn $trait>,
+            ) -> $t {
+                $t {
+                    name,
+                    summary,
+                    origin,
+                    build,
+                    cost: None,
+                    doctor: None,
+                }
+            }
+
+            /// With its cost per page.
+            #[must_use]
+            pub const fn with_cost(mut self, cost: PinCost) -> $t {
+                self.cost = Some(cost);
+                self
+            }
+
+            /// With a doctor hook.
+            #[must_use]
+            pub const fn with_doctor(mut self, doctor: DoctorFn) -> $t {
+                self.doctor = Some(doctor);
+                self
+            }
+        }
+    };
 }
+
+pin_like_record!(
+    /// A pinner plugin record; build it with [`PinnerPlugin::new`].
+    PinnerPlugin,
+    Pinner
+);
+pin_like_record!(
+    /// A registrar plugin record; build it with [`RegistrarPlugin::new`].
+    RegistrarPlugin,
+    Registrar
+);
 
 inventory::collect!(BackingPlugin);
 inventory::collect!(PinnerPlugin);
@@ -95,6 +248,8 @@ pub trait PluginRecord: Sync + 'static {
     fn origin(&self) -> &'static str;
     /// One line of description.
     fn summary(&self) -> &'static str;
+    /// Its doctor hook, if any.
+    fn doctor(&self) -> Option<DoctorFn>;
     /// Every submitted record of this kind, in no particular order.
     fn all() -> Vec<&'static Self>;
 }
@@ -111,6 +266,9 @@ macro_rules! record {
             }
             fn summary(&self) -> &'static str {
                 self.summary
+            }
+            fn doctor(&self) -> Option<DoctorFn> {
+                self.doctor
             }
             fn all() -> Vec<&'static Self> {
                 inventory::iter::<$t>.into_iter().collect()
@@ -185,64 +343,80 @@ pub struct BackingSelection {
     pub reason: String,
 }
 
-/// The name `auto` resolves to for a config, and why. Pure apart from a
-/// `statfs` of `dir`.
+/// The backing `auto` resolves to for a directory (`None`: no `dir`), and
+/// why: the registered backing whose [`AutoFn`] claims it with the highest
+/// priority. The core names no backing; each backing claims what it serves.
 ///
 /// # Errors
-/// [`Error::Config`] when `dir` cannot be examined or is on a filesystem no
-/// backing serves.
-pub fn auto_backing_name(dir: Option<&Path>) -> Result<(&'static str, String)> {
-    let Some(dir) = dir else {
-        return Ok((
-            "anon",
-            "backing = auto and no dir given: anonymous memory".into(),
-        ));
+/// [`Error::Config`] when `dir` cannot be examined, when no backing claims
+/// it, or when two claim it with the same priority (naming both).
+pub fn auto_backing(dir: Option<&Path>) -> Result<(&'static BackingPlugin, String)> {
+    let fs = match dir {
+        None => None,
+        Some(path) => Some(AutoDir {
+            path,
+            fs: statfs_info(path).map_err(|e| {
+                Error::config(format!(
+                    "cannot examine dir {}: {e}; create it, or mount a filesystem a backing \
+                     serves there (hugetlbfs or tmpfs for the built-in ones)",
+                    path.display()
+                ))
+            })?,
+        }),
     };
-    match filesystem_kind(dir) {
-        Ok(FsKind::Hugetlbfs { page_size }) => Ok((
-            "hugetlbfs",
-            format!(
-                "backing = auto and {} is a hugetlbfs mount with {} pages",
-                dir.display(),
-                crate::layout::format_bytes(page_size)
-            ),
-        )),
-        Ok(FsKind::Tmpfs) => Ok((
-            "shm-segmented",
-            format!(
-                "backing = auto and {} is tmpfs: segmented shared-memory files",
-                dir.display()
-            ),
-        )),
-        Ok(FsKind::Other { magic }) => Err(Error::config(format!(
-            "backing = auto cannot serve dir {}: it is neither hugetlbfs nor tmpfs (filesystem magic \
-             {magic:#x}); mount hugetlbfs there (`mount -t hugetlbfs -o pagesize=1G none {}`), use \
-             /dev/shm, or name a backing explicitly",
-            dir.display(),
-            dir.display()
+    let reg = registry::<BackingPlugin>()?;
+    let mut claims: Vec<(&'static BackingPlugin, AutoClaim)> = reg
+        .values()
+        .filter_map(|p| Some((*p, (p.auto?)(fs)?)))
+        .collect();
+    claims.sort_by(|a, b| b.1.priority.cmp(&a.1.priority).then(a.0.name.cmp(b.0.name)));
+    match claims.as_slice() {
+        [] => {
+            let claimants: Vec<&str> = reg
+                .values()
+                .filter(|p| p.auto.is_some())
+                .map(|p| p.name)
+                .collect();
+            let what = match dir {
+                None => "a pool without a dir".to_string(),
+                Some(d) => format!(
+                    "dir {} (filesystem magic {:#x})",
+                    d.display(),
+                    fs.map_or(0, |f| f.fs.magic)
+                ),
+            };
+            Err(Error::config(format!(
+                "backing = auto: no backing serves {what}; backings that claim auto: {}. Mount \
+                 hugetlbfs there (`mount -t hugetlbfs -o pagesize=1G none DIR`), use /dev/shm, or \
+                 name a backing explicitly",
+                if claimants.is_empty() {
+                    "none".to_string()
+                } else {
+                    claimants.join(", ")
+                }
+            )))
+        }
+        [(first, a), (second, b), ..] if a.priority == b.priority => Err(Error::config(format!(
+            "backing = auto is ambiguous: `{}` and `{}` both claim it with priority {}; name a \
+             backing explicitly",
+            first.name, second.name, a.priority
         ))),
-        Err(e) => Err(Error::config(format!(
-            "cannot examine dir {}: {e}; create it, or mount hugetlbfs or tmpfs there",
-            dir.display()
-        ))),
+        [(winner, claim), ..] => Ok((winner, format!("backing = auto: {}", claim.reason))),
     }
 }
 
 /// Resolve `config.backing` (including `auto`) to a registered record.
 ///
 /// # Errors
-/// As for [`auto_backing_name`] and [`lookup`].
+/// As for [`auto_backing`] and [`lookup`].
 pub fn select_backing(config: &PoolConfig) -> Result<BackingSelection> {
-    let (name, reason) = if config.backing == "auto" {
-        auto_backing_name(config.dir.as_deref())?
+    let (plugin, reason) = if config.backing == "auto" {
+        auto_backing(config.dir.as_deref())?
     } else {
-        let name = lookup::<BackingPlugin>(&config.backing)?.name;
-        (name, format!("backing = {name} was asked for"))
+        let plugin = lookup::<BackingPlugin>(&config.backing)?;
+        (plugin, format!("backing = {} was asked for", plugin.name))
     };
-    Ok(BackingSelection {
-        plugin: lookup::<BackingPlugin>(name)?,
-        reason,
-    })
+    Ok(BackingSelection { plugin, reason })
 }
 
 /// Parse every plugin table in the config with its own plugin, so a typo in
@@ -302,12 +476,7 @@ mod tests {
         fn build(_: Option<&Value>) -> Result<Box<dyn Backing>> {
             Err(Error::config("test record"))
         }
-        Box::leak(Box::new(BackingPlugin {
-            name,
-            summary: "test",
-            origin,
-            build,
-        }))
+        Box::leak(Box::new(BackingPlugin::new(name, "test", origin, build)))
     }
 
     #[test]
@@ -355,30 +524,23 @@ mod tests {
     }
 
     #[test]
-    fn auto_without_dir_is_anon() {
-        let (name, why) = auto_backing_name(None).unwrap();
-        assert_eq!(name, "anon");
-        assert!(why.contains("no dir"));
-    }
-
-    #[test]
-    fn auto_on_tmpfs_is_shm_segmented_and_on_other_filesystems_an_error() {
-        if let Ok(FsKind::Tmpfs) = filesystem_kind(Path::new("/dev/shm")) {
-            assert_eq!(
-                auto_backing_name(Some(Path::new("/dev/shm"))).unwrap().0,
-                "shm-segmented"
-            );
-        } else {
-            eprintln!("skip: /dev/shm is not tmpfs on this host");
-        }
-        let e = auto_backing_name(Some(Path::new("/proc"))).unwrap_err();
-        assert!(e.to_string().contains("neither hugetlbfs nor tmpfs"), "{e}");
-        let e = auto_backing_name(Some(Path::new("/nonexistent/dir"))).unwrap_err();
+    fn auto_with_no_claimant_says_which_backings_claim_and_what_to_do() {
+        // pool-core alone registers no backing, so nothing claims anything.
+        let e = auto_backing(None).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("no backing serves a pool without a dir"),
+            "{e}"
+        );
+        let e = auto_backing(Some(Path::new("/proc"))).unwrap_err();
+        assert!(e.to_string().contains("claim auto: none"), "{e}");
+        let e = auto_backing(Some(Path::new("/nonexistent/dir"))).unwrap_err();
         assert!(
             e.to_string()
                 .contains("cannot examine dir /nonexistent/dir"),
             "{e}"
         );
+        assert_eq!(e.exit_code(), 2);
     }
 
     #[test]

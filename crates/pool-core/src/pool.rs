@@ -213,13 +213,28 @@ impl PoolPlan {
             .iter()
             .map(|r| serde_json::json!({"kind": r.name(), "plan": r.plan(size, &self.config)}))
             .collect();
+        let prefault_cost = plugin::lookup::<plugin::BackingPlugin>(bp.backing)
+            .ok()
+            .and_then(|r| r.cost)
+            .unwrap_or(plugin::PrefaultCost::DEFAULT);
         let predicted = crate::cost::predict(
-            bp.backing,
             size,
-            self.prefault.extent.len,
-            self.prefault.threads,
-            self.pinner.as_ref().map(|p| p.name()),
-            self.registrars.len(),
+            &crate::cost::CostInputs {
+                prefault: prefault_cost,
+                prefault_bytes: self.prefault.extent.len,
+                threads: self.prefault.threads,
+                pin: self
+                    .pinner
+                    .as_ref()
+                    .and_then(|p| plugin::lookup::<PinnerPlugin>(p.name()).ok())
+                    .and_then(|r| r.cost),
+                registrars: self
+                    .registrars
+                    .iter()
+                    .filter_map(|r| plugin::lookup::<RegistrarPlugin>(r.name()).ok())
+                    .filter_map(|r| r.cost)
+                    .collect(),
+            },
         );
         explain.push(format!(
             "predicted: prefault {:.1} s{}{} ({})",

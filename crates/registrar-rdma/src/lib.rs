@@ -43,6 +43,7 @@ use std::time::Instant;
 
 use pool_core::layout::{self, LayoutError, format_bytes};
 use pool_core::memlock::{self, MemlockPolicy};
+use pool_core::plugin::PinCost;
 use pool_core::{
     Error, Extent, PageSize, PoolConfig, Region, Registrar, RegistrarPlugin, Registration, Result,
     TeardownIssue,
@@ -147,13 +148,17 @@ fn build(table: Option<&Value>) -> Result<Box<dyn Registrar>> {
 }
 
 inventory::submit! {
-    RegistrarPlugin {
-        name: NAME,
-        summary: "RDMA NICs through libibverbs (loaded at run time): ibv_reg_mr on every device in \
-                  parallel, regions split at max_mr_size on block boundaries; [rdma] devices, library",
-        origin: env!("CARGO_PKG_NAME"),
+    RegistrarPlugin::new(
+        NAME,
+        "RDMA NICs through libibverbs (loaded at run time): ibv_reg_mr on every device in \
+         parallel, regions split at max_mr_size on block boundaries; [rdma] devices, library",
+        env!("CARGO_PKG_NAME"),
         build,
-    }
+    )
+    .with_cost(PinCost {
+        seconds_per_page: pool_core::cost::REGISTER_SECONDS_PER_PAGE,
+        free_on_huge_pages: false,
+    })
 }
 
 /// One RDMA device as [`probe`] finds it.

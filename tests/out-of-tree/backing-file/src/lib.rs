@@ -46,7 +46,7 @@ use pool_core::capacity::{self, CapacityCheck};
 use pool_core::file::{self, FileId, MapContext, PoolFile};
 use pool_core::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
-use pool_core::plugin::parse_table;
+use pool_core::plugin::{AutoClaim, AutoDir, parse_table};
 use pool_core::{
     Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Result, hugetlb, sys,
 };
@@ -126,13 +126,35 @@ fn build(table: Option<&serde_json::Value>) -> Result<Box<dyn Backing>> {
 }
 
 pool_core::inventory::submit! {
-    BackingPlugin {
-        name: NAME,
-        summary: "one plain file on any filesystem (dir required; out-of-tree example)",
-        origin: env!("CARGO_PKG_NAME"),
+    BackingPlugin::new(
+        NAME,
+        "one plain file on any filesystem (dir required; out-of-tree example)",
+        env!("CARGO_PKG_NAME"),
         build,
-    }
+    )
+    .with_auto(claim)
 }
+
+/// Under `backing = "auto"`, this backing serves a directory on a disk
+/// filesystem (ext4, xfs, btrfs, overlayfs) that no built-in backing takes,
+/// with a low priority so a built-in claim always wins.
+fn claim(dir: Option<AutoDir<'_>>) -> Option<AutoClaim> {
+    let dir = dir?;
+    let FsKind::Other { magic } = dir.fs.kind() else {
+        return None;
+    };
+    DISK_FILESYSTEMS.contains(&magic).then(|| AutoClaim {
+        priority: 1,
+        reason: format!(
+            "{} is on {}: one plain file (the out-of-tree `file` backing)",
+            dir.path.display(),
+            fs_name(dir.fs.kind())
+        ),
+    })
+}
+
+/// ext2/3/4, xfs, btrfs, overlayfs (`include/uapi/linux/magic.h`).
+const DISK_FILESYSTEMS: [u64; 4] = [0xef53, 0x5846_5342, 0x9123_683e, 0x794c_7630];
 
 /// A readable name for a filesystem magic number.
 fn fs_name(kind: FsKind) -> String {
@@ -144,6 +166,7 @@ fn fs_name(kind: FsKind) -> String {
             0x5846_5342 => "xfs".into(),
             0x9123_683e => "btrfs".into(),
             0x0102_1994 => "tmpfs".into(),
+            0x794c_7630 => "overlayfs".into(),
             _ => format!("filesystem magic {magic:#x}"),
         },
     }

@@ -146,7 +146,7 @@ fn file_passes_the_conformance_suite_on_a_disk_directory() {
             expect: "zero",
         },
         BadConfig {
-            config: config(dir, 1 << 60, None),
+            config: config(dir, 100 << 40, None),
             expect: "cannot hold the pool",
         },
         BadConfig {
@@ -217,7 +217,7 @@ fn file_passes_the_conformance_suite_on_tmpfs() {
             },
         ],
         bad: vec![BadConfig {
-            config: config(dir, 1 << 60, None),
+            config: config(dir, 100 << 40, None),
             expect: "cannot hold the pool",
         }],
         populates_at_map: false,

@@ -1,0 +1,167 @@
+//! What `hostpool doctor` asks of plugins: findings about this node, each
+//! with a verdict and a remedy.
+//!
+//! The core and the CLI know only the areas every pool has (memory, cgroup,
+//! memlock, kernel, plugins, leftovers, the pool's plan). Everything specific
+//! to a plugin (huge page pools, hugetlbfs mounts, `/dev/shm`, THP, the CUDA
+//! driver, RDMA devices) comes from the plugin's own doctor hook, a
+//! [`DoctorFn`] in its record, so an out-of-tree plugin adds its findings the
+//! same way.
+//!
+//! A hook is read-only: it maps no pool and writes nothing. It reports the
+//! node in its own areas and, when [`DoctorContext::plan`] selects it, what it
+//! would do for that pool in area `pool`.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::fs::{FsKind, filesystem_kind};
+use crate::pool::{PlanReport, PoolPlan};
+
+/// How a finding stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// Nothing to do.
+    Ok,
+    /// Worth knowing; nothing is wrong for the pools this node is used for.
+    Info,
+    /// Something will be slower, skipped, or may fail.
+    Warn,
+    /// The pool asked for cannot be built, or the node is broken for it.
+    Fail,
+}
+
+impl Level {
+    /// The verdict's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Ok => "ok",
+            Level::Info => "info",
+            Level::Warn => "warn",
+            Level::Fail => "fail",
+        }
+    }
+}
+
+/// One line of the doctor's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    /// The area, e.g. `memory`, `hugepages`, `cuda`, `pool`.
+    pub area: &'static str,
+    /// What was looked at within the area.
+    pub item: String,
+    /// What was found, in words.
+    pub value: String,
+    /// The verdict.
+    pub verdict: Level,
+    /// What to do, when the verdict is not ok.
+    pub remedy: Option<String>,
+    /// The figures behind the value, for scripts (absent when none).
+    #[serde(skip_serializing_if = "Value::is_null")]
+    pub details: Value,
+}
+
+impl Finding {
+    /// An `ok` finding.
+    pub fn new(area: &'static str, item: impl Into<String>, value: impl Into<String>) -> Finding {
+        Finding {
+            area,
+            item: item.into(),
+            value: value.into(),
+            verdict: Level::Ok,
+            remedy: None,
+            details: Value::Null,
+        }
+    }
+
+    /// With this verdict.
+    #[must_use]
+    pub fn level(mut self, verdict: Level) -> Finding {
+        self.verdict = verdict;
+        self
+    }
+
+    /// `info`, with a remedy.
+    #[must_use]
+    pub fn info(self, remedy: impl Into<String>) -> Finding {
+        self.level(Level::Info).remedy(remedy)
+    }
+
+    /// `warn`, with a remedy.
+    #[must_use]
+    pub fn warn(self, remedy: impl Into<String>) -> Finding {
+        self.level(Level::Warn).remedy(remedy)
+    }
+
+    /// `fail`, with a remedy.
+    #[must_use]
+    pub fn fail(self, remedy: impl Into<String>) -> Finding {
+        self.level(Level::Fail).remedy(remedy)
+    }
+
+    /// With a remedy (none when empty).
+    #[must_use]
+    pub fn remedy(mut self, remedy: impl Into<String>) -> Finding {
+        let r = remedy.into();
+        self.remedy = (!r.is_empty()).then_some(r);
+        self
+    }
+
+    /// With the figures behind the value.
+    #[must_use]
+    pub fn details(mut self, details: Value) -> Finding {
+        self.details = details;
+        self
+    }
+}
+
+/// What a doctor hook is asked about.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DoctorContext<'a> {
+    /// The pool asked for (`--config` or pool flags), when one was.
+    pub plan: Option<&'a PoolPlan>,
+    /// Its report.
+    pub report: Option<&'a PlanReport>,
+}
+
+impl DoctorContext<'_> {
+    /// Whether the pool asked for is made of reserved huge pages: its page
+    /// is larger than the base page (as for [`crate::Region::is_hugetlb`]),
+    /// or its `dir` is on a hugetlbfs mount.
+    pub fn pool_is_hugetlb(&self) -> bool {
+        let (Some(plan), Some(report)) = (self.plan, self.report) else {
+            return false;
+        };
+        report.page_size > crate::sys::base_page_size() as u64
+            || plan
+                .config
+                .dir
+                .as_deref()
+                .is_some_and(|d| matches!(filesystem_kind(d), Ok(FsKind::Hugetlbfs { .. })))
+    }
+
+    /// `(page size, pages)` the pool needs of reserved huge pages, when it is
+    /// made of them.
+    pub fn huge_need(&self) -> Option<(u64, u64)> {
+        let report = self.report?;
+        let page = report.page_size.max(1);
+        self.pool_is_hugetlb()
+            .then(|| (page, report.mapped_bytes.div_ceil(page)))
+    }
+
+    /// Whether the pool asked for pins with `pinner`.
+    pub fn pins_with(&self, pinner: &str) -> bool {
+        self.plan
+            .is_some_and(|p| p.config.pin.is_on() && p.config.pin.kind == pinner)
+    }
+
+    /// Whether the pool asked for registers with `registrar`.
+    pub fn registers_with(&self, registrar: &str) -> bool {
+        self.plan
+            .is_some_and(|p| p.config.register.iter().any(|r| r == registrar))
+    }
+}
+
+/// A plugin's doctor hook.
+pub type DoctorFn = fn(&DoctorContext<'_>) -> Vec<Finding>;
