@@ -1,6 +1,5 @@
 //! hugetlbfs mounts, done with the `mount`/`umount` commands.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::Duration;
@@ -61,12 +60,11 @@ pub fn unmount(at: &Path) -> Result<Unmounted, String> {
 
 /// Mount points at or below `dir`, deepest first (the unmount order).
 pub fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let table = fs::read_to_string("/proc/mounts")
-        .map_err(|err| format!("could not read /proc/mounts: {err}"))?;
+    let table =
+        pool_core::fs::mounts().map_err(|err| format!("could not read /proc/mounts: {err}"))?;
     let mut found: Vec<PathBuf> = table
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(1))
-        .map(|field| PathBuf::from(unescape(field)))
+        .into_iter()
+        .map(|m| m.point)
         .filter(|point| point.starts_with(dir))
         .collect();
     found.sort_by_key(|point| std::cmp::Reverse(point.components().count()));
@@ -74,44 +72,8 @@ pub fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(found)
 }
 
-/// Undoes the octal escapes (`\040` for space, ...) of /proc/mounts fields.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|digits| {
-            let text = std::str::from_utf8(digits).ok()?;
-            u8::from_str_radix(text, 8).ok()
-        });
-        match (bytes[i], octal) {
-            (b'\\', Some(byte)) => {
-                out.push(byte);
-                i += 4;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// `path` as UTF-8, which the `mount` command line needs.
 fn path_str(path: &Path) -> Result<&str, String> {
     path.to_str()
         .ok_or_else(|| format!("path {} is not valid UTF-8", path.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unescape;
-
-    #[test]
-    fn unescapes_proc_mounts_fields() {
-        assert_eq!(unescape("/tmp/a\\040b"), "/tmp/a b");
-        assert_eq!(unescape("/tmp/plain"), "/tmp/plain");
-        assert_eq!(unescape("/tmp/trailing\\"), "/tmp/trailing\\");
-    }
 }

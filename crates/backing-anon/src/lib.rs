@@ -15,6 +15,8 @@
 
 #![forbid(unsafe_code)]
 
+mod doctor;
+
 use pool_core::capacity;
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
@@ -59,8 +61,9 @@ inventory::submit! {
         env!("CARGO_PKG_NAME"),
         build,
     )
-    .with_auto(claim)
+    .with_auto(claim, &[])
     .with_cost(PrefaultCost::DEFAULT)
+    .with_doctor(doctor::findings)
 }
 
 /// `auto` without a `dir` is anonymous memory.

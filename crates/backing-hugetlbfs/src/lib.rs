@@ -21,6 +21,8 @@
 
 #![forbid(unsafe_code)]
 
+mod doctor;
+
 use std::path::PathBuf;
 
 use pool_core::file::{self, MapContext, PoolFile};
@@ -28,7 +30,10 @@ use pool_core::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};
-use pool_core::{Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Result, hugetlb};
+use pool_core::{Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Result};
+
+pub mod host;
+use host as hugetlb;
 use serde::{Deserialize, Serialize};
 
 /// The plugin name.
@@ -55,8 +60,9 @@ inventory::submit! {
         env!("CARGO_PKG_NAME"),
         build,
     )
-    .with_auto(claim)
+    .with_auto(claim, &["hugetlbfs"])
     .with_cost(PrefaultCost::DEFAULT)
+    .with_doctor(doctor::findings)
 }
 
 /// `auto` on a hugetlbfs mount is this backing.

@@ -8,7 +8,9 @@
 use std::path::PathBuf;
 
 use pool_core::conformance::{self, BadConfig, Suite};
-use pool_core::{ByteSize, Pool, PoolConfig, PoolPlan, Quiet, hugetlb};
+use pool_core::{ByteSize, Pool, PoolConfig, PoolPlan, Quiet};
+
+use crate::host as hugetlb;
 use serde_json::json;
 
 use super::*;

@@ -14,6 +14,10 @@
 
 #![forbid(unsafe_code)]
 
+mod capacity;
+
+mod doctor;
+
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -23,7 +27,7 @@ use pool_core::layout::{Extent, PageSize, SegmentSpec, format_bytes, round_to_pa
 use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};
 use pool_core::{
-    Backing, BackingPlan, BackingPlugin, ByteSize, Error, Mapping, PoolConfig, Result, hugetlb, sys,
+    Backing, BackingPlan, BackingPlugin, ByteSize, Error, Mapping, PoolConfig, Result, sys,
 };
 use serde::{Deserialize, Serialize};
 
@@ -71,11 +75,12 @@ inventory::submit! {
         env!("CARGO_PKG_NAME"),
         build,
     )
-    .with_auto(claim)
+    .with_auto(claim, &["tmpfs"])
     .with_cost(PrefaultCost {
         base_gbps: 1.6,
         ..PrefaultCost::DEFAULT
     })
+    .with_doctor(doctor::findings)
 }
 
 /// `auto` on tmpfs is segmented shared-memory files.
@@ -163,7 +168,7 @@ impl Backing for ShmBacking {
         Ok(BackingPlan {
             backing: NAME,
             size,
-            capacity: hugetlb::tmpfs_capacity_checks(size.mapped(), &dir),
+            capacity: capacity::checks(size.mapped(), &dir),
             segments: segs,
             files,
             options: serde_json::json!({

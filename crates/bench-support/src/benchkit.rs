@@ -15,10 +15,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use backing_hugetlbfs::host as hugetlb;
 use pool_core::layout::{Extent, PageSize};
 use pool_core::{
     ByteSize, Error, Pool, PoolConfig, PoolPlan, PrefaultChoice, Quiet, Region, Result, file,
-    hugetlb, prefault,
+    prefault,
 };
 
 use crate::reference::raw_populate;

@@ -45,6 +45,8 @@
 //! The driver is the real `libcuda.so.1`, or in tests the `fake-cuda` test
 //! double loaded in its place through `LD_LIBRARY_PATH`.
 
+mod doctor;
+
 use std::time::Instant;
 
 use pool_core::layout::{Extent, format_bytes, registration_chunks};
@@ -197,6 +199,7 @@ inventory::submit! {
         seconds_per_page: pool_core::cost::REGISTER_SECONDS_PER_PAGE,
         free_on_huge_pages: false,
     })
+    .with_doctor(doctor::findings)
 }
 
 /// The driver, or why it is not available.

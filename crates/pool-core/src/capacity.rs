@@ -123,7 +123,7 @@ pub struct CgroupMemory {
 /// A cgroup limit file in `dir` with a finite limit, and its usage file:
 /// `(limit path, limit, usage)`. `None` for "max", for v1's
 /// `PAGE_COUNTER_MAX`, and for unreadable files.
-pub(crate) fn finite_limit(dir: &Path, limit: &str, usage: &str) -> Option<(PathBuf, u64, u64)> {
+pub fn finite_limit(dir: &Path, limit: &str, usage: &str) -> Option<(PathBuf, u64, u64)> {
     let path = dir.join(limit);
     // "max" does not parse: unlimited.
     let limit: u64 = fs::read_to_string(&path).ok()?.trim().parse().ok()?;

@@ -163,5 +163,38 @@ impl DoctorContext<'_> {
     }
 }
 
+impl DoctorContext<'_> {
+    /// A finding about the pin the pool asks for that would not work: a
+    /// failure when the pin is required, else a warning that the best-effort
+    /// pin would be skipped.
+    pub fn pin_shortfall(&self, finding: Finding, remedy: impl Into<String>) -> Finding {
+        let required = self.plan.is_some_and(|p| p.config.pin.required);
+        if required {
+            finding.fail(remedy)
+        } else {
+            finding.warn(format!(
+                "the pin would be skipped (best effort): {}",
+                remedy.into()
+            ))
+        }
+    }
+
+    /// The memlock bound the pool asked for pins under: `None` when no pool
+    /// was given or its `memlock_bound` is `ignore`.
+    pub fn memlock_bound(&self) -> Option<crate::memlock::MemlockBound> {
+        let plan = self.plan?;
+        (plan.config.pin.memlock_bound == crate::memlock::MemlockPolicy::Check)
+            .then(|| crate::memlock::bound(&crate::memlock::state(), self.pool_is_hugetlb()))
+    }
+}
+
+/// A reason split at its first `; `: what is wrong, and what to do.
+pub fn split_reason(reason: &str) -> (String, Option<String>) {
+    match reason.split_once("; ") {
+        Some((what, todo)) => (what.to_string(), Some(todo.to_string())),
+        None => (reason.to_string(), None),
+    }
+}
+
 /// A plugin's doctor hook.
 pub type DoctorFn = fn(&DoctorContext<'_>) -> Vec<Finding>;

@@ -45,15 +45,9 @@ pub struct GcReport {
 /// The directories `gc` scans by default: `/dev/shm` and every hugetlbfs mount.
 pub fn default_dirs() -> Vec<PathBuf> {
     let mut dirs = vec![PathBuf::from(DEFAULT_CONTROL_DIR)];
-    if let Ok(mounts) = std::fs::read_to_string("/proc/mounts") {
-        for line in mounts.lines() {
-            let mut f = line.split_whitespace();
-            if let (Some(_), Some(mnt), Some("hugetlbfs")) = (f.next(), f.next(), f.next()) {
-                let mnt = PathBuf::from(mnt.replace("\\040", " "));
-                if !dirs.contains(&mnt) {
-                    dirs.push(mnt);
-                }
-            }
+    for m in crate::fs::mounts().unwrap_or_default() {
+        if m.fstype == "hugetlbfs" && !dirs.contains(&m.point) {
+            dirs.push(m.point);
         }
     }
     dirs

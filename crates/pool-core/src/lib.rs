@@ -22,7 +22,6 @@ pub mod failpoint;
 pub mod file;
 pub mod fs;
 pub mod gc;
-pub mod hugetlb;
 pub mod layout;
 pub mod memlock;
 pub mod numa;

@@ -70,6 +70,21 @@ pub struct MemlockBound {
     pub source: String,
 }
 
+impl MemlockBound {
+    /// The bound and where it comes from, in words: `8 MiB (RLIMIT_MEMLOCK)`.
+    pub fn describe(&self) -> String {
+        match self.limit {
+            Some(l) => format!("{} ({})", crate::layout::format_bytes(l), self.source),
+            None => format!("none ({})", self.source),
+        }
+    }
+
+    /// Whether `bytes` may be pinned under the bound.
+    pub fn allows(&self, bytes: u64) -> bool {
+        self.limit.is_none_or(|l| bytes <= l)
+    }
+}
+
 /// The bound for a pool of ordinary pages (`hugetlb = false`) or reserved
 /// huge pages, under `state`. Pure.
 pub fn bound(state: &MemlockState, hugetlb: bool) -> MemlockBound {

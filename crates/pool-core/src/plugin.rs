@@ -121,6 +121,9 @@ pub struct BackingPlugin {
     pub build: BuildFn<dyn Backing>,
     /// Its claim under `backing = "auto"`, if it makes one.
     pub auto: Option<AutoFn>,
+    /// The filesystems that claim covers, for the error when none does
+    /// (`["tmpfs"]`; empty for a claim on pools without a dir).
+    pub auto_filesystems: &'static [&'static str],
     /// Its prefault rates, for predictions ([`PrefaultCost::DEFAULT`] when
     /// none).
     pub cost: Option<PrefaultCost>,
@@ -142,15 +145,22 @@ impl BackingPlugin {
             origin,
             build,
             auto: None,
+            auto_filesystems: &[],
             cost: None,
             doctor: None,
         }
     }
 
-    /// With a claim under `backing = "auto"`.
+    /// With a claim under `backing = "auto"` on these filesystems (none for
+    /// a claim on pools without a dir).
     #[must_use]
-    pub const fn with_auto(mut self, auto: AutoFn) -> BackingPlugin {
+    pub const fn with_auto(
+        mut self,
+        auto: AutoFn,
+        filesystems: &'static [&'static str],
+    ) -> BackingPlugin {
         self.auto = Some(auto);
+        self.auto_filesystems = filesystems;
         self
     }
 
@@ -372,28 +382,22 @@ pub fn auto_backing(dir: Option<&Path>) -> Result<(&'static BackingPlugin, Strin
     claims.sort_by(|a, b| b.1.priority.cmp(&a.1.priority).then(a.0.name.cmp(b.0.name)));
     match claims.as_slice() {
         [] => {
-            let claimants: Vec<&str> = reg
+            let filesystems: Vec<&str> = reg
                 .values()
-                .filter(|p| p.auto.is_some())
-                .map(|p| p.name)
+                .flat_map(|p| p.auto_filesystems.iter().copied())
                 .collect();
-            let what = match dir {
-                None => "a pool without a dir".to_string(),
-                Some(d) => format!(
-                    "dir {} (filesystem magic {:#x})",
+            let what = match (dir, fs) {
+                (Some(d), Some(f)) => format!(
+                    "dir {} is {} (filesystem magic {:#x})",
                     d.display(),
-                    fs.map_or(0, |f| f.fs.magic)
+                    neither_nor(&filesystems),
+                    f.fs.magic
                 ),
+                _ => "no backing serves a pool without a dir".to_string(),
             };
             Err(Error::config(format!(
-                "backing = auto: no backing serves {what}; backings that claim auto: {}. Mount \
-                 hugetlbfs there (`mount -t hugetlbfs -o pagesize=1G none DIR`), use /dev/shm, or \
-                 name a backing explicitly",
-                if claimants.is_empty() {
-                    "none".to_string()
-                } else {
-                    claimants.join(", ")
-                }
+                "backing = auto cannot serve this pool: {what}; mount hugetlbfs there (`mount -t \
+                 hugetlbfs -o pagesize=1G none DIR`), use /dev/shm, or name a backing explicitly"
             )))
         }
         [(first, a), (second, b), ..] if a.priority == b.priority => Err(Error::config(format!(
@@ -402,6 +406,16 @@ pub fn auto_backing(dir: Option<&Path>) -> Result<(&'static BackingPlugin, Strin
             first.name, second.name, a.priority
         ))),
         [(winner, claim), ..] => Ok((winner, format!("backing = auto: {}", claim.reason))),
+    }
+}
+
+/// "neither a nor b", "neither a, b nor c", "not a", or "claimed by no
+/// backing" for none.
+fn neither_nor(names: &[&str]) -> String {
+    match names {
+        [] => "claimed by no backing".to_string(),
+        [one] => format!("not {one}"),
+        [init @ .., last] => format!("neither {} nor {last}", init.join(", ")),
     }
 }
 
@@ -533,7 +547,12 @@ mod tests {
             "{e}"
         );
         let e = auto_backing(Some(Path::new("/proc"))).unwrap_err();
-        assert!(e.to_string().contains("claim auto: none"), "{e}");
+        assert!(e.to_string().contains("claimed by no backing"), "{e}");
+        assert_eq!(
+            neither_nor(&["hugetlbfs", "tmpfs"]),
+            "neither hugetlbfs nor tmpfs"
+        );
+        assert_eq!(neither_nor(&["a", "b", "c"]), "neither a, b nor c");
         let e = auto_backing(Some(Path::new("/nonexistent/dir"))).unwrap_err();
         assert!(
             e.to_string()

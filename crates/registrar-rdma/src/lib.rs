@@ -37,6 +37,8 @@
 //! taken and the regions as `{offset, addr, addr_u64, len, lkey, rkey}` (the
 //! address as a hex string and as an integer).
 
+mod doctor;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -159,6 +161,7 @@ inventory::submit! {
         seconds_per_page: pool_core::cost::REGISTER_SECONDS_PER_PAGE,
         free_on_huge_pages: false,
     })
+    .with_doctor(doctor::findings)
 }
 
 /// One RDMA device as [`probe`] finds it.

@@ -47,9 +47,7 @@ use pool_core::file::{self, FileId, MapContext, PoolFile};
 use pool_core::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoDir, parse_table};
-use pool_core::{
-    Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Result, hugetlb, sys,
-};
+use pool_core::{Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Result, sys};
 use serde::{Deserialize, Serialize};
 
 /// The plugin name, as `backing = "file"` selects it.
@@ -132,7 +130,7 @@ pool_core::inventory::submit! {
         env!("CARGO_PKG_NAME"),
         build,
     )
-    .with_auto(claim)
+    .with_auto(claim, &["ext2/3/4", "xfs", "btrfs", "overlayfs"])
 }
 
 /// Under `backing = "auto"`, this backing serves a directory on a disk
@@ -252,10 +250,6 @@ fn space_check(need: u64, dir: &Path, fs: &str, free: Option<u64>) -> CapacityCh
 
 /// Every capacity check for a pool of `need` bytes in `dir`.
 fn capacity_checks(need: u64, dir: &Path, kind: FsKind) -> Vec<CapacityCheck> {
-    if kind == FsKind::Tmpfs {
-        // tmpfs: its size limit (or memory, without one) and the cgroup.
-        return hugetlb::tmpfs_capacity_checks(need, dir);
-    }
     let mut checks = vec![space_check(need, dir, &fs_name(kind), statvfs_free(dir))];
     // The pool is page cache that is meant to stay resident (prefaulted,
     // then pinned): the node must hold it too.

@@ -12,14 +12,6 @@ fn limit_text(l: Option<u64>) -> String {
     l.map_or("unlimited".to_string(), format_bytes)
 }
 
-/// A pin bound and where it comes from.
-pub(super) fn bound_text(b: &memlock::MemlockBound) -> String {
-    match b.limit {
-        Some(l) => format!("{} ({})", format_bytes(l), b.source),
-        None => format!("none ({})", b.source),
-    }
-}
-
 /// `RLIMIT_MEMLOCK`, `CAP_IPC_LOCK` and the pin bound they make.
 pub(super) fn findings() -> Vec<Finding> {
     let st = memlock::state();
@@ -59,12 +51,12 @@ pub(super) fn findings() -> Vec<Finding> {
     let ordinary = memlock::bound(&st, false);
     let huge = memlock::bound(&st, true);
     let value = if ordinary == huge {
-        format!("{} for every page size", bound_text(&ordinary))
+        format!("{} for every page size", ordinary.describe())
     } else {
         format!(
             "ordinary pages {}; huge pages {}",
-            bound_text(&ordinary),
-            bound_text(&huge)
+            ordinary.describe(),
+            huge.describe()
         )
     };
     let bound = Finding::new("memlock", "pin bound", value)

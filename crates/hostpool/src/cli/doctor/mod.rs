@@ -3,14 +3,15 @@
 //!
 //! One finding per line, each with a verdict (`ok`, `info`, `warn`, `fail`)
 //! and, when it is not ok, the remedy: a command or a setting. The areas, in
-//! order: `memory` (`MemAvailable`), `hugepages` (each page size's pool, per
-//! NUMA node), `hugetlbfs` (mounts, page size, `size=` limit), `shm`
-//! (`/dev/shm`), `cgroup` (`memory.max`, hugetlb limits), `memlock`
-//! (`RLIMIT_MEMLOCK`, `CAP_IPC_LOCK`, the pin bound), `thp`, `kernel`
-//! (release, `MADV_POPULATE_WRITE`, NUMA nodes), `cuda`, `rdma`, `plugins`,
-//! `leftovers` (what `hostpool gc` would remove) and, when a pool is given
-//! (`--config` or any pool flag), `pool`: the plan's capacity checks and
-//! verdict, and whether its pinning and registration can work here.
+//! order: `memory` (`MemAvailable`), `cgroup` (`memory.max`), `memlock`
+//! (`RLIMIT_MEMLOCK`, `CAP_IPC_LOCK`, the pin bound), `kernel` (release,
+//! `MADV_POPULATE_WRITE`, NUMA nodes); then each registered plugin's own
+//! areas, from the doctor hook in its record (the built-in ones: `thp`;
+//! `hugepages`, `hugetlbfs` and the hugetlb `cgroup` limits; `shm`; `cuda`;
+//! `rdma`); then `plugins`, `leftovers` (what `hostpool gc` would remove)
+//! and, when a pool is given (`--config` or any pool flag), `pool`: the
+//! plan's capacity checks and verdict, and whether its pinning and
+//! registration can work here (the plugins say for their own).
 //!
 //! Read-only: it maps no pool and writes nothing. Leftover files are judged
 //! from `/proc/locks` instead of by taking locks as `gc` does. The probes
@@ -23,9 +24,6 @@
 //! usage or configuration error.
 
 mod cgroup;
-mod cuda;
-mod hugepages;
-mod hugetlbfs;
 mod kernel;
 mod leftovers;
 mod memlock;
@@ -33,16 +31,12 @@ mod memory;
 mod output;
 mod plugins;
 mod pool;
-mod rdma;
-mod shm;
-mod thp;
 
 use clap::Args;
-use pool_core::fs::{FsKind, filesystem_kind};
+use pool_core::doctor::{DoctorContext, DoctorFn};
+use pool_core::plugin::{PluginRecord, registry};
 use pool_core::pool::PlanReport;
-use pool_core::{Error, PoolPlan};
-use serde::Serialize;
-use serde_json::Value;
+use pool_core::{BackingPlugin, Error, PinnerPlugin, PoolPlan, RegistrarPlugin};
 
 use super::PoolArgs;
 
@@ -57,93 +51,7 @@ pub struct DoctorArgs {
     pub json: bool,
 }
 
-/// How a finding stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    /// Nothing to do.
-    Ok,
-    /// Worth knowing; nothing is wrong for the pools this node is used for.
-    Info,
-    /// Something will be slower, skipped, or may fail.
-    Warn,
-    /// The pool asked for cannot be built, or the node is broken for it.
-    Fail,
-}
-
-impl Level {
-    fn name(self) -> &'static str {
-        match self {
-            Level::Ok => "ok",
-            Level::Info => "info",
-            Level::Warn => "warn",
-            Level::Fail => "fail",
-        }
-    }
-}
-
-/// One line of the report.
-#[derive(Debug, Clone, Serialize)]
-pub struct Finding {
-    /// The area: `memory`, `hugepages`, `hugetlbfs`, `shm`, `cgroup`,
-    /// `memlock`, `thp`, `kernel`, `cuda`, `rdma`, `plugins`, `leftovers`,
-    /// `pool`.
-    pub area: &'static str,
-    /// What was looked at within the area.
-    pub item: String,
-    /// What was found, in words.
-    pub value: String,
-    /// The verdict.
-    pub verdict: Level,
-    /// What to do, when the verdict is not ok.
-    pub remedy: Option<String>,
-    /// The figures behind the value, for scripts (absent when none).
-    #[serde(skip_serializing_if = "Value::is_null")]
-    pub details: Value,
-}
-
-impl Finding {
-    fn new(area: &'static str, item: impl Into<String>, value: impl Into<String>) -> Finding {
-        Finding {
-            area,
-            item: item.into(),
-            value: value.into(),
-            verdict: Level::Ok,
-            remedy: None,
-            details: Value::Null,
-        }
-    }
-
-    fn level(mut self, verdict: Level) -> Finding {
-        self.verdict = verdict;
-        self
-    }
-
-    fn info(self, remedy: impl Into<String>) -> Finding {
-        self.level(Level::Info).remedy(remedy)
-    }
-
-    fn warn(self, remedy: impl Into<String>) -> Finding {
-        self.level(Level::Warn).remedy(remedy)
-    }
-
-    fn fail(self, remedy: impl Into<String>) -> Finding {
-        self.level(Level::Fail).remedy(remedy)
-    }
-
-    fn remedy(mut self, remedy: impl Into<String>) -> Finding {
-        let r = remedy.into();
-        self.remedy = (!r.is_empty()).then_some(r);
-        self
-    }
-
-    fn details(mut self, details: Value) -> Finding {
-        self.details = details;
-        self
-    }
-}
-
-const GIB: u64 = 1 << 30;
+pub use pool_core::doctor::{Finding, Level};
 
 /// Run `hostpool doctor`.
 ///
@@ -230,33 +138,32 @@ fn overall(findings: &[Finding]) -> Level {
     }
 }
 
-/// Every finding, in the order they are shown.
+/// Every finding, in the order they are shown: the areas every pool has,
+/// then each plugin's own (from the doctor hook in its record, so this
+/// names no plugin), then the pool asked for.
 fn collect(
     plan: Option<&PoolPlan>,
     report: Option<&PlanReport>,
     plan_error: Option<&Error>,
 ) -> Vec<Finding> {
-    // The pool's own `[rdma]` table decides which library is probed.
-    let rdma_options: registrar_rdma::RdmaOptions = plan
-        .and_then(|p| p.config.plugin_table(registrar_rdma::NAME))
-        .and_then(|t| serde_json::from_value(t.clone()).ok())
-        .unwrap_or_default();
-    let cuda = guarded_probe(pinner_cuda::probe_devices);
-    let rdma = guarded_probe(|| registrar_rdma::probe(&rdma_options));
-    let huge_need = plan.zip(report).and_then(|(p, r)| huge_need(p, r));
+    let ctx = DoctorContext { plan, report };
     let pool_dir = plan.and_then(|p| p.config.dir.clone());
 
     let mut out = Vec::new();
     out.extend(guarded("memory", memory::findings));
-    out.extend(guarded("hugepages", || hugepages::findings(huge_need)));
-    out.extend(guarded("hugetlbfs", || hugetlbfs::findings(huge_need)));
-    out.extend(guarded("shm", shm::findings));
     out.extend(guarded("cgroup", cgroup::findings));
     out.extend(guarded("memlock", memlock::findings));
-    out.extend(guarded("thp", thp::findings));
     out.extend(guarded("kernel", kernel::findings));
-    out.extend(guarded("cuda", || cuda::findings(&cuda)));
-    out.extend(guarded("rdma", || rdma::findings(&rdma, &rdma_options)));
+    let mut pool_lines = Vec::new();
+    for (name, hook) in hooks() {
+        for f in guarded(name, || hook(&ctx)) {
+            if f.area == "pool" {
+                pool_lines.push(f);
+            } else {
+                out.push(f);
+            }
+        }
+    }
     out.extend(guarded("plugins", plugins::findings));
     out.extend(guarded("leftovers", || {
         leftovers::findings(pool_dir.as_deref())
@@ -269,10 +176,28 @@ fn collect(
     }
     if let (Some(plan), Some(report)) = (plan, report) {
         out.extend(guarded("pool", || {
-            pool::findings(plan, report, &cuda, &rdma, &rdma_options)
+            pool::findings(&ctx, plan, report, pool_lines)
         }));
     }
     out
+}
+
+/// Every registered plugin's doctor hook: backings, pinners, registrars,
+/// each kind sorted by name.
+fn hooks() -> Vec<(&'static str, DoctorFn)> {
+    fn of<T: PluginRecord>() -> Vec<(&'static str, DoctorFn)> {
+        registry::<T>()
+            .map(|r| {
+                r.values()
+                    .filter_map(|p| Some((p.name(), p.doctor()?)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    let mut all = of::<BackingPlugin>();
+    all.extend(of::<PinnerPlugin>());
+    all.extend(of::<RegistrarPlugin>());
+    all
 }
 
 /// The message of a caught panic.
@@ -296,42 +221,6 @@ fn guarded(area: &'static str, f: impl FnOnce() -> Vec<Finding>) -> Vec<Finding>
             .warn("this is a bug in hostpool doctor; please report it with this output"),
         ]
     })
-}
-
-/// A probe that returns a result, with a panic turned into an error.
-fn guarded_probe<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        Err(Error::Plugin {
-            what: "probe".into(),
-            message: format!("failed unexpectedly: {}", panic_text(p.as_ref())),
-            source: None,
-        })
-    })
-}
-
-/// `(page size, pages)` a hugetlb pool needs, when the pool is one.
-fn huge_need(plan: &PoolPlan, report: &PlanReport) -> Option<(u64, u64)> {
-    let page = report.page_size;
-    pool_is_hugetlb(plan, report).then(|| (page, report.mapped_bytes.div_ceil(page.max(1))))
-}
-
-/// Whether the pool is made of reserved huge pages: the hugetlbfs backing,
-/// or a `dir` on a hugetlbfs mount.
-fn pool_is_hugetlb(plan: &PoolPlan, report: &PlanReport) -> bool {
-    report.backing == "hugetlbfs"
-        || plan
-            .config
-            .dir
-            .as_deref()
-            .is_some_and(|d| matches!(filesystem_kind(d), Ok(FsKind::Hugetlbfs { .. })))
-}
-
-/// A reason split at its first `; `: what is wrong, and what to do.
-fn split_reason(reason: &str) -> (String, Option<String>) {
-    match reason.split_once("; ") {
-        Some((what, todo)) => (what.to_string(), Some(todo.to_string())),
-        None => (reason.to_string(), None),
-    }
 }
 
 #[cfg(test)]

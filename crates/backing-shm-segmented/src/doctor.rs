@@ -1,33 +1,30 @@
-//! `shm`: `/dev/shm`, where shared pools keep their control files and
-//! shm-segmented pools their memory: its file system, size and free space.
+//! `hostpool doctor`'s findings for this backing: `/dev/shm`, the tmpfs
+//! its pools live in.
 
 use std::io;
 use std::path::Path;
 
+use pool_core::doctor::{DoctorContext, Finding};
 use pool_core::fs::{FsKind, filesystem_kind};
 use pool_core::layout::format_bytes;
 use serde_json::json;
 
-use super::{Finding, GIB};
+const GIB: u64 = 1 << 30;
+
+/// The hook in this backing's record.
+pub(crate) fn findings(_: &DoctorContext<'_>) -> Vec<Finding> {
+    shm()
+}
 
 const SHM: &str = "/dev/shm";
 
 /// `statvfs(path)`: `(size, free)` in bytes; size 0 means no limit.
 fn statvfs(path: &Path) -> io::Result<(u64, u64)> {
-    let st = rustix::fs::statvfs(path)?;
-    let unit = if st.f_frsize > 0 {
-        st.f_frsize
-    } else {
-        st.f_bsize
-    };
-    Ok((
-        st.f_blocks.saturating_mul(unit),
-        st.f_bavail.saturating_mul(unit),
-    ))
+    pool_core::fs::space(path).map(|s| (s.total_bytes(), s.free_bytes()))
 }
 
 /// `/dev/shm`: a tmpfs, and big enough for shared-memory pools.
-pub(super) fn findings() -> Vec<Finding> {
+fn shm() -> Vec<Finding> {
     let dir = Path::new(SHM);
     let grow = "docker run --shm-size=<N>g (or --ipc=host); Kubernetes: mount an emptyDir \
                 {medium: Memory, sizeLimit: <N>Gi} at /dev/shm";

@@ -1,11 +1,16 @@
-//! `thp`: transparent huge pages, which `anon` pools with `thp = true` use.
+//! `hostpool doctor`'s findings for this backing: transparent huge pages,
+//! which `thp = true` asks for.
 
 use std::path::Path;
 
+use pool_core::doctor::{DoctorContext, Finding};
 use pool_core::layout::format_bytes;
 use serde_json::json;
 
-use super::Finding;
+/// The hook in this backing's record.
+pub(crate) fn findings(_: &DoctorContext<'_>) -> Vec<Finding> {
+    thp()
+}
 
 const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
 
@@ -18,7 +23,7 @@ fn selected(text: &str) -> String {
 }
 
 /// The THP `enabled` and `defrag` settings and the THP page size.
-pub(super) fn findings() -> Vec<Finding> {
+fn thp() -> Vec<Finding> {
     let dir = Path::new(THP_DIR);
     if !dir.exists() {
         return vec![

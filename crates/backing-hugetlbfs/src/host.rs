@@ -1,5 +1,5 @@
 //! Huge page pools, hugetlbfs and hugetlb cgroup limits, and the capacity
-//! checks built from them (plus the checks for tmpfs pools).
+//! checks built from them: what this backing reads of the host.
 //!
 //! A hugetlb pool can fail in four places, and each has its own counter:
 //!
@@ -20,7 +20,7 @@
 //! Nothing here panics on a missing or malformed sysfs file: the public
 //! readers return an error or `None`, and a capacity check whose figure
 //! cannot be read has no `free` figure (verdict
-//! [`Unknown`](crate::capacity::Verdict::Unknown)).
+//! [`Unknown`](pool_core::capacity::Verdict::Unknown)).
 //!
 //! Only the creator of a shared pool should run these checks: once it has
 //! reserved its pages, the counts look too low to the ranks that join it.
@@ -32,10 +32,10 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::capacity::{self, CapacityCheck, CgroupMemory};
-use crate::error::{Error, Result};
-use crate::fs::{HUGETLBFS_MAGIC, TMPFS_MAGIC};
-use crate::layout::format_bytes;
+use pool_core::capacity::{self, CapacityCheck};
+use pool_core::fs::{HUGETLBFS_MAGIC, TMPFS_MAGIC};
+use pool_core::layout::format_bytes;
+use pool_core::{Error, Result};
 
 /// Where the kernel lists its huge page sizes.
 const HUGEPAGES_ROOT: &str = "/sys/kernel/mm/hugepages";
@@ -285,41 +285,6 @@ pub fn capacity_checks(
         mount,
         node,
         cgroup_limit(page_size),
-    )
-}
-
-/// Capacity checks for `need` bytes of tmpfs files in `dir`.
-///
-/// - the free space of the file system (`statvfs`: `f_bavail * f_frsize`);
-///   a tmpfs mounted without a size limit reports none, and is checked
-///   against `MemAvailable` instead;
-/// - the cgroup memory limit ([`capacity::cgroup_memory`]): tmpfs pages are
-///   charged to the memory cgroup of the process that touches them first.
-///
-/// When `statvfs` fails (for example `dir` does not exist) the first check
-/// has no `free` figure (verdict unknown).
-pub fn tmpfs_capacity_checks(need: u64, dir: &Path) -> Vec<CapacityCheck> {
-    let space = rustix::fs::statvfs(dir)
-        .map(|s| VfsSpace {
-            frsize: if s.f_frsize > 0 {
-                s.f_frsize
-            } else {
-                s.f_bsize
-            },
-            blocks: s.f_blocks,
-            bavail: s.f_bavail,
-        })
-        .map_err(io::Error::from);
-    let tmpfs = rustix::fs::statfs(dir)
-        .map(|st| (st.f_type as u64) & 0xffff_ffff == TMPFS_MAGIC)
-        .unwrap_or(false);
-    tmpfs_checks_with(
-        need,
-        dir,
-        space,
-        tmpfs,
-        capacity::meminfo("MemAvailable"),
-        capacity::cgroup_memory(),
     )
 }
 
@@ -729,7 +694,7 @@ fn group_and_ancestors(mount: &Path, path: &str) -> Vec<PathBuf> {
 
 /// One finite limit and its usage.
 fn read_hugetlb_limit(dir: &Path, limit: &str, usage: &str) -> Option<HugetlbCgroup> {
-    let (path, limit, usage) = crate::capacity::finite_limit(dir, limit, usage)?;
+    let (path, limit, usage) = pool_core::capacity::finite_limit(dir, limit, usage)?;
     Some(HugetlbCgroup { path, limit, usage })
 }
 
@@ -986,89 +951,10 @@ fn cgroup_check(need: u64, page_size: u64, cg: &HugetlbCgroup) -> CapacityCheck 
     )
 }
 
-/// The space figures of `statvfs`.
-#[derive(Debug, Clone, Copy)]
-struct VfsSpace {
-    /// Fragment size: the unit of the counts.
-    frsize: u64,
-    /// Size of the file system; 0 for a tmpfs without a size limit.
-    blocks: u64,
-    /// Blocks free to unprivileged users.
-    bavail: u64,
-}
-
-/// The tmpfs checks, over injectable sources.
-fn tmpfs_checks_with(
-    need: u64,
-    dir: &Path,
-    space: io::Result<VfsSpace>,
-    tmpfs: bool,
-    mem_available: Option<u64>,
-    cgroup: Option<CgroupMemory>,
-) -> Vec<CapacityCheck> {
-    let d = dir.display();
-    let source = format!("statvfs({d})");
-    let mut checks = Vec::new();
-    match space {
-        Err(e) => checks.push(CapacityCheck::new(
-            "shared-memory file system",
-            &source,
-            need,
-            None,
-            &format!("cannot statvfs {d}: {e}; create the directory or point the pool at /dev/shm"),
-        )),
-        Ok(s) if s.blocks == 0 && tmpfs => checks.push(CapacityCheck::new(
-            &format!("memory (tmpfs {d} has no size limit)"),
-            "MemAvailable in /proc/meminfo",
-            need,
-            mem_available,
-            &format!(
-                "{d} is a tmpfs without a size limit, so the node's memory bounds it: free memory \
-                 on the node or ask for a smaller --size"
-            ),
-        )),
-        Ok(s) => {
-            let free = s.bavail.saturating_mul(s.frsize);
-            let used = s.blocks.saturating_sub(s.bavail).saturating_mul(s.frsize);
-            let gib = used.saturating_add(need).div_ceil(GIB).max(1);
-            let remedy = format!(
-                "{d} has {free_mib} MiB free, the pool needs {need_mib} MiB; grow it: docker run \
-                 --shm-size={gib}g or --ipc=host; Kubernetes emptyDir {{medium: Memory, sizeLimit: \
-                 {gib}Gi}}; or mount -o remount,size={gib}G {d}",
-                free_mib = free / MIB,
-                need_mib = need.div_ceil(MIB),
-            );
-            checks.push(CapacityCheck::new(
-                "shared-memory file system",
-                &source,
-                need,
-                Some(free),
-                &remedy,
-            ));
-        }
-    }
-    if let Some(cg) = cgroup {
-        checks.push(CapacityCheck::new(
-            "cgroup memory limit",
-            &cg.path.display().to_string(),
-            need,
-            Some(cg.free),
-            &format!(
-                "tmpfs pages are charged to the memory cgroup, which allows {} ({} usable); raise \
-                 the container's memory limit (docker --memory, Kubernetes resources.limits.memory) \
-                 or ask for a smaller --size",
-                format_bytes(cg.limit),
-                format_bytes(cg.free)
-            ),
-        ));
-    }
-    checks
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::Verdict;
+    use pool_core::capacity::Verdict;
 
     const M2: u64 = 2 << 20;
     const G1: u64 = 1 << 30;
@@ -1615,77 +1501,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn dev_shm_fits_a_mebibyte_and_not_a_pebibyte() {
-        let small = tmpfs_capacity_checks(1 << 20, Path::new("/dev/shm"));
-        assert!(
-            small.iter().all(|c| c.verdict == Verdict::Fits),
-            "{small:?}"
-        );
-        let huge = tmpfs_capacity_checks(1 << 50, Path::new("/dev/shm"));
-        let c = &huge[0];
-        assert_eq!(c.verdict, Verdict::Short, "{huge:?}");
-        for want in [
-            "/dev/shm has ",
-            "the pool needs 1073741824 MiB",
-            "--shm-size=",
-            "--ipc=host",
-            "medium: Memory",
-            "mount -o remount,size=",
-        ] {
-            assert!(c.remedy.contains(want), "missing {want:?} in {}", c.remedy);
-        }
-        let missing = tmpfs_capacity_checks(1, Path::new("/nonexistent/shm"));
-        assert_eq!(missing[0].verdict, Verdict::Unknown);
-    }
-
-    #[test]
-    fn tmpfs_sizes_and_unlimited_tmpfs() {
-        let dir = Path::new("/dev/shm");
-        let space = VfsSpace {
-            frsize: 4096,
-            blocks: 16 << 18, // 16 GiB
-            bavail: 2 << 18,  // 2 GiB free, 14 GiB used
-        };
-        let cg = CgroupMemory {
-            path: PathBuf::from("/sys/fs/cgroup/memory.max"),
-            limit: 8 << 30,
-            free: 1 << 30,
-        };
-        let checks = tmpfs_checks_with(3 << 30, dir, Ok(space), true, None, Some(cg));
-        assert_eq!(checks.len(), 2);
-        assert_eq!(
-            (checks[0].verdict, checks[0].free),
-            (Verdict::Short, Some(2 << 30))
-        );
-        let r = &checks[0].remedy;
-        assert!(
-            r.contains("/dev/shm has 2048 MiB free, the pool needs 3072 MiB")
-                && r.contains("--shm-size=17g")
-                && r.contains("sizeLimit: 17Gi")
-                && r.contains("remount,size=17G /dev/shm"),
-            "{r}"
-        );
-        assert_eq!(checks[1].verdict, Verdict::Short);
-        assert!(
-            checks[1].remedy.contains("memory cgroup"),
-            "{}",
-            checks[1].remedy
-        );
-        // A tmpfs without size= reports 0 blocks: checked against memory.
-        let unlimited = VfsSpace {
-            frsize: 4096,
-            blocks: 0,
-            bavail: 0,
-        };
-        let c = tmpfs_checks_with(1 << 30, dir, Ok(unlimited), true, Some(2 << 30), None);
-        assert_eq!((c.len(), c[0].verdict), (1, Verdict::Fits));
-        assert!(c[0].resource.contains("no size limit"), "{:?}", c[0]);
-        let err = io::Error::from_raw_os_error(libc::ENOENT);
-        let c = tmpfs_checks_with(1, dir, Err(err), false, None, None);
-        assert_eq!(c[0].verdict, Verdict::Unknown);
-    }
-
     /// The hugetlbfs mount and page count `cargo xtask test` sets up, or
     /// `None` (with a note) when they are missing and not required.
     fn test_hugetlbfs_2m() -> Option<(PathBuf, u64)> {
@@ -1721,8 +1536,8 @@ mod tests {
             "xtask mounts without size="
         );
         assert!(matches!(
-            crate::fs::filesystem_kind(&dir),
-            Ok(crate::fs::FsKind::Hugetlbfs { page_size: M2 })
+            pool_core::fs::filesystem_kind(&dir),
+            Ok(pool_core::fs::FsKind::Hugetlbfs { page_size: M2 })
         ));
         let before = pool(M2).unwrap();
         assert!(

@@ -1,9 +1,60 @@
-//! `cuda`: the CUDA driver and its devices, which the `cuda` pinner needs.
+//! `hostpool doctor`'s findings for this pinner: the CUDA driver and its
+//! devices, and, for a pool that pins with `cuda`, whether its device exists.
+//! The probe is `cuInit` and device queries; nothing is registered.
 
 use pool_core::Error;
+use pool_core::doctor::{DoctorContext, Finding, split_reason};
 use serde_json::json;
 
-use super::{Finding, split_reason};
+use crate::{CudaOptions, DriverInfo, NAME, probe_devices};
+
+/// The hook in this pinner's record.
+pub(crate) fn findings(ctx: &DoctorContext<'_>) -> Vec<Finding> {
+    let probe = crate::sys::guarded(probe_devices)
+        .unwrap_or_else(|msg| Err(crate::panicked("cuda driver probe", &msg)));
+    let mut out = driver(&probe);
+    if ctx.pins_with(NAME) {
+        out.push(pool_device(ctx, &probe));
+    }
+    out
+}
+
+/// Whether the device the pool's `[cuda]` table names exists.
+fn pool_device(ctx: &DoctorContext<'_>, probe: &Result<DriverInfo, Error>) -> Finding {
+    let device = ctx
+        .plan
+        .and_then(|p| CudaOptions::from_table(p.config.plugin_table(NAME)).ok())
+        .map_or(0, |o| o.device);
+    let f = Finding::new("pool", format!("pin {NAME} device"), "");
+    match probe {
+        Ok(info) => match info.devices.get(device as usize) {
+            Some(name) => Finding {
+                value: format!("device {device}: {name}"),
+                ..f
+            },
+            None => ctx.pin_shortfall(
+                Finding {
+                    value: format!(
+                        "device {device} does not exist ({} device(s))",
+                        info.devices.len()
+                    ),
+                    ..f
+                },
+                format!("set [cuda] device, or make the GPU visible: {GPU_VISIBLE}"),
+            ),
+        },
+        Err(e) => ctx.pin_shortfall(
+            Finding {
+                value: "no usable CUDA driver".into(),
+                ..f
+            },
+            match e {
+                Error::NotAvailable { reason, .. } => reason.clone(),
+                other => other.to_string(),
+            },
+        ),
+    }
+}
 
 /// Device names, compact: `8 × NVIDIA H200` when they are all the same.
 fn device_list(names: &[String]) -> String {
@@ -21,11 +72,11 @@ fn device_list(names: &[String]) -> String {
 }
 
 /// How to make a GPU visible to this process.
-pub(super) const GPU_VISIBLE: &str = "check `nvidia-smi`; in a container: the NVIDIA container toolkit and \
+const GPU_VISIBLE: &str = "check `nvidia-smi`; in a container: the NVIDIA container toolkit and \
                            `--gpus all` (Kubernetes: resources.limits nvidia.com/gpu)";
 
-/// The CUDA driver's version and devices, from [`pinner_cuda::probe_devices`].
-pub(super) fn findings(probe: &Result<pinner_cuda::DriverInfo, Error>) -> Vec<Finding> {
+/// The CUDA driver's version and devices, from [`probe_devices`].
+fn driver(probe: &Result<DriverInfo, Error>) -> Vec<Finding> {
     let f = Finding::new("cuda", "driver", "");
     vec![match probe {
         Ok(info) => {
