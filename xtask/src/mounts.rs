@@ -60,8 +60,8 @@ pub fn unmount(at: &Path) -> Result<Unmounted, String> {
 
 /// Mount points at or below `dir`, deepest first (the unmount order).
 pub fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let table =
-        pool_core::fs::mounts().map_err(|err| format!("could not read /proc/mounts: {err}"))?;
+    let table = pool_core::host::fs::mounts()
+        .map_err(|err| format!("could not read /proc/mounts: {err}"))?;
     let mut found: Vec<PathBuf> = table
         .into_iter()
         .map(|m| m.point)

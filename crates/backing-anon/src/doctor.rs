@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use pool_core::doctor::{DoctorContext, Finding};
 use pool_core::layout::format_bytes;
+use pool_core::plugin::{DoctorContext, Finding};
 use serde_json::json;
 
 /// The hook in this backing's record.

@@ -17,7 +17,7 @@
 
 mod doctor;
 
-use pool_core::capacity;
+use pool_core::host::capacity;
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
 use pool_core::sys::{self, AnonMapOptions, Mmap};

@@ -4,10 +4,11 @@
 
 use std::fmt::Write as _;
 
-use pool_core::doctor::{DoctorContext, Finding, Level};
-use pool_core::fs::{FsKind, Mount, filesystem_kind};
+use pool_core::Error;
+use pool_core::host::fs::{FsKind, Mount, filesystem_kind};
+use pool_core::host::numa;
 use pool_core::layout::format_bytes;
-use pool_core::{Error, numa};
+use pool_core::plugin::{DoctorContext, Finding, Level};
 use serde_json::{Value, json};
 
 use crate::host as hugetlb;
@@ -158,7 +159,7 @@ fn hugepages(need: Option<(u64, u64)>) -> Vec<Finding> {
 
 /// One finding per hugetlbfs mount; `need` as for [`hugepages`].
 fn mounts(need: Option<(u64, u64)>) -> Vec<Finding> {
-    let mounts = match pool_core::fs::mounts() {
+    let mounts = match pool_core::host::fs::mounts() {
         Ok(m) => m
             .into_iter()
             .filter(|m| m.fstype == "hugetlbfs")

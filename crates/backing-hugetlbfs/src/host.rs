@@ -20,7 +20,7 @@
 //! Nothing here panics on a missing or malformed sysfs file: the public
 //! readers return an error or `None`, and a capacity check whose figure
 //! cannot be read has no `free` figure (verdict
-//! [`Unknown`](pool_core::capacity::Verdict::Unknown)).
+//! [`Unknown`](pool_core::host::capacity::Verdict::Unknown)).
 //!
 //! Only the creator of a shared pool should run these checks: once it has
 //! reserved its pages, the counts look too low to the ranks that join it.
@@ -32,8 +32,8 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Serialize;
 
-use pool_core::capacity::{self, CapacityCheck};
-use pool_core::fs::{HUGETLBFS_MAGIC, TMPFS_MAGIC};
+use pool_core::host::capacity::{self, CapacityCheck};
+use pool_core::host::fs::{HUGETLBFS_MAGIC, TMPFS_MAGIC};
 use pool_core::layout::format_bytes;
 use pool_core::{Error, Result};
 
@@ -694,7 +694,7 @@ fn group_and_ancestors(mount: &Path, path: &str) -> Vec<PathBuf> {
 
 /// One finite limit and its usage.
 fn read_hugetlb_limit(dir: &Path, limit: &str, usage: &str) -> Option<HugetlbCgroup> {
-    let (path, limit, usage) = pool_core::capacity::finite_limit(dir, limit, usage)?;
+    let (path, limit, usage) = pool_core::host::capacity::finite_limit(dir, limit, usage)?;
     Some(HugetlbCgroup { path, limit, usage })
 }
 
@@ -954,7 +954,7 @@ fn cgroup_check(need: u64, page_size: u64, cg: &HugetlbCgroup) -> CapacityCheck 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pool_core::capacity::Verdict;
+    use pool_core::host::capacity::Verdict;
 
     const M2: u64 = 2 << 20;
     const G1: u64 = 1 << 30;
@@ -1536,8 +1536,8 @@ mod tests {
             "xtask mounts without size="
         );
         assert!(matches!(
-            pool_core::fs::filesystem_kind(&dir),
-            Ok(pool_core::fs::FsKind::Hugetlbfs { page_size: M2 })
+            pool_core::host::fs::filesystem_kind(&dir),
+            Ok(pool_core::host::fs::FsKind::Hugetlbfs { page_size: M2 })
         ));
         let before = pool(M2).unwrap();
         assert!(

@@ -26,7 +26,7 @@ mod doctor;
 use std::path::PathBuf;
 
 use pool_core::file::{self, MapContext, PoolFile};
-use pool_core::fs::{FsKind, filesystem_kind};
+use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};
@@ -257,7 +257,7 @@ fn enomem_remedy(plan: &BackingPlan) -> String {
     let short = plan
         .capacity
         .iter()
-        .find(|c| c.verdict == pool_core::capacity::Verdict::Short);
+        .find(|c| c.verdict == pool_core::host::capacity::Verdict::Short);
     let first = short.or(plan.capacity.first());
     format!(
         "the kernel could not reserve {} huge pages of {} for the pool{}",

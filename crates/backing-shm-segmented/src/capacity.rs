@@ -7,8 +7,8 @@ use std::path::Path;
 #[cfg(test)]
 use std::path::PathBuf;
 
-use pool_core::capacity::{self, CapacityCheck, CgroupMemory};
-use pool_core::fs::{FsKind, Space, filesystem_kind};
+use pool_core::host::capacity::{self, CapacityCheck, CgroupMemory};
+use pool_core::host::fs::{FsKind, Space, filesystem_kind};
 use pool_core::layout::format_bytes;
 
 const MIB: u64 = 1 << 20;
@@ -25,7 +25,7 @@ const GIB: u64 = 1 << 30;
 /// When `statvfs` fails (for example `dir` does not exist) the first check
 /// has no `free` figure (verdict unknown).
 pub fn checks(need: u64, dir: &Path) -> Vec<CapacityCheck> {
-    let space = pool_core::fs::space(dir);
+    let space = pool_core::host::fs::space(dir);
     let tmpfs = matches!(filesystem_kind(dir), Ok(FsKind::Tmpfs));
     tmpfs_checks_with(
         need,
@@ -108,7 +108,7 @@ fn tmpfs_checks_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pool_core::capacity::Verdict;
+    use pool_core::host::capacity::Verdict;
 
     #[test]
     fn dev_shm_fits_a_mebibyte_and_not_a_pebibyte() {

@@ -4,9 +4,9 @@
 use std::io;
 use std::path::Path;
 
-use pool_core::doctor::{DoctorContext, Finding};
-use pool_core::fs::{FsKind, filesystem_kind};
+use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::format_bytes;
+use pool_core::plugin::{DoctorContext, Finding};
 use serde_json::json;
 
 const GIB: u64 = 1 << 30;
@@ -20,7 +20,7 @@ const SHM: &str = "/dev/shm";
 
 /// `statvfs(path)`: `(size, free)` in bytes; size 0 means no limit.
 fn statvfs(path: &Path) -> io::Result<(u64, u64)> {
-    pool_core::fs::space(path).map(|s| (s.total_bytes(), s.free_bytes()))
+    pool_core::host::fs::space(path).map(|s| (s.total_bytes(), s.free_bytes()))
 }
 
 /// `/dev/shm`: a tmpfs, and big enough for shared-memory pools.

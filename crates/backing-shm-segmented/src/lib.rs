@@ -22,7 +22,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use pool_core::file::{self, MapContext, PoolFile};
-use pool_core::fs::{FsKind, filesystem_kind};
+use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, SegmentSpec, format_bytes, round_to_page, segments};
 use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};

@@ -33,7 +33,7 @@
 //! first and last page of the range are mapped (`EFAULT`).
 //!
 //! Everything the double does is the C ABI of the real library, so all of
-//! it is in [`sys`], the one module allowed `unsafe`.
+//! it is in `sys`, the one module allowed `unsafe`.
 
 mod sys;
 

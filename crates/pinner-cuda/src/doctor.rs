@@ -3,7 +3,7 @@
 //! The probe is `cuInit` and device queries; nothing is registered.
 
 use pool_core::Error;
-use pool_core::doctor::{DoctorContext, Finding, split_reason};
+use pool_core::plugin::{DoctorContext, Finding, split_reason};
 use serde_json::json;
 
 use crate::{CudaOptions, DriverInfo, NAME, probe_devices};
@@ -22,8 +22,8 @@ pub(crate) fn findings(ctx: &DoctorContext<'_>) -> Vec<Finding> {
 /// Whether the device the pool's `[cuda]` table names exists.
 fn pool_device(ctx: &DoctorContext<'_>, probe: &Result<DriverInfo, Error>) -> Finding {
     let device = ctx
-        .plan
-        .and_then(|p| CudaOptions::from_table(p.config.plugin_table(NAME)).ok())
+        .config()
+        .and_then(|c| CudaOptions::from_table(c.plugin_table(NAME)).ok())
         .map_or(0, |o| o.device);
     let f = Finding::new("pool", format!("pin {NAME} device"), "");
     match probe {

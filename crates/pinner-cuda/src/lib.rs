@@ -18,7 +18,7 @@
 //!    lacks a symbol, is [`Error::NotAvailable`]; nothing panics and no panic
 //!    message is printed (cudarc's own wrappers panic on both, so they are
 //!    not used: see the `sys` module).
-//! 2. Checks the memlock bound ([`pool_core::memlock::check`]) before any
+//! 2. Checks the memlock bound ([`pool_core::host::memlock::check`]) before any
 //!    driver call, so a pool the process may not pin is skipped (best
 //!    effort) or refused (required) without touching the GPU (seed 004: a
 //!    failed registration can leave the CUDA context broken).
@@ -49,10 +49,11 @@ mod doctor;
 
 use std::time::Instant;
 
+use pool_core::host::memlock;
 use pool_core::layout::{Extent, format_bytes, registration_chunks};
 use pool_core::plugin::{PinCost, parse_table};
 use pool_core::{
-    ByteSize, Error, Pin, Pinner, PinnerPlugin, PoolConfig, Region, Result, TeardownIssue, memlock,
+    ByteSize, Error, Pin, Pinner, PinnerPlugin, PoolConfig, Region, Result, TeardownIssue,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -196,7 +197,7 @@ inventory::submit! {
         build,
     )
     .with_cost(PinCost {
-        seconds_per_page: pool_core::cost::REGISTER_SECONDS_PER_PAGE,
+        seconds_per_page: pool_core::plugin::REGISTER_SECONDS_PER_PAGE,
         free_on_huge_pages: false,
     })
     .with_doctor(doctor::findings)

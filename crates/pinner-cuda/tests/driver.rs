@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use pool_core::config::Format;
+use pool_core::Format;
 use pool_core::layout::registration_chunks;
 use pool_core::{PageSize, Pool, PoolConfig, PoolPlan, Quiet};
 use serde_json::{Value, json};

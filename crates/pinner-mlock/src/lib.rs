@@ -1,7 +1,7 @@
 //! `mlock`: the CPU-side pin. `mlock(2)` keeps the pool resident (never
 //! swapped); `munlock` on teardown. Same policy as every pinner: best effort
 //! by default, `pin.required = true` to fail the pool; the memlock bound is
-//! checked first ([`pool_core::memlock`]), and the soft `RLIMIT_MEMLOCK` is
+//! checked first ([`pool_core::host::memlock`]), and the soft `RLIMIT_MEMLOCK` is
 //! raised to the hard one when the pool needs it (and restored after).
 //!
 //! On hugetlb mappings `mlock` succeeds and does nothing (`VmLck` stays 0):
@@ -15,11 +15,11 @@ mod sys;
 
 use std::time::Instant;
 
+use pool_core::host::memlock;
 use pool_core::layout::format_bytes;
 use pool_core::plugin::{PinCost, parse_table};
 use pool_core::{
     Context, Error, Pin, Pinner, PinnerPlugin, PoolConfig, Region, Result, Span, TeardownIssue,
-    memlock,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

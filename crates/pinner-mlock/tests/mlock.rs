@@ -16,7 +16,7 @@ fn config(size: u64, required: bool, ignore: bool) -> PoolConfig {
     c.pin.kind = "mlock".into();
     c.pin.required = required;
     if ignore {
-        c.pin.memlock_bound = pool_core::memlock::MemlockPolicy::Ignore;
+        c.pin.memlock_bound = pool_core::host::memlock::MemlockPolicy::Ignore;
     }
     c
 }

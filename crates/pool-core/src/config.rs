@@ -70,7 +70,7 @@ pub struct PinConfig {
     pub required: bool,
     /// Check the memlock bound before pinning (`check`), or not (`ignore`).
     #[serde(default)]
-    pub memlock_bound: crate::memlock::MemlockPolicy,
+    pub memlock_bound: crate::host::memlock::MemlockPolicy,
     /// Pin the whole pool (`pool`), or in a shared pool only this rank's shard (`shard`).
     #[serde(default)]
     pub scope: PinScope,
@@ -96,7 +96,7 @@ impl Default for PinConfig {
         PinConfig {
             kind: off(),
             required: false,
-            memlock_bound: crate::memlock::MemlockPolicy::Check,
+            memlock_bound: crate::host::memlock::MemlockPolicy::Check,
             scope: PinScope::Pool,
         }
     }
@@ -149,11 +149,11 @@ impl SharingConfig {
                 "shared pool name `{n}` must be 1 to 64 letters, digits, `.`, `_` or `-`, not starting with `.`"
             )));
         }
-        if self.world == 0 || self.world > crate::shared::MAX_WORLD {
+        if self.world == 0 || self.world > crate::sys::control::MAX_WORLD {
             return Err(Error::config(format!(
                 "world {} must be between 1 and {}",
                 self.world,
-                crate::shared::MAX_WORLD
+                crate::sys::control::MAX_WORLD
             )));
         }
         if self.rank >= self.world {

@@ -20,8 +20,8 @@ use rustix::fs::{Mode, OFlags};
 
 use crate::error::{Context, Error, Result, TeardownIssue};
 use crate::layout::{Extent, MappedSize, PageSize, format_bytes};
+use crate::plugin::Mapping;
 use crate::sys::{FixedMapError, Mmap, Region, Reservation};
-use crate::traits::Mapping;
 
 /// `(st_dev, st_ino)`: what a path named when we opened it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -45,7 +45,7 @@ pub struct GcReport {
 /// The directories `gc` scans by default: `/dev/shm` and every hugetlbfs mount.
 pub fn default_dirs() -> Vec<PathBuf> {
     let mut dirs = vec![PathBuf::from(DEFAULT_CONTROL_DIR)];
-    for m in crate::fs::mounts().unwrap_or_default() {
+    for m in crate::host::fs::mounts().unwrap_or_default() {
         if m.fstype == "hugetlbfs" && !dirs.contains(&m.point) {
             dirs.push(m.point);
         }

@@ -12,16 +12,16 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::capacity::{self, CapacityCheck};
 use crate::config::PoolConfig;
 use crate::error::{Context, Result, TeardownIssue};
+use crate::host::capacity::{self, CapacityCheck};
 use crate::layout::{Extent, MAX_POOL_BYTES, format_bytes};
 use crate::plugin::{self, PinnerPlugin, RegistrarPlugin};
-use crate::prefault::{self, FaultIn, PrefaultOutcome, PrefaultPlan};
-use crate::shared::RankBarrier;
-use crate::traits::{
-    Backing, BackingPlan, ExtentReport, Mapping, Pin, Pinner, Region, Registrar, Registration,
+use crate::plugin::{
+    Backing, BackingPlan, ExtentReport, Mapping, Pin, Pinner, RankBarrier, Registrar, Registration,
 };
+use crate::prefault::{self, FaultIn, PrefaultOutcome, PrefaultPlan};
+use crate::sys::Region;
 
 /// Pages sampled with `get_mempolicy` to verify NUMA placement.
 pub const NUMA_SAMPLES: usize = 64;
@@ -104,7 +104,7 @@ impl PoolPlan {
         check_size(&config)?;
         plugin::validate_plugin_tables(&config)?;
         if let Some(node) = config.numa_node {
-            crate::numa::check_node(node)?;
+            crate::host::numa::check_node(node)?;
         }
         let selection = plugin::select_backing(&config)?;
         let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;
@@ -217,9 +217,9 @@ impl PoolPlan {
             .ok()
             .and_then(|r| r.cost)
             .unwrap_or(plugin::PrefaultCost::DEFAULT);
-        let predicted = crate::cost::predict(
+        let predicted = crate::plugin::predict(
             size,
-            &crate::cost::CostInputs {
+            &crate::plugin::CostInputs {
                 prefault: prefault_cost,
                 prefault_bytes: self.prefault.extent.len,
                 threads: self.prefault.threads,
@@ -375,7 +375,7 @@ pub struct PlanReport {
     /// `max_mr_size`, learnt at registration).
     pub registration_plans: Vec<Value>,
     /// Predicted seconds per phase.
-    pub predicted_seconds: crate::cost::Predicted,
+    pub predicted_seconds: crate::plugin::Predicted,
     /// Every choice and why, one line each.
     pub explain: Vec<String>,
 }
@@ -494,7 +494,7 @@ pub struct PoolReport {
     pub sharing: Option<Value>,
     /// NUMA placement found after prefault, when a node was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub numa: Option<crate::numa::Placement>,
+    pub numa: Option<crate::host::numa::Placement>,
     /// Steps teardown could not undo (empty when all went well).
     pub teardown_issues: Vec<TeardownIssue>,
 }
@@ -595,7 +595,7 @@ impl Pool {
             return Err(gone());
         };
         if let Some(node) = plan.config.numa_node
-            && let Err(e) = crate::numa::bind(&mapping.region(), node)
+            && let Err(e) = crate::host::numa::bind(&mapping.region(), node)
         {
             // A shared pool's peers learn the cause rather than a vanished rank.
             if shared {
@@ -640,7 +640,7 @@ impl Pool {
             attached?;
         }
         if let Some(node) = plan.config.numa_node {
-            let placement = crate::numa::verify(&region, node, NUMA_SAMPLES)?;
+            let placement = crate::host::numa::verify(&region, node, NUMA_SAMPLES)?;
             pool.report.numa = Some(placement.clone());
             // Exact placement is required only where this process faulted
             // every page: not in a shared pool (peers fault their shards),

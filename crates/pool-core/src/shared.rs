@@ -35,14 +35,14 @@ use std::time::{Duration, Instant};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use serde::Serialize;
 
-use crate::capacity::{self, CapacityCheck};
 use crate::config::SharingConfig;
 use crate::error::{Context, Error, Result, TeardownIssue};
 use crate::file::{self, FileId, FileMapping, MapContext, PoolFile};
+use crate::host::capacity::{self, CapacityCheck};
 use crate::layout::{Extent, MappedSize, PageSize, format_bytes};
+use crate::plugin::Mapping;
 use crate::sys::control::Ctl;
 use crate::sys::{self, Region, SharedView};
-use crate::traits::Mapping;
 
 pub use crate::sys::control::{MAX_FILES, MAX_WORLD};
 /// Prefix of every file hostpool creates, for `gc`.
@@ -125,18 +125,7 @@ pub fn shard(size: MappedSize, sharing: &SharingConfig) -> Result<Extent> {
     })
 }
 
-/// A collective the ranks meet at once their shards are prefaulted. The
-/// embedding engine can implement it with its own (for example a
-/// `torch.distributed` barrier); the built-in one uses the control file.
-pub trait RankBarrier: Send + Sync {
-    /// Called exactly once by every rank with its own setup outcome. Returns
-    /// `Ok` once every rank has called it with `Ok`; otherwise an error that
-    /// names the rank that failed, died or never came.
-    ///
-    /// # Errors
-    /// [`Error::Peer`] naming the rank.
-    fn wait(&self, rank: u32, world: u32, outcome: std::result::Result<(), String>) -> Result<()>;
-}
+pub use crate::plugin::RankBarrier;
 
 /// Whether this rank created the pool or joined it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -857,7 +846,7 @@ pub struct SharingReport {
     /// Creator or joiner.
     pub role: Role,
     /// This rank's prefault shard.
-    pub shard: crate::traits::ExtentReport,
+    pub shard: crate::plugin::ExtentReport,
     /// The control file.
     pub control_file: String,
 }
@@ -931,7 +920,7 @@ mod tests {
     use std::sync::Barrier;
 
     use super::*;
-    use crate::capacity::CapacityCheck;
+    use crate::host::capacity::CapacityCheck;
     use crate::layout::round_to_page;
 
     /// A scratch control dir on /dev/shm and data dir, removed on drop.

@@ -4,8 +4,8 @@
 //! it; nothing is registered.
 
 use pool_core::Error;
-use pool_core::doctor::{DoctorContext, Finding, split_reason};
 use pool_core::layout::format_bytes;
+use pool_core::plugin::{DoctorContext, Finding, split_reason};
 use serde_json::json;
 
 use crate::{DeviceProbe, NAME, RdmaOptions, probe};
@@ -14,8 +14,8 @@ use crate::{DeviceProbe, NAME, RdmaOptions, probe};
 pub(crate) fn findings(ctx: &DoctorContext<'_>) -> Vec<Finding> {
     // The pool's own `[rdma]` table decides which library is probed.
     let options: RdmaOptions = ctx
-        .plan
-        .and_then(|p| p.config.plugin_table(NAME))
+        .config()
+        .and_then(|c| c.plugin_table(NAME))
         .and_then(|t| serde_json::from_value(t.clone()).ok())
         .unwrap_or_default();
     let probed = std::panic::catch_unwind(|| probe(&options)).unwrap_or_else(|_| {
@@ -64,7 +64,7 @@ fn pool_registration(
         .filter(|w| !devices.iter().any(|d| &d.name == *w))
         .map(String::as_str)
         .collect();
-    let mapped = ctx.report.map_or(0, |r| r.mapped_bytes);
+    let mapped = ctx.pool.map_or(0, |p| p.mapped_bytes);
     let need = mapped.saturating_mul(u64::try_from(selected.len()).unwrap_or(u64::MAX));
     let bound = ctx.memlock_bound();
     if devices.is_empty() {
@@ -99,7 +99,7 @@ fn pool_registration(
         .fail(format!(
             "ibv_reg_mr counts every registration against RLIMIT_MEMLOCK unless the process has \
              CAP_IPC_LOCK; {}",
-            pool_core::memlock::REMEDY
+            pool_core::host::memlock::REMEDY
         ))
     } else {
         Finding {

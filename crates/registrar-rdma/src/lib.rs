@@ -24,7 +24,7 @@
 //! error is returned.
 //!
 //! Before anything is loaded, the pool is checked against the memlock bound
-//! ([`pool_core::memlock::check`]): `ibv_reg_mr` counts the pages it pins
+//! ([`pool_core::host::memlock::check`]): `ibv_reg_mr` counts the pages it pins
 //! against `RLIMIT_MEMLOCK` unless the process has `CAP_IPC_LOCK`, once per
 //! registration, so a pool registered on N devices counts N times. The
 //! kernel (`ib_umem_get`) compares the pinned total with the *soft* limit,
@@ -43,8 +43,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use pool_core::host::memlock::{self, MemlockPolicy};
 use pool_core::layout::{self, LayoutError, format_bytes};
-use pool_core::memlock::{self, MemlockPolicy};
 use pool_core::plugin::PinCost;
 use pool_core::{
     Error, Extent, PageSize, PoolConfig, Region, Registrar, RegistrarPlugin, Registration, Result,
@@ -158,7 +158,7 @@ inventory::submit! {
         build,
     )
     .with_cost(PinCost {
-        seconds_per_page: pool_core::cost::REGISTER_SECONDS_PER_PAGE,
+        seconds_per_page: pool_core::plugin::REGISTER_SECONDS_PER_PAGE,
         free_on_huge_pages: false,
     })
     .with_doctor(doctor::findings)

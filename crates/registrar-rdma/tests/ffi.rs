@@ -261,7 +261,7 @@ fn pool_config(spec: &Value) -> PoolConfig {
 fn run_spec(spec: &Value) -> Value {
     let mut config = pool_config(spec);
     let table = spec["rdma"].clone();
-    let memlock = serde_json::to_value(pool_core::memlock::state()).unwrap();
+    let memlock = serde_json::to_value(pool_core::host::memlock::state()).unwrap();
     if spec["mode"] == "probe" {
         let options: registrar_rdma::RdmaOptions = serde_json::from_value(table).unwrap();
         return match registrar_rdma::probe(&options) {
@@ -316,7 +316,7 @@ fn run_spec(spec: &Value) -> Value {
             } else {
                 json!(reg.deregister())
             };
-            let after = serde_json::to_value(pool_core::memlock::state()).unwrap();
+            let after = serde_json::to_value(pool_core::host::memlock::state()).unwrap();
             json!({"ok": true, "details": details, "deregister": issues, "region": region_json, "memlock": memlock, "memlock_after": after})
         }
         Err(e) => {

@@ -291,14 +291,14 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
     }
     if let Some(m) = args.memlock_bound {
         config.pin.memlock_bound = match m {
-            MemlockArg::Check => pool_core::memlock::MemlockPolicy::Check,
-            MemlockArg::Ignore => pool_core::memlock::MemlockPolicy::Ignore,
+            MemlockArg::Check => pool_core::host::memlock::MemlockPolicy::Check,
+            MemlockArg::Ignore => pool_core::host::memlock::MemlockPolicy::Ignore,
         };
     }
     if let Some(scope) = args.pin_scope {
         config.pin.scope = match scope {
-            ScopeArg::Pool => pool_core::config::PinScope::Pool,
-            ScopeArg::Shard => pool_core::config::PinScope::Shard,
+            ScopeArg::Pool => pool_core::PinScope::Pool,
+            ScopeArg::Shard => pool_core::PinScope::Shard,
         };
     }
     if !args.register.is_empty() {

@@ -1,8 +1,8 @@
 //! Human-readable reports (the JSON forms are the serialized structs).
 
+use pool_core::PlanReport;
 use pool_core::PoolReport;
 use pool_core::layout::format_bytes;
-use pool_core::pool::PlanReport;
 
 fn rate(bytes: u64, secs: f64) -> String {
     if secs > 0.0 {

@@ -42,9 +42,9 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pool_core::capacity::{self, CapacityCheck};
 use pool_core::file::{self, FileId, MapContext, PoolFile};
-use pool_core::fs::{FsKind, filesystem_kind};
+use pool_core::host::capacity::{self, CapacityCheck};
+use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoDir, parse_table};
 use pool_core::{Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Result, sys};
@@ -226,7 +226,7 @@ fn resolve_dir(dir: Option<&Path>) -> Result<(PathBuf, FsKind)> {
 /// Bytes free in `dir` for unprivileged writers (`statvfs`), or `None` when
 /// `statvfs` fails.
 fn statvfs_free(dir: &Path) -> Option<u64> {
-    pool_core::fs::free_space(dir).ok()
+    pool_core::host::fs::free_space(dir).ok()
 }
 
 /// The space check for a pool of `need` bytes on the filesystem `fs` of `dir`.
@@ -446,7 +446,7 @@ impl Backing for FileBacking {
 
 #[cfg(test)]
 mod tests {
-    use pool_core::capacity::Verdict;
+    use pool_core::host::capacity::Verdict;
     use pool_core::plugin::{lookup, names};
     use pool_core::{ByteSize, Pool, PoolPlan, Quiet};
     use serde_json::json;

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pool_core::conformance::{self, BadConfig, Suite};
-use pool_core::fs::{FsKind, filesystem_kind};
+use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::{ByteSize, PoolConfig, SharingConfig};
 use serde_json::json;
 

@@ -30,8 +30,9 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use clap::Args;
+use pool_core::host::capacity;
 use pool_core::layout::PageSize;
-use pool_core::{ByteSize, Error, capacity};
+use pool_core::{ByteSize, Error};
 use serde::Serialize;
 
 use super::write_stdout;

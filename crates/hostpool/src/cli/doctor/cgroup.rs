@@ -1,7 +1,7 @@
 //! `cgroup`: the memory limit (`memory.max`) of this process's cgroup (the
 //! hugetlb backing reports its hugetlb limits).
 
-use pool_core::capacity;
+use pool_core::host::capacity;
 use pool_core::layout::format_bytes;
 use serde_json::json;
 

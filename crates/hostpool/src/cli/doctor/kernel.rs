@@ -1,7 +1,7 @@
 //! `kernel`: the release, whether `MADV_POPULATE_WRITE` works, and the
 //! online NUMA nodes.
 
-use pool_core::numa;
+use pool_core::host::numa;
 use serde_json::json;
 
 use super::Finding;

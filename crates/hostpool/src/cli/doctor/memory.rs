@@ -1,6 +1,6 @@
 //! `memory`: `MemAvailable` and `MemTotal` from `/proc/meminfo`.
 
-use pool_core::capacity;
+use pool_core::host::capacity;
 use pool_core::layout::format_bytes;
 use serde_json::json;
 

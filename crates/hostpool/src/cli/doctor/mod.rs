@@ -33,9 +33,9 @@ mod plugins;
 mod pool;
 
 use clap::Args;
-use pool_core::doctor::{DoctorContext, DoctorFn};
+use pool_core::PlanReport;
+use pool_core::plugin::{DoctorContext, DoctorFn, PoolFacts};
 use pool_core::plugin::{PluginRecord, registry};
-use pool_core::pool::PlanReport;
 use pool_core::{BackingPlugin, Error, PinnerPlugin, PoolPlan, RegistrarPlugin};
 
 use super::PoolArgs;
@@ -51,7 +51,7 @@ pub struct DoctorArgs {
     pub json: bool,
 }
 
-pub use pool_core::doctor::{Finding, Level};
+pub use pool_core::plugin::{Finding, Level};
 
 /// Run `hostpool doctor`.
 ///
@@ -146,7 +146,14 @@ fn collect(
     report: Option<&PlanReport>,
     plan_error: Option<&Error>,
 ) -> Vec<Finding> {
-    let ctx = DoctorContext { plan, report };
+    let ctx = DoctorContext {
+        pool: plan.zip(report).map(|(p, r)| PoolFacts {
+            config: &p.config,
+            page_size: r.page_size,
+            mapped_bytes: r.mapped_bytes,
+            prefault_bytes: r.prefault.bytes,
+        }),
+    };
     let pool_dir = plan.and_then(|p| p.config.dir.clone());
 
     let mut out = Vec::new();

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use pool_core::pool::PlanReport;
+use pool_core::PlanReport;
 use serde::Serialize;
 
 use super::{Finding, Level};

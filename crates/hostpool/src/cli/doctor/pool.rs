@@ -1,13 +1,13 @@
 //! `pool`: the pool asked for (`--config` or a pool flag) against this node:
 //! the plan, its capacity checks, its pin and registrations, and the verdict.
 
-use pool_core::capacity::{CapacityCheck, Verdict};
-use pool_core::config::PinScope;
-use pool_core::doctor::DoctorContext;
+use pool_core::PinScope;
+use pool_core::PlanReport;
+use pool_core::host::capacity::{CapacityCheck, Verdict};
+use pool_core::host::memlock;
 use pool_core::layout::format_bytes;
-use pool_core::memlock;
 use pool_core::plugin;
-use pool_core::pool::PlanReport;
+use pool_core::plugin::DoctorContext;
 use pool_core::{PoolPlan, RegistrarPlugin};
 use serde_json::{Value, json};
 

@@ -26,8 +26,8 @@ use serde::Serialize;
 
 use crate::error::{Context, Error, Result};
 use crate::layout::format_bytes;
+use crate::sys::Region;
 use crate::sys::numa as sys;
-use crate::traits::Region;
 
 /// Where the kernel lists the online nodes, in [`parse_node_list`]'s format.
 pub const ONLINE_NODES_PATH: &str = "/sys/devices/system/node/online";

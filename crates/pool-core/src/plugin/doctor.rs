@@ -15,8 +15,8 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::fs::{FsKind, filesystem_kind};
-use crate::pool::{PlanReport, PoolPlan};
+use crate::config::PoolConfig;
+use crate::host::fs::{FsKind, filesystem_kind};
 
 /// How a finding stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -116,25 +116,43 @@ impl Finding {
     }
 }
 
+/// The pool a doctor run was asked about: its config and the sizes its
+/// plan resolved.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolFacts<'a> {
+    /// The config.
+    pub config: &'a PoolConfig,
+    /// The page size of its mapping.
+    pub page_size: u64,
+    /// Bytes it maps.
+    pub mapped_bytes: u64,
+    /// Bytes this process faults (its shard of a shared pool).
+    pub prefault_bytes: u64,
+}
+
 /// What a doctor hook is asked about.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DoctorContext<'a> {
-    /// The pool asked for (`--config` or pool flags), when one was.
-    pub plan: Option<&'a PoolPlan>,
-    /// Its report.
-    pub report: Option<&'a PlanReport>,
+    /// The pool asked for (`--config` or pool flags), when one was and it
+    /// could be planned.
+    pub pool: Option<PoolFacts<'a>>,
 }
 
 impl DoctorContext<'_> {
+    /// The pool's config, when a pool was asked about.
+    pub fn config(&self) -> Option<&PoolConfig> {
+        self.pool.map(|p| p.config)
+    }
+
     /// Whether the pool asked for is made of reserved huge pages: its page
     /// is larger than the base page (as for [`crate::Region::is_hugetlb`]),
     /// or its `dir` is on a hugetlbfs mount.
     pub fn pool_is_hugetlb(&self) -> bool {
-        let (Some(plan), Some(report)) = (self.plan, self.report) else {
+        let Some(pool) = self.pool else {
             return false;
         };
-        report.page_size > crate::sys::base_page_size() as u64
-            || plan
+        pool.page_size > crate::sys::base_page_size() as u64
+            || pool
                 .config
                 .dir
                 .as_deref()
@@ -144,32 +162,29 @@ impl DoctorContext<'_> {
     /// `(page size, pages)` the pool needs of reserved huge pages, when it is
     /// made of them.
     pub fn huge_need(&self) -> Option<(u64, u64)> {
-        let report = self.report?;
-        let page = report.page_size.max(1);
+        let pool = self.pool?;
+        let page = pool.page_size.max(1);
         self.pool_is_hugetlb()
-            .then(|| (page, report.mapped_bytes.div_ceil(page)))
+            .then(|| (page, pool.mapped_bytes.div_ceil(page)))
     }
 
     /// Whether the pool asked for pins with `pinner`.
     pub fn pins_with(&self, pinner: &str) -> bool {
-        self.plan
-            .is_some_and(|p| p.config.pin.is_on() && p.config.pin.kind == pinner)
+        self.config()
+            .is_some_and(|c| c.pin.is_on() && c.pin.kind == pinner)
     }
 
     /// Whether the pool asked for registers with `registrar`.
     pub fn registers_with(&self, registrar: &str) -> bool {
-        self.plan
-            .is_some_and(|p| p.config.register.iter().any(|r| r == registrar))
+        self.config()
+            .is_some_and(|c| c.register.iter().any(|r| r == registrar))
     }
-}
 
-impl DoctorContext<'_> {
     /// A finding about the pin the pool asks for that would not work: a
     /// failure when the pin is required, else a warning that the best-effort
     /// pin would be skipped.
     pub fn pin_shortfall(&self, finding: Finding, remedy: impl Into<String>) -> Finding {
-        let required = self.plan.is_some_and(|p| p.config.pin.required);
-        if required {
+        if self.config().is_some_and(|c| c.pin.required) {
             finding.fail(remedy)
         } else {
             finding.warn(format!(
@@ -181,10 +196,11 @@ impl DoctorContext<'_> {
 
     /// The memlock bound the pool asked for pins under: `None` when no pool
     /// was given or its `memlock_bound` is `ignore`.
-    pub fn memlock_bound(&self) -> Option<crate::memlock::MemlockBound> {
-        let plan = self.plan?;
-        (plan.config.pin.memlock_bound == crate::memlock::MemlockPolicy::Check)
-            .then(|| crate::memlock::bound(&crate::memlock::state(), self.pool_is_hugetlb()))
+    pub fn memlock_bound(&self) -> Option<crate::host::memlock::MemlockBound> {
+        let config = self.config()?;
+        (config.pin.memlock_bound == crate::host::memlock::MemlockPolicy::Check).then(|| {
+            crate::host::memlock::bound(&crate::host::memlock::state(), self.pool_is_hugetlb())
+        })
     }
 }
 

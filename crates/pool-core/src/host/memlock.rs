@@ -16,8 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::capacity::meminfo;
 use crate::error::{Error, Result};
+use crate::host::capacity::meminfo;
 use crate::layout::format_bytes;
 
 /// Whether pinners check the memlock bound.

@@ -12,11 +12,24 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::capacity::CapacityCheck;
 use crate::config::PoolConfig;
 use crate::error::{Result, TeardownIssue};
+use crate::host::capacity::CapacityCheck;
 use crate::layout::{Extent, MappedSize};
-pub use crate::sys::{Region, Span};
+use crate::sys::Region;
+
+/// A collective the ranks meet at once their shards are prefaulted. The
+/// embedding engine can implement it with its own (for example a
+/// `torch.distributed` barrier); the built-in one uses the control file.
+pub trait RankBarrier: Send + Sync {
+    /// Called exactly once by every rank with its own setup outcome. Returns
+    /// `Ok` once every rank has called it with `Ok`; otherwise an error that
+    /// names the rank that failed, died or never came.
+    ///
+    /// # Errors
+    /// [`crate::Error::Peer`] naming the rank.
+    fn wait(&self, rank: u32, world: u32, outcome: std::result::Result<(), String>) -> Result<()>;
+}
 
 /// What a backing will do, resolved from the config: pure, nothing created.
 #[derive(Debug, Clone)]
@@ -75,7 +88,7 @@ pub trait Mapping: Send + Sync + fmt::Debug {
     fn rendezvous(
         &mut self,
         outcome: std::result::Result<(), String>,
-        barrier: Option<&dyn crate::shared::RankBarrier>,
+        barrier: Option<&dyn RankBarrier>,
     ) -> Result<()> {
         let _ = (outcome, barrier);
         Ok(())
@@ -103,7 +116,7 @@ pub trait Pinner: Send + Sync + fmt::Debug {
     }
 
     /// Pin the region. The returned pin must not keep the region: it keeps a
-    /// [`Span`] (`region.span()`) to undo itself, and the pool unpins before
+    /// [`crate::Span`] (`region.span()`) to undo itself, and the pool unpins before
     /// the mapping goes.
     ///
     /// # Errors

@@ -1,4 +1,6 @@
-//! Plugin records, collected with `inventory`, and lookup by name.
+//! What a plugin implements and submits: the traits, the records collected
+//! with `inventory` (with what each plugin owns: its `auto` claim, its cost
+//! figures, its doctor hook), and lookup by name.
 //!
 //! A plugin crate submits a record at the top level of its `lib.rs`:
 //!
@@ -24,16 +26,24 @@
 //! The `auto` rule lives here and nowhere else ([`auto_backing`]): each
 //! backing's record says what it claims, and the highest priority wins.
 
+mod cost;
+mod doctor;
+mod traits;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
 
+pub use cost::{CostInputs, PREFAULT_CEILING_GBPS, Predicted, REGISTER_SECONDS_PER_PAGE, predict};
+pub use doctor::{DoctorContext, DoctorFn, Finding, Level, PoolFacts, split_reason};
+pub use traits::{
+    Backing, BackingPlan, ExtentReport, Mapping, Pin, Pinner, RankBarrier, Registrar, Registration,
+};
+
 use crate::config::PoolConfig;
-use crate::doctor::DoctorFn;
 use crate::error::{Error, Result};
-use crate::fs::{FsInfo, statfs_info};
-use crate::traits::{Backing, Pinner, Registrar};
+use crate::host::fs::{FsInfo, statfs_info};
 
 /// Parses the plugin's own config table (`None` when the config has none)
 /// into a configured plugin object. Must not create anything.
