@@ -7,7 +7,9 @@
 //! live too, which covers the instant between a creator making a file and
 //! locking it. Only files named `hostpool-*` (or `.hostpool-*`) are looked
 //! at, symbolic links are never followed, and a file is unlinked only if its
-//! path still names the inode that was found stale.
+//! path still names the inode that was found stale. [`scan`] is the
+//! read-only half, which `hostpool doctor` uses to list what `gc` would
+//! remove.
 
 use std::path::{Path, PathBuf};
 
@@ -101,19 +103,56 @@ fn ctl_is_live(dir: &Path, name: &str) -> bool {
         .any(|p| p.exists() && matches!(locked(&p), Ok(None)))
 }
 
-/// Remove the stale pool files in `dirs`, keep the live ones.
-pub fn collect(dirs: &[PathBuf]) -> GcReport {
-    let mut report = GcReport {
-        dirs: dirs.iter().map(|d| d.display().to_string()).collect(),
-        ..GcReport::default()
-    };
+/// How a pool file stands.
+#[derive(Debug)]
+pub enum Liveness {
+    /// A live process holds it (or its pool's control file); the reason.
+    Live(String),
+    /// No process holds it: what a crashed run left. While this value lives
+    /// it holds the file's exclusive lock, so no pool can take the file
+    /// between the scan and its removal.
+    Stale {
+        /// The file's identity when it was found stale.
+        id: FileId,
+        /// The exclusive lock of the probe.
+        lock: std::os::fd::OwnedFd,
+    },
+    /// It could not be examined; why.
+    Unknown(String),
+}
+
+/// One pool file found by [`scan`].
+#[derive(Debug)]
+pub struct Scanned {
+    /// The file.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Whether a live process holds it.
+    pub liveness: Liveness,
+}
+
+/// What [`scan`] found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// The pool files, in each directory data files first, then control
+    /// files, each sorted by name.
+    pub files: Vec<Scanned>,
+    /// The directories that cannot be read.
+    pub unreadable: Vec<PathBuf>,
+}
+
+/// Judge every pool file in `dirs` live or stale by the lock probe (try to
+/// take its `flock` exclusively, without waiting), the one liveness check
+/// of hostpool: the kernel drops a dead process's locks in any PID
+/// namespace, so a holder in another container still counts as live. The
+/// probe changes nothing on disk; stale files stay locked by the returned
+/// [`Scan`] until it is dropped.
+pub fn scan(dirs: &[PathBuf]) -> Scan {
+    let mut scan = Scan::default();
     for dir in dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
-            report.kept.push(GcEntry {
-                path: dir.display().to_string(),
-                bytes: 0,
-                reason: Some("directory cannot be read".into()),
-            });
+            scan.unreadable.push(dir.clone());
             continue;
         };
         let mut names: Vec<String> = entries
@@ -127,43 +166,74 @@ pub fn collect(dirs: &[PathBuf]) -> GcReport {
         names.sort_by_key(|n| (n.ends_with(".ctl"), n.clone()));
         for name in names {
             let path = dir.join(&name);
-            let keep = |reason: String, bytes| GcEntry {
-                path: path.display().to_string(),
-                bytes,
-                reason: Some(reason),
-            };
-            match locked(&path) {
-                Ok(None) => report
-                    .kept
-                    .push(keep("held by a live process".into(), file_size(&path))),
-                Err(e) => report
-                    .kept
-                    .push(keep(format!("cannot be examined: {e}"), file_size(&path))),
-                Ok(Some((_fd, id, bytes))) => {
+            let (bytes, liveness) = match locked(&path) {
+                Ok(None) => (
+                    file_size(&path),
+                    Liveness::Live("held by a live process".into()),
+                ),
+                Err(e) => (
+                    file_size(&path),
+                    Liveness::Unknown(format!("cannot be examined: {e}")),
+                ),
+                Ok(Some((_, _, bytes)))
                     if !name.ends_with(".ctl")
-                        && pool_name(&name).is_some_and(|n| ctl_is_live(dir, n))
-                    {
-                        report.kept.push(keep(
-                            "its pool's control file is held by a live process".into(),
-                            bytes,
-                        ));
-                        continue;
-                    }
-                    match file::unlink_if_same(&path, id) {
-                        Ok(true) => {
-                            report.freed_bytes += bytes;
-                            report.removed.push(GcEntry {
-                                path: path.display().to_string(),
-                                bytes,
-                                reason: None,
-                            });
-                        }
-                        Ok(false) => {}
-                        Err(e) => report
-                            .kept
-                            .push(keep(format!("cannot be removed: {e}"), bytes)),
-                    }
+                        && pool_name(&name).is_some_and(|n| ctl_is_live(dir, n)) =>
+                {
+                    (
+                        bytes,
+                        Liveness::Live("its pool's control file is held by a live process".into()),
+                    )
                 }
+                Ok(Some((lock, id, bytes))) => (bytes, Liveness::Stale { id, lock }),
+            };
+            scan.files.push(Scanned {
+                path,
+                bytes,
+                liveness,
+            });
+        }
+    }
+    scan
+}
+
+/// Remove the stale pool files in `dirs`, keep the live ones.
+pub fn collect(dirs: &[PathBuf]) -> GcReport {
+    let found = scan(dirs);
+    let mut report = GcReport {
+        dirs: dirs.iter().map(|d| d.display().to_string()).collect(),
+        ..GcReport::default()
+    };
+    for dir in &found.unreadable {
+        report.kept.push(GcEntry {
+            path: dir.display().to_string(),
+            bytes: 0,
+            reason: Some("directory cannot be read".into()),
+        });
+    }
+    for f in found.files {
+        let path = f.path.display().to_string();
+        let keep = |reason: String| GcEntry {
+            path: path.clone(),
+            bytes: f.bytes,
+            reason: Some(reason),
+        };
+        match f.liveness {
+            Liveness::Live(reason) | Liveness::Unknown(reason) => report.kept.push(keep(reason)),
+            Liveness::Stale { id, lock } => {
+                // Unlinked while the probe's exclusive lock is still held.
+                match file::unlink_if_same(&f.path, id) {
+                    Ok(true) => {
+                        report.freed_bytes += f.bytes;
+                        report.removed.push(GcEntry {
+                            path: path.clone(),
+                            bytes: f.bytes,
+                            reason: None,
+                        });
+                    }
+                    Ok(false) => {}
+                    Err(e) => report.kept.push(keep(format!("cannot be removed: {e}"))),
+                }
+                drop(lock);
             }
         }
     }

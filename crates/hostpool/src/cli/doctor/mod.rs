@@ -14,8 +14,9 @@
 //! registration can work here (the plugins say for their own).
 //!
 //! Read-only: it maps no pool and writes nothing. Leftover files are judged
-//! from `/proc/locks` instead of by taking locks as `gc` does. The probes
-//! that touch anything are one page of anonymous memory for the
+//! by `gc`'s own probe (a momentary non-blocking exclusive `flock`, which
+//! sees holders in other PID namespaces too), and nothing is removed. The
+//! other probes that touch anything are one page of anonymous memory for the
 //! `MADV_POPULATE_WRITE` probe, `cuInit` and device queries of the CUDA
 //! driver, and opening each RDMA device to read its `max_mr_size`.
 //!
