@@ -661,3 +661,50 @@ fn doctor_changes_nothing_on_the_node() {
         }
     }
 }
+
+/// A doctor in another PID namespace (a container's) cannot see this
+/// process's locks in `/proc/locks`; it must still judge the file live, as
+/// `gc` does, by the lock probe.
+#[test]
+fn a_file_held_outside_the_doctors_pid_namespace_is_live() {
+    let _shm = shm_lock();
+    let held = ShmFile(PathBuf::from(format!(
+        "/dev/shm/hostpool-doctor{}nsheld.pool",
+        std::process::id()
+    )));
+    std::fs::write(&held.0, b"x").unwrap();
+    let holder = std::fs::File::open(&held.0).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockShared).unwrap();
+    let o = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(env!("CARGO_BIN_EXE_hostpool"))
+        .args(["doctor", "--json"])
+        .env_remove("RUST_LOG")
+        .output();
+    let o = match o {
+        Ok(o) if o.status.code() == Some(0) || o.status.code() == Some(1) => o,
+        other => {
+            let why = format!("unshare --pid --mount-proc is not available here: {other:?}");
+            assert!(
+                !rustix::process::geteuid().is_root(),
+                "as root it must work: {why}"
+            );
+            eprintln!("skip: {why}");
+            return;
+        }
+    };
+    let r = json(&o);
+    let left = findings(&r, "leftovers");
+    let summary = left.iter().find(|f| f["item"] == "pool files").unwrap();
+    let held_path = held.0.display().to_string();
+    assert!(
+        summary["details"]["live"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| text(p) == held_path),
+        "{summary:#}"
+    );
+    assert!(held.0.exists(), "doctor removed a file");
+    drop(holder);
+}

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use backing_hugetlbfs::host as hugetlb;
 use pool_core::layout::{Extent, PageSize};
 use pool_core::{
-    ByteSize, Error, Pool, PoolConfig, PoolPlan, PrefaultChoice, Quiet, Region, Result, file,
-    prefault,
+    ByteSize, Context, Error, Pool, PoolConfig, PoolPlan, PrefaultChoice, Quiet, Region, Result,
+    file, prefault,
 };
 
 use crate::reference::raw_populate;
@@ -328,14 +328,14 @@ pub fn prefault_region(region: &Region<'_>, how: Populate, threads: usize) -> Re
     match how {
         Populate::RawC => {
             let start = Instant::now();
-            raw_populate(region, threads).map_err(|source| Error::Os {
-                op: "madvise(MADV_POPULATE_WRITE) (C reference)",
-                path: None,
-                addr: Some(region.addr() as usize),
-                size: region.mapped_len(),
-                page: region.page(),
-                remedy: "the kernel refused to fault the pages in; check free memory".into(),
-                source,
+            raw_populate(region, threads).map_err(|source| {
+                Error::os(
+                    "madvise(MADV_POPULATE_WRITE) (C reference)",
+                    source,
+                    Context::new(region.mapped_len(), region.page())
+                        .addr(region.addr() as usize)
+                        .remedy("the kernel refused to fault the pages in; check free memory"),
+                )
             })?;
             Ok(Timed {
                 took: start.elapsed(),
@@ -391,14 +391,12 @@ pub fn warm_up(plan: &PoolPlan, threads: usize) -> Result<Duration> {
     let mut pool = FreshPool::build(plan)?;
     let size = pool.region().mapped_len();
     let page = pool.region().page();
-    pool.memset(threads).map_err(|source| Error::Os {
-        op: "memset (warm-up)",
-        path: None,
-        addr: None,
-        size,
-        page,
-        remedy: "could not start the threads".into(),
-        source,
+    pool.memset(threads).map_err(|source| {
+        Error::os(
+            "memset (warm-up)",
+            source,
+            Context::new(size, page).remedy("could not start the threads"),
+        )
     })?;
     pool.teardown()?;
     Ok(start.elapsed())
@@ -441,18 +439,16 @@ pub fn map_populate_once(memory: &Memory, size: u64) -> Result<MapPopulated> {
         )?),
     };
     let start = Instant::now();
-    let map = crate::sys::PopulatedMap::new(len, fd.as_ref().map(AsFd::as_fd));
+    let map = crate::sys::map_populated(len, fd.as_ref().map(AsFd::as_fd));
     let took = start.elapsed();
-    let map = map.map_err(|source| Error::Os {
-        op: "mmap(MAP_POPULATE)",
-        path: None,
-        addr: None,
-        size,
-        page: memory.page,
-        remedy: "free memory, or free huge pages of the size".into(),
-        source,
+    let map = map.map_err(|source| {
+        Error::os(
+            "mmap(MAP_POPULATE)",
+            source,
+            Context::new(size, memory.page).remedy("free memory, or free huge pages of the size"),
+        )
     })?;
-    let present = smaps_bytes(map.addr(), &PRESENT_FIELDS);
+    let present = smaps_bytes(map.as_ptr() as usize, &PRESENT_FIELDS);
     drop(map);
     drop(fd);
     Ok(MapPopulated { took, present })

@@ -8,7 +8,7 @@
 use std::ffi::c_int;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::ptr::{self, NonNull};
+use std::ptr::NonNull;
 
 use pool_core::Region;
 use pool_core::layout::{PageSize, round_to_page};
@@ -96,74 +96,34 @@ pub fn memset_mmap(mmap: &mut pool_core::sys::Mmap, threads: usize) -> io::Resul
     unsafe { raw_memset(&mmap.region(), threads) }
 }
 
-/// A read-write mapping made with `MAP_POPULATE`, unmapped on drop. It
-/// never hands out a pointer into itself, only its address as a number.
-pub(crate) struct PopulatedMap {
-    base: NonNull<libc::c_void>,
+/// `mmap(MAP_POPULATE)` of `len` bytes with memmap2: private anonymous
+/// memory without `fd`, else `MAP_SHARED` of the file from offset 0 (the
+/// caller sized it to `len`). Unmapped when dropped.
+///
+/// # Errors
+/// The `mmap` errno.
+pub(crate) fn map_populated(
     len: usize,
-}
-
-impl PopulatedMap {
-    /// `mmap(MAP_POPULATE)` of `len` bytes: private anonymous memory
-    /// without `fd`, else `MAP_SHARED` of the file from offset 0 (the
-    /// caller sized it to `len`).
-    pub(crate) fn new(len: usize, fd: Option<BorrowedFd<'_>>) -> io::Result<PopulatedMap> {
-        let (flags, raw) = match fd {
-            None => (
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-            ),
-            Some(fd) => (libc::MAP_SHARED | libc::MAP_POPULATE, fd.as_raw_fd()),
-        };
-        // SAFETY: a new mapping at an address the kernel picks (null
-        // hint, no MAP_FIXED) replaces nothing and aliases no Rust object.
-        // The fd is borrowed, so open for the whole call. Populating a
-        // file mapping past its end leaves those pages absent rather than
-        // faulting, and the caller sized the file to `len` anyway.
-        let p = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                raw,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base = NonNull::new(p).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
-        Ok(PopulatedMap { base, len })
-    }
-
-    /// The start address.
-    pub(crate) fn addr(&self) -> usize {
-        self.base.as_ptr() as usize
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<memmap2::MmapMut> {
+    let mut options = memmap2::MmapOptions::new();
+    options.len(len).populate();
+    match fd {
+        None => options.map_anon(),
+        // SAFETY: memmap2's map_mut is unsafe because another process could
+        // truncate or change the file under the mapping. The file is this
+        // process's own O_TMPFILE or memfd, which no other process opens,
+        // sized to `len` by the caller, and borrowed for the whole call; the
+        // mapping is never read as Rust data, only timed and unmapped.
+        Some(fd) => unsafe { options.map_mut(fd.as_raw_fd()) },
     }
 }
 
-impl Drop for PopulatedMap {
-    fn drop(&mut self) {
-        // SAFETY: the mapping `new` made, unmapped exactly once, here; no
-        // pointer or reference into it was ever handed out.
-        let rc = unsafe { libc::munmap(self.base.as_ptr(), self.len) };
-        if rc != 0 {
-            tracing::warn!(
-                "munmap of a MAP_POPULATE bench mapping at {:p} failed: {}",
-                self.base,
-                io::Error::last_os_error()
-            );
-        }
-    }
-}
-
-/// A `MAP_SHARED` read-write mapping of a whole file, unmapped on drop: a
-/// peer's view of a shared pool file, for the attach benchmarks.
+/// A `MAP_SHARED` read-write mapping of a whole file (memmap2), unmapped on
+/// drop: a peer's view of a shared pool file, for the attach benchmarks.
 #[derive(Debug)]
 pub struct SharedMap {
-    base: NonNull<u8>,
-    len: usize,
+    map: memmap2::MmapMut,
 }
 
 impl SharedMap {
@@ -173,31 +133,21 @@ impl SharedMap {
     /// # Panics
     /// When `mmap` fails (a benchmark has nothing to measure then).
     pub fn new(fd: BorrowedFd<'_>, len: usize, populate: bool) -> SharedMap {
-        let flags = if populate {
-            rustix::mm::MapFlags::SHARED | rustix::mm::MapFlags::POPULATE
-        } else {
-            rustix::mm::MapFlags::SHARED
-        };
-        // SAFETY: a fresh mapping at a kernel-chosen address aliases no Rust
-        // object; it is ours until `drop` unmaps it.
-        let p = unsafe {
-            rustix::mm::mmap(
-                ptr::null_mut(),
-                len,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                flags,
-                fd,
-                0,
-            )
+        let mut options = memmap2::MmapOptions::new();
+        options.len(len);
+        if populate {
+            options.populate();
         }
-        .expect("mmap of the pool file");
-        let base = NonNull::new(p.cast::<u8>()).expect("mmap returned a non-null address");
-        SharedMap { base, len }
+        // SAFETY: the file is a bench's own O_TMPFILE or memfd, sized to
+        // `len` before, which no other process truncates; the mapping's bytes
+        // are only touched through Regions (atomic accesses) and madvise.
+        let map = unsafe { options.map_mut(fd.as_raw_fd()) }.expect("mmap of the pool file");
+        SharedMap { map }
     }
 
     /// The start address, as a number.
     pub fn addr(&self) -> usize {
-        self.base.as_ptr() as usize
+        self.map.as_ptr() as usize
     }
 
     /// `MADV_POPULATE_WRITE` (`write`) or `MADV_POPULATE_READ` over the
@@ -207,42 +157,25 @@ impl SharedMap {
     /// When `madvise` fails.
     pub fn populate(&self, write: bool) {
         let advice = if write {
-            rustix::mm::Advice::LinuxPopulateWrite
+            memmap2::Advice::PopulateWrite
         } else {
-            rustix::mm::Advice::LinuxPopulateRead
+            memmap2::Advice::PopulateRead
         };
-        // SAFETY: the whole of our own live mapping; both advices only fault
-        // pages in and never change data.
-        unsafe { rustix::mm::madvise(self.base.as_ptr().cast(), self.len, advice) }
-            .expect("madvise(MADV_POPULATE_*)");
+        self.map.advise(advice).expect("madvise(MADV_POPULATE_*)");
     }
 
     /// The mapping as a region of `page`-sized pages (for the engine).
     ///
     /// # Panics
-    /// When `len` is not a multiple of `page`.
+    /// When the length is not a multiple of `page`.
     pub fn region(&self, page: PageSize) -> Region<'_> {
-        let size = round_to_page(self.len as u64, page).expect("a page multiple");
-        assert_eq!(size.mapped(), self.len as u64, "a page multiple");
-        // SAFETY: `base` is our read-write mapping of `len` bytes, a multiple
-        // of `page`; the kernel aligns a hugetlb file mapping to its page
-        // size; the region borrows `self`, which unmaps only in drop.
-        unsafe { Region::new(self.base, size) }
-    }
-}
-
-// SAFETY: the mapping is owned memory; the pointer is used only to make
-// Regions (whose accesses are atomic) and to unmap once.
-unsafe impl Send for SharedMap {}
-// SAFETY: as for Send.
-unsafe impl Sync for SharedMap {}
-
-impl Drop for SharedMap {
-    fn drop(&mut self) {
-        // SAFETY: our mapping; no Region of it outlives `self`.
-        if let Err(e) = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) } {
-            tracing::warn!("munmap of a bench mapping at {:p} failed: {e}", self.base);
-        }
+        let size = round_to_page(self.map.len() as u64, page).expect("a page multiple");
+        assert_eq!(size.mapped(), self.map.len() as u64, "a page multiple");
+        let base = NonNull::new(self.map.as_ptr().cast_mut()).expect("mmap is never null");
+        // SAFETY: the whole of our read-write mapping, a multiple of `page`
+        // long; the kernel aligns a hugetlb file mapping to its page size;
+        // the region borrows `self`, which unmaps only in drop.
+        unsafe { Region::new(base, size) }
     }
 }
 

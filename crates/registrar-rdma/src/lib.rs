@@ -47,8 +47,8 @@ use pool_core::host::memlock::{self, MemlockPolicy};
 use pool_core::layout::{self, LayoutError, format_bytes};
 use pool_core::plugin::PinCost;
 use pool_core::{
-    Error, Extent, PageSize, PoolConfig, Region, Registrar, RegistrarPlugin, Registration, Result,
-    TeardownIssue,
+    Context, Error, Extent, PageSize, PoolConfig, Region, Registrar, RegistrarPlugin, Registration,
+    Result, TeardownIssue,
 };
 use rustix::process::Rlimit;
 use serde::{Deserialize, Serialize};
@@ -906,21 +906,16 @@ fn reg_error(
         }
         _ => "see the kernel log (dmesg) for the driver's reason".to_string(),
     };
-    Error::Os {
-        op: "ibv_reg_mr",
-        path: None,
-        addr: region.at(extent.offset).map(|p| p as usize),
-        size: extent.len,
-        page: region.page(),
-        remedy: format!(
-            "region {} of {count} at offset {:#x} ({}) of the pool, on RDMA device {device}; \
-             {advice}",
-            index + 1,
-            extent.offset,
-            format_bytes(extent.offset)
-        ),
-        source: e,
+    let mut context = Context::new(extent.len, region.page()).remedy(format!(
+        "region {} of {count} at offset {:#x} ({}) of the pool, on RDMA device {device}; {advice}",
+        index + 1,
+        extent.offset,
+        format_bytes(extent.offset)
+    ));
+    if let Some(p) = region.at(extent.offset) {
+        context = context.addr(p as usize);
     }
+    Error::os("ibv_reg_mr", e, context)
 }
 
 #[cfg(test)]

@@ -37,6 +37,8 @@
 //!   cache ignores `mbind` are configuration errors, made before anything is
 //!   mapped.
 
+#![forbid(unsafe_code)]
+
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -46,8 +48,10 @@ use pool_core::file::{self, FileId, MapContext, PoolFile};
 use pool_core::host::capacity::{self, CapacityCheck};
 use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
-use pool_core::plugin::{AutoClaim, AutoDir, parse_table};
-use pool_core::{Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Result, sys};
+use pool_core::plugin::{AutoClaim, AutoDir, DoctorContext, Finding, parse_table};
+use pool_core::{
+    Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Result, sys,
+};
 use serde::{Deserialize, Serialize};
 
 /// The plugin name, as `backing = "file"` selects it.
@@ -131,6 +135,42 @@ pool_core::inventory::submit! {
         build,
     )
     .with_auto(claim, &["ext2/3/4", "xfs", "btrfs", "overlayfs"])
+    .with_doctor(doctor)
+}
+
+/// `hostpool doctor`'s findings for this backing: for a pool that uses it,
+/// the filesystem its `dir` is on and the room there (area `file`).
+pub fn doctor(ctx: &DoctorContext<'_>) -> Vec<Finding> {
+    let Some(config) = ctx
+        .config()
+        .filter(|c| c.backing == NAME || c.backing == "auto")
+    else {
+        return Vec::new();
+    };
+    let Some(dir) = config.dir.as_deref() else {
+        return vec![
+            Finding::new("file", "dir", "not given")
+                .fail("backing file needs dir, the directory its file goes in"),
+        ];
+    };
+    let item = dir.display().to_string();
+    let finding = match (filesystem_kind(dir), pool_core::host::fs::free_space(dir)) {
+        (Ok(kind), Ok(free)) => {
+            let f = Finding::new(
+                "file",
+                item,
+                format!("{}, {} free", fs_name(kind), format_bytes(free)),
+            );
+            if free < config.size.get() {
+                f.fail("free space there, or point dir at a filesystem with room (`df -h`)")
+            } else {
+                f
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => Finding::new("file", item, format!("cannot be examined: {e}"))
+            .fail("create the directory, or point dir at an existing one"),
+    };
+    vec![finding]
 }
 
 /// Under `backing = "auto"`, this backing serves a directory on a disk
@@ -268,15 +308,11 @@ fn os_error(
     remedy: &str,
     source: io::Error,
 ) -> Error {
-    Error::Os {
+    Error::os(
         op,
-        path: Some(path.to_path_buf()),
-        addr: None,
-        size,
-        page,
-        remedy: remedy.to_string(),
         source,
-    }
+        Context::new(size, page).path(path).remedy(remedy),
+    )
 }
 
 /// Create the visible pool file at `path` (`0600`, `O_EXCL | O_NOFOLLOW`)
