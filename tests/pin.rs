@@ -188,3 +188,72 @@ fn registering_with_rdma_on_this_host_fails_with_a_clear_reason() {
         assert!(err.contains("libibverbs"), "{err}");
     }
 }
+
+/// Eight ranks of a shared pool of four pages, pinned whole, each checking
+/// the copy: a rank copies only through its own shard (the check overwrites
+/// what it copies), and a rank with an empty shard copies nothing, rather
+/// than the whole pool over its peers' shards.
+#[test]
+fn verify_copy_of_a_shared_pool_stays_inside_each_ranks_shard() {
+    let dir = fake_driver_dir("shard-copy");
+    let name = format!("pin-shard-copy-{}", std::process::id());
+    let children: Vec<_> = (0..8)
+        .map(|rank| {
+            let log = dir.0.join(format!("calls-{rank}.log"));
+            Command::new(env!("CARGO_BIN_EXE_hostpool"))
+                .args([
+                    "alloc",
+                    "--size",
+                    "16KiB",
+                    "--dir",
+                    "/dev/shm",
+                    "--shared",
+                    &name,
+                    "--world",
+                    "8",
+                    "--rank",
+                    &rank.to_string(),
+                    "--attach-timeout",
+                    "20",
+                    "--pin",
+                    "cuda",
+                    "--pin-required",
+                    "--verify-copy",
+                    "--json",
+                ])
+                .env("LD_LIBRARY_PATH", &dir.0)
+                .env("FAKE_CUDA_LOG", &log)
+                .env_remove("RUST_LOG")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut empty = 0;
+    for (rank, child) in children.into_iter().enumerate() {
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "rank {rank}: {}", text(&o));
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let shard = r["sharing"]["shard"]["len"].as_u64().unwrap();
+        let copies: Vec<String> = std::fs::read_to_string(dir.0.join(format!("calls-{rank}.log")))
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("cuMemcpy"))
+            .map(str::to_string)
+            .collect();
+        if shard == 0 {
+            empty += 1;
+            assert_eq!(r["verify_copy"]["bytes"], 0, "rank {rank}: {r}");
+            assert!(
+                copies.is_empty(),
+                "rank {rank} copied with an empty shard: {copies:?}"
+            );
+        } else {
+            assert_eq!(r["verify_copy"]["bytes"], shard, "rank {rank}: {r}");
+            assert_eq!(r["verify_copy"]["verified"], true, "rank {rank}: {r}");
+            assert!(!copies.is_empty(), "rank {rank}");
+        }
+    }
+    assert_eq!(empty, 4, "four of eight ranks get no page");
+}

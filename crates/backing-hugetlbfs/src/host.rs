@@ -202,16 +202,18 @@ pub fn default_size() -> Option<u64> {
 /// has no remount handler, so a new `size=` needs a fresh mount.
 ///
 /// # Errors
-/// [`Error::Config`] when `dir` cannot be examined (`statfs` fails, e.g. it
-/// does not exist) or is not on hugetlbfs (for example `/dev/shm`, which is
+/// [`Error::Config`] when `dir` does not exist or is not on hugetlbfs (for example `/dev/shm`, which is
 /// tmpfs): a size limit in pages only means something on hugetlbfs.
 pub fn mount_limit(dir: &Path) -> Result<Option<MountLimit>> {
     let st = rustix::fs::statfs(dir).map_err(|e| {
-        Error::config(format!(
-            "cannot examine {}: {e}; give an existing directory on a hugetlbfs mount \
-             (`mount -t hugetlbfs -o pagesize=2M none DIR`)",
-            dir.display()
-        ))
+        Error::on_input_path(
+            "statfs",
+            "dir",
+            dir,
+            e,
+            "give an existing directory on a hugetlbfs mount (`mount -t hugetlbfs -o pagesize=2M \
+             none DIR`)",
+        )
     })?;
     // f_type is a signed word; the magic numbers are 32-bit.
     let magic = (st.f_type as u64) & 0xffff_ffff;

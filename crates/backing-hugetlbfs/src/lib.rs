@@ -30,7 +30,7 @@ use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};
-use pool_core::{Backing, BackingPlan, BackingPlugin, Error, Mapping, PoolConfig, Result};
+use pool_core::{Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Result};
 
 pub mod host;
 use host as hugetlb;
@@ -94,13 +94,18 @@ fn resolve(config: &PoolConfig) -> Result<(PageSize, Source)> {
     match &config.dir {
         Some(dir) => {
             let kind = filesystem_kind(dir).map_err(|e| {
-                Error::config(format!(
-                    "dir {} cannot be examined ({e}); mount hugetlbfs there first: `mkdir -p {} && \
-                     mount -t hugetlbfs -o pagesize=1G none {}`",
-                    dir.display(),
-                    dir.display(),
-                    dir.display()
-                ))
+                Error::on_input_path(
+                    "statfs",
+                    "dir",
+                    dir,
+                    e,
+                    format!(
+                        "mount hugetlbfs there first: `mkdir -p {} && mount -t hugetlbfs -o \
+                         pagesize=1G none {}`",
+                        dir.display(),
+                        dir.display()
+                    ),
+                )
             })?;
             let FsKind::Hugetlbfs { page_size } = kind else {
                 return Err(Error::config(format!(
@@ -237,8 +242,13 @@ impl Backing for HugetlbfsBacking {
             Source::Mount(dir) => file::create_private(dir, len, page)?,
             Source::Memfd => file::create_memfd("hostpool", len, page, true)?,
         };
-        let id = file::file_id(&fd)
-            .map_err(|e| Error::config(format!("fstat of the pool file: {e}")))?;
+        let id = file::file_id(&fd).map_err(|e| {
+            Error::os(
+                "fstat",
+                e,
+                Context::new(len, page).remedy("reading the new pool file's identity failed"),
+            )
+        })?;
         let mapping = file::map_files(
             vec![PoolFile {
                 fd,

@@ -27,7 +27,7 @@ use pool_core::layout::{Extent, PageSize, SegmentSpec, format_bytes, round_to_pa
 use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};
 use pool_core::{
-    Backing, BackingPlan, BackingPlugin, ByteSize, Error, Mapping, PoolConfig, Result, sys,
+    Backing, BackingPlan, BackingPlugin, ByteSize, Context, Error, Mapping, PoolConfig, Result, sys,
 };
 use serde::{Deserialize, Serialize};
 
@@ -114,10 +114,13 @@ fn check_dir(dir: &Path) -> Result<()> {
              lives in memory and not on a disk",
             dir.display()
         ))),
-        Err(e) => Err(Error::config(format!(
-            "dir {} cannot be examined ({e}); create it or use /dev/shm",
-            dir.display()
-        ))),
+        Err(e) => Err(Error::on_input_path(
+            "statfs",
+            "dir",
+            dir,
+            e,
+            "create it or use /dev/shm",
+        )),
     }
 }
 
@@ -209,8 +212,14 @@ impl Backing for ShmBacking {
             .into_iter()
             .zip(plan.segments.iter().copied())
             .map(|(fd, extent)| {
-                let id = file::file_id(&fd)
-                    .map_err(|e| Error::config(format!("fstat of a segment: {e}")))?;
+                let id = file::file_id(&fd).map_err(|e| {
+                    Error::os(
+                        "fstat",
+                        e,
+                        Context::new(extent.len, plan.size.page())
+                            .remedy("reading a new segment's identity failed"),
+                    )
+                })?;
                 Ok(PoolFile {
                     fd,
                     path: None,

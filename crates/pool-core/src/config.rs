@@ -170,9 +170,21 @@ impl SharingConfig {
                 self.attach_timeout_secs
             )));
         }
+        if self.attach_timeout_secs > MAX_ATTACH_TIMEOUT_SECS {
+            return Err(Error::config(format!(
+                "attach timeout {} s is more than one day ({MAX_ATTACH_TIMEOUT_SECS} s), the \
+                 longest a rank waits for its peers; give at most {MAX_ATTACH_TIMEOUT_SECS}",
+                self.attach_timeout_secs
+            )));
+        }
         Ok(())
     }
 }
+
+/// The longest attach timeout: one day. Beyond it a rank that waits is a
+/// rank that hangs, and `Duration::from_secs_f64` would overflow past
+/// 1.8e19 s.
+pub const MAX_ATTACH_TIMEOUT_SECS: f64 = 86_400.0;
 
 /// Everything that describes one pool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -258,14 +270,18 @@ impl PoolConfig {
     /// JSON when it starts with `{` and TOML otherwise.
     ///
     /// # Errors
-    /// [`Error::Config`] naming the file for unreadable files, syntax errors
-    /// and unknown or mistyped keys.
+    /// [`Error::Config`] naming the file for a missing file, syntax errors
+    /// and unknown or mistyped keys; [`Error::Os`] when reading it fails
+    /// otherwise (`EACCES`, `EIO`).
     pub fn from_path(path: &Path) -> Result<PoolConfig> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::config(format!(
-                "cannot read config file {}: {e}; check the path given to --config",
-                path.display()
-            ))
+            Error::on_input_path(
+                "read",
+                "config file",
+                path,
+                e,
+                "check the path given to --config",
+            )
         })?;
         let format = match path.extension().and_then(|e| e.to_str()) {
             Some("json") => Format::Json,

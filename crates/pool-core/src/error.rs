@@ -220,6 +220,33 @@ impl Error {
         }
     }
 
+    /// A failed system call on a path the operator gave (`dir`,
+    /// `--config`): the operator's input (exit 2) when the path does not
+    /// exist or is not a directory (`ENOENT`, `ENOTDIR`), said in words;
+    /// otherwise (`EACCES`, `EIO`, ...) a runtime error (exit 1) with the
+    /// errno as the source. `what` names the path's role, e.g. "dir".
+    pub fn on_input_path(
+        op: &'static str,
+        what: &str,
+        path: &std::path::Path,
+        source: impl Into<io::Error>,
+        remedy: impl Into<String>,
+    ) -> Error {
+        let source = source.into();
+        let remedy = remedy.into();
+        match source.raw_os_error() {
+            Some(libc::ENOENT) => Error::config(format!(
+                "{what} {} does not exist; {remedy}",
+                path.display()
+            )),
+            Some(libc::ENOTDIR) => Error::config(format!(
+                "{what} {}: a part of the path is not a directory; {remedy}",
+                path.display()
+            )),
+            _ => Error::os(op, source, Context::file(path).remedy(remedy)),
+        }
+    }
+
     /// A configuration error with this message.
     pub fn config(message: impl Into<String>) -> Error {
         Error::Config {
@@ -307,6 +334,41 @@ mod tests {
         }
         assert_eq!(e.errno(), Some(libc::ENOMEM));
         assert_eq!(e.exit_code(), 1);
+    }
+
+    #[test]
+    fn a_missing_input_path_is_usage_and_any_other_failure_on_it_is_runtime() {
+        let p = std::path::Path::new("/srv/pool");
+        let missing = Error::on_input_path(
+            "statfs",
+            "dir",
+            p,
+            io::Error::from_raw_os_error(libc::ENOENT),
+            "create it",
+        );
+        assert_eq!(missing.exit_code(), 2);
+        assert_eq!(
+            missing.to_string(),
+            "invalid configuration: dir /srv/pool does not exist; create it"
+        );
+        let denied = Error::on_input_path(
+            "statfs",
+            "dir",
+            p,
+            io::Error::from_raw_os_error(libc::EACCES),
+            "check its permissions",
+        );
+        assert_eq!(denied.exit_code(), 1);
+        assert_eq!(denied.errno(), Some(libc::EACCES));
+        let msg = denied.to_string();
+        assert!(
+            msg.contains("statfs failed on /srv/pool; check its permissions"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains("Permission denied"),
+            "the errno is the source, not the message: {msg}"
+        );
     }
 
     #[test]

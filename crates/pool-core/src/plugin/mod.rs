@@ -376,11 +376,14 @@ pub fn auto_backing(dir: Option<&Path>) -> Result<(&'static BackingPlugin, Strin
         Some(path) => Some(AutoDir {
             path,
             fs: statfs_info(path).map_err(|e| {
-                Error::config(format!(
-                    "cannot examine dir {}: {e}; create it, or mount a filesystem a backing \
-                     serves there (hugetlbfs or tmpfs for the built-in ones)",
-                    path.display()
-                ))
+                Error::on_input_path(
+                    "statfs",
+                    "dir",
+                    path,
+                    e,
+                    "create it, or mount a filesystem a backing serves there (hugetlbfs or tmpfs \
+                     for the built-in ones)",
+                )
             })?,
         }),
     };
@@ -566,7 +569,7 @@ mod tests {
         let e = auto_backing(Some(Path::new("/nonexistent/dir"))).unwrap_err();
         assert!(
             e.to_string()
-                .contains("cannot examine dir /nonexistent/dir"),
+                .contains("dir /nonexistent/dir does not exist"),
             "{e}"
         );
         assert_eq!(e.exit_code(), 2);

@@ -228,9 +228,13 @@ fn judge_dir(dir: &Path, is_dir: io::Result<bool>, kind: io::Result<FsKind>) -> 
             )));
         }
         Err(e) => {
-            return Err(Error::config(format!(
-                "dir {d} cannot be examined ({e}); check its path and permissions"
-            )));
+            return Err(Error::on_input_path(
+                "stat",
+                "dir",
+                dir,
+                e,
+                "check its path and permissions",
+            ));
         }
     }
     match kind {
@@ -241,9 +245,13 @@ fn judge_dir(dir: &Path, is_dir: io::Result<bool>, kind: io::Result<FsKind>) -> 
             format_bytes(page_size)
         ))),
         Ok(kind) => Ok(kind),
-        Err(e) => Err(Error::config(format!(
-            "dir {d} cannot be examined with statfs ({e}); check its path and permissions"
-        ))),
+        Err(e) => Err(Error::on_input_path(
+            "statfs",
+            "dir",
+            dir,
+            e,
+            "check its path and permissions",
+        )),
     }
 }
 
