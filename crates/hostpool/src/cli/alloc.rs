@@ -1,0 +1,167 @@
+//! `hostpool alloc`: build the pool, prefault, pin and register it, print
+//! the report, then tear it down (or hold it until a signal).
+
+use std::io::IsTerminal;
+
+use clap::Args;
+use pool_core::{Error, Pool, PoolPlan};
+
+use super::args::{PoolArgs, resolve_config};
+use super::{output, progress, write_stdout};
+use crate::sys::TerminationSignals;
+
+/// `hostpool alloc`.
+#[derive(Debug, Args)]
+pub struct AllocArgs {
+    /// The pool.
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// Keep the pool after printing the report until SIGINT or SIGTERM, then tear down.
+    #[arg(long)]
+    pub hold: bool,
+    /// Print the report as JSON on stdout (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
+    /// With --pin cuda: copy up to 1 GiB host→device→host from the pinned
+    /// pool, check the data, and report both bandwidths (`verify_copy`).
+    #[arg(long)]
+    pub verify_copy: bool,
+}
+
+/// Run `hostpool alloc`.
+pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
+    // Block SIGINT/SIGTERM before any thread exists, so that every prefault
+    // thread inherits the mask and `sigwait` below receives the signal. A
+    // signal that arrives during the build is handled once it is ready.
+    let signals = if args.hold {
+        Some(TerminationSignals::block().map_err(|e| Error::Plugin {
+            what: "alloc --hold".into(),
+            message: "cannot block SIGINT/SIGTERM".into(),
+            source: Some(Box::new(e)),
+        })?)
+    } else {
+        None
+    };
+    let plan = PoolPlan::new(resolve_config(&args.pool)?)?;
+    let show_progress = !args.json && std::io::stderr().is_terminal();
+    let observer = progress::Bars::new(show_progress);
+    if args.verify_copy && plan.config.pin.kind != "cuda" {
+        return Err(Error::config(
+            "--verify-copy needs --pin cuda: it copies through the GPU from the pinned pool",
+        ));
+    }
+    let mut pool = Pool::build(&plan, &observer)?;
+    let mut extra = serde_json::Map::new();
+    let mut copy_ok = true;
+    if args.verify_copy {
+        let value = match verify_copy(&mut pool, &plan)? {
+            Some(report) => {
+                copy_ok = report.verified;
+                serde_json::to_value(&report).map_err(|e| Error::config(e.to_string()))?
+            }
+            None => serde_json::json!({
+                "bytes": 0,
+                "skipped": "this rank's shard is empty (more ranks than pages): nothing to copy",
+            }),
+        };
+        extra.insert("verify_copy".into(), value);
+    }
+    match signals {
+        Some(signals) => {
+            print_report(
+                pool.report(),
+                &extra,
+                args.json,
+                "ready; holding until SIGINT or SIGTERM",
+            )?;
+            let sig = signals.wait().map_err(|e| Error::Plugin {
+                what: "alloc --hold".into(),
+                message: "waiting for SIGINT/SIGTERM failed".into(),
+                source: Some(Box::new(e)),
+            })?;
+            let report = pool.teardown_observed(&observer);
+            eprintln!(
+                "hostpool: signal {sig} received; pool released in {:.3} s{}",
+                report.phases.teardown.unwrap_or(0.0),
+                teardown_note(&report)
+            );
+            Ok(i32::from(!report.teardown_issues.is_empty() || !copy_ok))
+        }
+        None => {
+            let report = pool.teardown_observed(&observer);
+            print_report(&report, &extra, args.json, "built, prefaulted and released")?;
+            Ok(i32::from(!report.teardown_issues.is_empty() || !copy_ok))
+        }
+    }
+}
+
+fn teardown_note(report: &pool_core::PoolReport) -> String {
+    if report.teardown_issues.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} step(s) could not be undone (see warnings)",
+            report.teardown_issues.len()
+        )
+    }
+}
+
+fn print_report(
+    report: &pool_core::PoolReport,
+    extra: &serde_json::Map<String, serde_json::Value>,
+    json: bool,
+    status: &str,
+) -> Result<(), Error> {
+    let text = if json {
+        let mut v = serde_json::to_value(report).map_err(|e| Error::config(e.to_string()))?;
+        if let Some(obj) = v.as_object_mut() {
+            obj.extend(extra.clone());
+        }
+        serde_json::to_string_pretty(&v).map_err(|e| Error::config(e.to_string()))?
+    } else {
+        let mut t = output::human_report(report, status);
+        if let Some(c) = extra.get("verify_copy") {
+            t.push_str(&format!(
+                "\n  copy       {} bytes: H2D {:.1} GiB/s, D2H {:.1} GiB/s, data {}",
+                c["bytes"],
+                c["h2d_gib_s"].as_f64().unwrap_or(0.0),
+                c["d2h_gib_s"].as_f64().unwrap_or(0.0),
+                if c["verified"] == true {
+                    "checked"
+                } else {
+                    "MISMATCH"
+                }
+            ));
+        }
+        t
+    };
+    write_stdout(&text)
+}
+
+/// `--verify-copy`: a round trip through the GPU from the pinned pool.
+/// `None` when this rank's shard is empty: it copies nothing, and never
+/// anything outside its shard (the check overwrites what it copies).
+fn verify_copy(pool: &mut Pool, plan: &PoolPlan) -> Result<Option<pinner_cuda::CopyReport>, Error> {
+    let r = pool.report();
+    if r.pin.status != pool_core::PinStatus::Pinned {
+        return Err(Error::Plugin {
+            what: "--verify-copy".into(),
+            message: format!(
+                "the pool is not pinned ({}); nothing to copy through",
+                r.pin.reason.as_deref().unwrap_or("pinning was skipped")
+            ),
+            source: None,
+        });
+    }
+    let device = r.pin.details["device"]
+        .as_u64()
+        .and_then(|d| u32::try_from(d).ok())
+        .unwrap_or(0);
+    // A shared pool's rank copies only through its own shard.
+    let extent = plan.prefault.extent;
+    if extent.len == 0 {
+        return Ok(None);
+    }
+    let bytes = extent.len.min(1 << 30);
+    pinner_cuda::verify_copy(pool, extent, device, bytes).map(Some)
+}

@@ -1,0 +1,175 @@
+//! The flags that describe a pool, shared by `alloc`, `plan` and `doctor`,
+//! and how they combine with `--config` into a [`PoolConfig`].
+
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use pool_core::{ByteSize, Error, PoolConfig, PrefaultChoice};
+
+/// Flags that describe a pool; each overrides the same key of `--config`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct PoolArgs {
+    /// Config file (TOML, or JSON); flags override its keys.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Pool size: bytes or an IEC unit (4GiB, 512MiB). Default 1GiB.
+    #[arg(long, value_name = "SIZE")]
+    pub size: Option<ByteSize>,
+    /// Backing plugin (anon, …, or auto).
+    #[arg(long, value_name = "NAME")]
+    pub backing: Option<String>,
+    /// Directory for file-backed pools (a hugetlbfs mount or tmpfs).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Page size the backing must use (2MiB, 1GiB).
+    #[arg(long, value_name = "SIZE")]
+    pub page_size: Option<ByteSize>,
+    /// Prefault threads (default: available cores, at least 64 MiB each).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<NonZeroUsize>,
+    /// Prefault method.
+    #[arg(long, value_enum, value_name = "METHOD")]
+    pub prefault: Option<PrefaultArg>,
+    /// Pin the pool with this pinner.
+    #[arg(long, value_name = "KIND")]
+    pub pin: Option<String>,
+    /// Fail when pinning fails (default: warn and keep the pool pageable).
+    #[arg(long)]
+    pub pin_required: bool,
+    /// Check the memlock bound before pinning (check), or not (ignore).
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub memlock_bound: Option<MemlockArg>,
+    /// Pin the whole pool, or in a shared pool only this rank's shard.
+    #[arg(long, value_enum, value_name = "SCOPE")]
+    pub pin_scope: Option<ScopeArg>,
+    /// Register the pool with this registrar (repeatable).
+    #[arg(long, value_name = "KIND")]
+    pub register: Vec<String>,
+    /// Share the pool between ranks under this name (with --world and --rank).
+    #[arg(long, value_name = "NAME", requires_all = ["world", "rank"])]
+    pub shared: Option<String>,
+    /// Number of ranks sharing the pool.
+    #[arg(long, value_name = "N", requires = "shared")]
+    pub world: Option<u32>,
+    /// This process's rank, 0 to N-1.
+    #[arg(long, value_name = "R", requires = "shared")]
+    pub rank: Option<u32>,
+    /// Seconds to wait for the creator and for ranks that never attach (default 30).
+    #[arg(long, value_name = "SECS", requires = "shared")]
+    pub attach_timeout: Option<f64>,
+    /// Bind the pool's pages to this NUMA node.
+    #[arg(long, value_name = "N")]
+    pub numa_node: Option<u32>,
+}
+
+/// `--memlock-bound` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MemlockArg {
+    /// Compare the pool with the memlock bound before pinning.
+    Check,
+    /// Do not.
+    Ignore,
+}
+
+/// `--pin-scope` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScopeArg {
+    /// The whole pool.
+    Pool,
+    /// This rank's shard of a shared pool.
+    Shard,
+}
+
+/// `--prefault` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PrefaultArg {
+    /// populate-write where the kernel has it, else touch.
+    Auto,
+    /// madvise(MADV_POPULATE_WRITE).
+    PopulateWrite,
+    /// One read-modify-write per page.
+    Touch,
+    /// No prefault.
+    None,
+}
+
+impl From<PrefaultArg> for PrefaultChoice {
+    fn from(a: PrefaultArg) -> Self {
+        match a {
+            PrefaultArg::Auto => PrefaultChoice::Auto,
+            PrefaultArg::PopulateWrite => PrefaultChoice::PopulateWrite,
+            PrefaultArg::Touch => PrefaultChoice::Touch,
+            PrefaultArg::None => PrefaultChoice::None,
+        }
+    }
+}
+
+/// The config from `--config` (or the embedded default) with flags applied.
+///
+/// # Errors
+/// [`Error::Config`] for an unreadable or invalid file.
+pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
+    let mut config = match &args.config {
+        Some(path) => PoolConfig::from_path(path)?,
+        None => PoolConfig::default(),
+    };
+    if let Some(size) = args.size {
+        config.size = size;
+    }
+    if let Some(backing) = &args.backing {
+        config.backing = backing.clone();
+    }
+    if let Some(dir) = &args.dir {
+        config.dir = Some(dir.clone());
+    }
+    if let Some(page) = args.page_size {
+        config.page_size = Some(page);
+    }
+    if let Some(threads) = args.threads {
+        config.threads = Some(threads);
+    }
+    if let Some(prefault) = args.prefault {
+        config.prefault = prefault.into();
+    }
+    if let Some(pin) = &args.pin {
+        config.pin.kind = pin.clone();
+    }
+    if args.pin_required {
+        config.pin.required = true;
+    }
+    if let Some(m) = args.memlock_bound {
+        config.pin.memlock_bound = match m {
+            MemlockArg::Check => pool_core::host::memlock::MemlockPolicy::Check,
+            MemlockArg::Ignore => pool_core::host::memlock::MemlockPolicy::Ignore,
+        };
+    }
+    if let Some(scope) = args.pin_scope {
+        config.pin.scope = match scope {
+            ScopeArg::Pool => pool_core::PinScope::Pool,
+            ScopeArg::Shard => pool_core::PinScope::Shard,
+        };
+    }
+    if !args.register.is_empty() {
+        config.register = args.register.clone();
+    }
+    if let Some(node) = args.numa_node {
+        config.numa_node = Some(node);
+    }
+    if let (Some(name), Some(world), Some(rank)) = (&args.shared, args.world, args.rank) {
+        let previous = config.sharing.take();
+        config.sharing = Some(pool_core::SharingConfig {
+            name: name.clone(),
+            world,
+            rank,
+            attach_timeout_secs: args
+                .attach_timeout
+                .or(previous.as_ref().map(|p| p.attach_timeout_secs))
+                .unwrap_or(30.0),
+            control_dir: previous.and_then(|p| p.control_dir),
+        });
+    } else if let (Some(t), Some(s)) = (args.attach_timeout, config.sharing.as_mut()) {
+        s.attach_timeout_secs = t;
+    }
+    Ok(config)
+}

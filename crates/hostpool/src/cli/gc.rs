@@ -1,0 +1,36 @@
+//! `hostpool gc`: remove the pool files no live process holds.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use pool_core::Error;
+
+use super::{output, write_stdout};
+
+/// `hostpool gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Directory to scan (repeatable; default /dev/shm and every hugetlbfs mount).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Vec<PathBuf>,
+    /// Print as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `hostpool gc`.
+pub(super) fn run(args: GcArgs) -> Result<i32, Error> {
+    let dirs = if args.dir.is_empty() {
+        pool_core::gc::default_dirs()
+    } else {
+        args.dir
+    };
+    let report = pool_core::gc::collect(&dirs);
+    let text = if args.json {
+        serde_json::to_string_pretty(&report).map_err(|e| Error::config(e.to_string()))?
+    } else {
+        output::human_gc(&report)
+    };
+    write_stdout(&text)?;
+    Ok(0)
+}
