@@ -208,9 +208,9 @@ pub fn mount_limit(dir: &Path) -> Result<Option<MountLimit>> {
     let st = rustix::fs::statfs(dir).map_err(|e| {
         Error::on_input_path(
             "statfs",
-            "dir",
             dir,
             e,
+            format!("cannot examine {}", dir.display()),
             "give an existing directory on a hugetlbfs mount (`mount -t hugetlbfs -o pagesize=2M \
              none DIR`)",
         )

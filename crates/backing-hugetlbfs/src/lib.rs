@@ -96,9 +96,9 @@ fn resolve(config: &PoolConfig) -> Result<(PageSize, Source)> {
             let kind = filesystem_kind(dir).map_err(|e| {
                 Error::on_input_path(
                     "statfs",
-                    "dir",
                     dir,
                     e,
+                    format!("dir {} cannot be examined", dir.display()),
                     format!(
                         "mount hugetlbfs there first: `mkdir -p {} && mount -t hugetlbfs -o \
                          pagesize=1G none {}`",

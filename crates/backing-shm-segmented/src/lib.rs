@@ -116,9 +116,9 @@ fn check_dir(dir: &Path) -> Result<()> {
         ))),
         Err(e) => Err(Error::on_input_path(
             "statfs",
-            "dir",
             dir,
             e,
+            format!("dir {} cannot be examined", dir.display()),
             "create it or use /dev/shm",
         )),
     }

@@ -277,9 +277,9 @@ impl PoolConfig {
         let text = std::fs::read_to_string(path).map_err(|e| {
             Error::on_input_path(
                 "read",
-                "config file",
                 path,
                 e,
+                format!("cannot read config file {}", path.display()),
                 "check the path given to --config",
             )
         })?;

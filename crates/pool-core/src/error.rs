@@ -222,28 +222,29 @@ impl Error {
 
     /// A failed system call on a path the operator gave (`dir`,
     /// `--config`): the operator's input (exit 2) when the path does not
-    /// exist or is not a directory (`ENOENT`, `ENOTDIR`), said in words;
-    /// otherwise (`EACCES`, `EIO`, ...) a runtime error (exit 1) with the
-    /// errno as the source. `what` names the path's role, e.g. "dir".
+    /// exist or is not a directory (`ENOENT`, `ENOTDIR`), said in words after
+    /// `doing` (e.g. "cannot examine dir /srv/kv"); otherwise (`EACCES`,
+    /// `EIO`, ...) a runtime error (exit 1) with the errno as the source.
     pub fn on_input_path(
         op: &'static str,
-        what: &str,
         path: &std::path::Path,
         source: impl Into<io::Error>,
+        doing: impl Into<String>,
         remedy: impl Into<String>,
     ) -> Error {
         let source = source.into();
         let remedy = remedy.into();
+        let doing = doing.into();
         match source.raw_os_error() {
-            Some(libc::ENOENT) => Error::config(format!(
-                "{what} {} does not exist; {remedy}",
-                path.display()
-            )),
+            Some(libc::ENOENT) => Error::config(format!("{doing}: it does not exist; {remedy}")),
             Some(libc::ENOTDIR) => Error::config(format!(
-                "{what} {}: a part of the path is not a directory; {remedy}",
-                path.display()
+                "{doing}: a part of the path is not a directory; {remedy}"
             )),
-            _ => Error::os(op, source, Context::file(path).remedy(remedy)),
+            _ => Error::os(
+                op,
+                source,
+                Context::file(path).remedy(format!("{doing}; {remedy}")),
+            ),
         }
     }
 
@@ -339,30 +340,33 @@ mod tests {
     #[test]
     fn a_missing_input_path_is_usage_and_any_other_failure_on_it_is_runtime() {
         let p = std::path::Path::new("/srv/pool");
+        let doing = "cannot examine dir /srv/pool";
         let missing = Error::on_input_path(
             "statfs",
-            "dir",
             p,
             io::Error::from_raw_os_error(libc::ENOENT),
+            doing,
             "create it",
         );
         assert_eq!(missing.exit_code(), 2);
         assert_eq!(
             missing.to_string(),
-            "invalid configuration: dir /srv/pool does not exist; create it"
+            "invalid configuration: cannot examine dir /srv/pool: it does not exist; create it"
         );
         let denied = Error::on_input_path(
             "statfs",
-            "dir",
             p,
             io::Error::from_raw_os_error(libc::EACCES),
+            doing,
             "check its permissions",
         );
         assert_eq!(denied.exit_code(), 1);
         assert_eq!(denied.errno(), Some(libc::EACCES));
         let msg = denied.to_string();
         assert!(
-            msg.contains("statfs failed on /srv/pool; check its permissions"),
+            msg.contains(
+                "statfs failed on /srv/pool; cannot examine dir /srv/pool; check its permissions"
+            ),
             "{msg}"
         );
         assert!(

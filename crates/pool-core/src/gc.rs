@@ -76,8 +76,13 @@ pub fn is_pool_file(file_name: &str) -> bool {
     pool_name(file_name).is_some() || file_name.starts_with(".hostpool-private-")
 }
 
+/// Retries of a lock probe that found the file locked.
+const PROBE_RETRIES: u32 = 3;
+/// Pause between them: far longer than a concurrent probe holds its lock.
+const PROBE_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Whether another process holds a lock on the file: try to take it
-/// exclusively, without waiting.
+/// exclusively, without waiting (a few times, a few milliseconds apart).
 fn locked(path: &Path) -> std::io::Result<Option<(std::os::fd::OwnedFd, FileId, u64)>> {
     let fd = rustix::fs::open(
         path,
@@ -89,11 +94,20 @@ fn locked(path: &Path) -> std::io::Result<Option<(std::os::fd::OwnedFd, FileId, 
         dev: st.st_dev,
         ino: st.st_ino,
     };
-    match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(Some((fd, id, st.st_size as u64))),
-        Err(e) if e.raw_os_error() == libc::EWOULDBLOCK => Ok(None),
-        Err(e) => Err(e.into()),
+    // A pool's ranks hold their shared locks for the pool's whole life;
+    // another gc or doctor probing the same file holds its exclusive one for
+    // an instant. A few short retries tell the two apart.
+    for attempt in 0..=PROBE_RETRIES {
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(Some((fd, id, st.st_size as u64))),
+            Err(e) if e.raw_os_error() == libc::EWOULDBLOCK && attempt < PROBE_RETRIES => {
+                std::thread::sleep(PROBE_RETRY_DELAY);
+            }
+            Err(e) if e.raw_os_error() == libc::EWOULDBLOCK => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
     }
+    Ok(None)
 }
 
 fn ctl_is_live(dir: &Path, name: &str) -> bool {

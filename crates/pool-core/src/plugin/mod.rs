@@ -378,9 +378,9 @@ pub fn auto_backing(dir: Option<&Path>) -> Result<(&'static BackingPlugin, Strin
             fs: statfs_info(path).map_err(|e| {
                 Error::on_input_path(
                     "statfs",
-                    "dir",
                     path,
                     e,
+                    format!("cannot examine dir {}", path.display()),
                     "create it, or mount a filesystem a backing serves there (hugetlbfs or tmpfs \
                      for the built-in ones)",
                 )
@@ -569,7 +569,7 @@ mod tests {
         let e = auto_backing(Some(Path::new("/nonexistent/dir"))).unwrap_err();
         assert!(
             e.to_string()
-                .contains("dir /nonexistent/dir does not exist"),
+                .contains("cannot examine dir /nonexistent/dir"),
             "{e}"
         );
         assert_eq!(e.exit_code(), 2);

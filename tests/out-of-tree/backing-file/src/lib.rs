@@ -230,9 +230,9 @@ fn judge_dir(dir: &Path, is_dir: io::Result<bool>, kind: io::Result<FsKind>) -> 
         Err(e) => {
             return Err(Error::on_input_path(
                 "stat",
-                "dir",
                 dir,
                 e,
+                format!("dir {d} cannot be examined"),
                 "check its path and permissions",
             ));
         }
@@ -247,9 +247,9 @@ fn judge_dir(dir: &Path, is_dir: io::Result<bool>, kind: io::Result<FsKind>) -> 
         Ok(kind) => Ok(kind),
         Err(e) => Err(Error::on_input_path(
             "statfs",
-            "dir",
             dir,
             e,
+            format!("dir {d} cannot be examined"),
             "check its path and permissions",
         )),
     }
