@@ -512,6 +512,15 @@ impl Drop for ShmFile {
     }
 }
 
+/// Whether the leftovers summary lists `path` among the live files.
+fn listed_live(summary: &Value, path: &str) -> bool {
+    summary["details"]["live"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| text(p) == path)
+}
+
 #[test]
 fn stale_pool_files_are_listed_but_not_removed_and_held_ones_are_live() {
     let _shm = shm_lock();
@@ -544,14 +553,7 @@ fn stale_pool_files_are_listed_but_not_removed_and_held_ones_are_live() {
     let held_path = held.0.display().to_string();
     assert!(listed.contains(&stale_path.as_str()), "{summary:#}");
     assert!(!listed.contains(&held_path.as_str()), "{summary:#}");
-    assert!(
-        summary["details"]["live"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| text(p) == held_path),
-        "{summary:#}"
-    );
+    assert!(listed_live(summary, &held_path), "{summary:#}");
     assert!(stale.0.exists() && held.0.exists(), "doctor removed a file");
     drop(holder);
 }
@@ -697,14 +699,7 @@ fn a_file_held_outside_the_doctors_pid_namespace_is_live() {
     let left = findings(&r, "leftovers");
     let summary = left.iter().find(|f| f["item"] == "pool files").unwrap();
     let held_path = held.0.display().to_string();
-    assert!(
-        summary["details"]["live"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| text(p) == held_path),
-        "{summary:#}"
-    );
+    assert!(listed_live(summary, &held_path), "{summary:#}");
     assert!(held.0.exists(), "doctor removed a file");
     drop(holder);
 }

@@ -717,6 +717,12 @@ fn a_shared_pool_pinned_whole_attaches_to_its_peers_pages_first() {
             "rank {r} maps the whole pool"
         );
     }
+    release_held_ranks(&mut ranks, &pool);
+}
+
+/// SIGTERM every held rank, require each to tear down and exit 0, and the
+/// pool's files in /dev/shm to be gone.
+fn release_held_ranks(ranks: &mut Ranks, pool: &str) {
     for child in ranks.iter() {
         signal(child, libc::SIGTERM);
     }
@@ -726,7 +732,7 @@ fn a_shared_pool_pinned_whole_attaches_to_its_peers_pages_first() {
             Some(0)
         );
     }
-    assert!(pool_files(Path::new("/dev/shm"), &pool).is_empty());
+    assert!(pool_files(Path::new("/dev/shm"), pool).is_empty());
 }
 
 /// Run hostpool, require exit 0, and parse its JSON report.
@@ -893,14 +899,5 @@ fn ranks_with_an_empty_shard_pin_nothing() {
         }
     }
     assert_eq!(empty, 4, "four of eight ranks get no page: {reports:?}");
-    for child in ranks.iter() {
-        signal(child, libc::SIGTERM);
-    }
-    for child in ranks.iter_mut() {
-        assert_eq!(
-            wait_timeout(child, Duration::from_secs(20)).and_then(|s| s.code()),
-            Some(0)
-        );
-    }
-    assert!(pool_files(Path::new("/dev/shm"), &pool).is_empty());
+    release_held_ranks(&mut ranks, &pool);
 }
