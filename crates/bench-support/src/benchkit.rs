@@ -248,8 +248,6 @@ impl FreshPool {
     /// As for [`Pool::build`].
     pub fn build(plan: &PoolPlan) -> Result<FreshPool> {
         let pool = Pool::build(plan, &Quiet)?;
-        pool.region()
-            .ok_or_else(|| Error::config("a built pool has no memory"))?;
         Ok(FreshPool { pool })
     }
 

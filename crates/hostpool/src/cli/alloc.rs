@@ -57,7 +57,7 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
         let value = match verify_copy(&mut pool, &plan)? {
             Some(report) => {
                 copy_ok = report.verified;
-                serde_json::to_value(&report).map_err(|e| Error::config(e.to_string()))?
+                super::to_json_value(&report)?
             }
             None => serde_json::json!({
                 "bytes": 0,
@@ -113,11 +113,11 @@ fn print_report(
     status: &str,
 ) -> Result<(), Error> {
     let text = if json {
-        let mut v = serde_json::to_value(report).map_err(|e| Error::config(e.to_string()))?;
+        let mut v = super::to_json_value(report)?;
         if let Some(obj) = v.as_object_mut() {
             obj.extend(extra.clone());
         }
-        serde_json::to_string_pretty(&v).map_err(|e| Error::config(e.to_string()))?
+        super::to_json(&v)?
     } else {
         let mut t = output::human_report(report, status);
         if let Some(c) = extra.get("verify_copy") {

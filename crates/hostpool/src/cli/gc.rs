@@ -27,7 +27,7 @@ pub(super) fn run(args: GcArgs) -> Result<i32, Error> {
     };
     let report = pool_core::gc::collect(&dirs);
     let text = if args.json {
-        serde_json::to_string_pretty(&report).map_err(|e| Error::config(e.to_string()))?
+        super::to_json(&report)?
     } else {
         output::human_gc(&report)
     };

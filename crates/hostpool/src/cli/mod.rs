@@ -114,6 +114,27 @@ fn run(cli: Cli) -> Result<i32, Error> {
     }
 }
 
+/// A report as pretty JSON. Serializing our own report cannot fail on bad
+/// input, so a failure is a runtime error (exit 1), never a usage error.
+pub(crate) fn to_json<T: serde::Serialize + ?Sized>(report: &T) -> Result<String, Error> {
+    serde_json::to_string_pretty(report).map_err(json_error)
+}
+
+/// A report as a JSON value; see [`to_json`].
+pub(crate) fn to_json_value<T: serde::Serialize + ?Sized>(
+    report: &T,
+) -> Result<serde_json::Value, Error> {
+    serde_json::to_value(report).map_err(json_error)
+}
+
+fn json_error(e: serde_json::Error) -> Error {
+    Error::Plugin {
+        what: "the report".into(),
+        message: "could not be written as JSON".into(),
+        source: Some(Box::new(e)),
+    }
+}
+
 pub(crate) fn write_stdout(text: &str) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}")

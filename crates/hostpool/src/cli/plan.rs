@@ -23,7 +23,7 @@ pub(super) fn run(args: PlanArgs) -> Result<i32, Error> {
     let plan = PoolPlan::new(resolve_config(&args.pool)?)?;
     let report = plan.report();
     let text = if args.json {
-        serde_json::to_string_pretty(&report).map_err(|e| Error::config(e.to_string()))?
+        super::to_json(&report)?
     } else {
         output::human_plan(&report)
     };

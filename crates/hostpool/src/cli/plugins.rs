@@ -44,7 +44,7 @@ pub(super) fn run(args: PluginsArgs) -> Result<i32, Error> {
             .iter()
             .map(|(k, v)| (k.to_string(), serde_json::to_value(v).unwrap_or_default()))
             .collect();
-        serde_json::to_string_pretty(&map).map_err(|e| Error::config(e.to_string()))?
+        super::to_json(&map)?
     } else {
         let mut s = String::new();
         for (kind, list) in &kinds {

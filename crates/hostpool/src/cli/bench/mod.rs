@@ -178,7 +178,7 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
         units: units(),
         rows,
     };
-    let json = serde_json::to_string_pretty(&report).map_err(|e| Error::config(e.to_string()))?;
+    let json = super::to_json(&report)?;
     if let Some(out) = &args.out {
         std::fs::write(out, format!("{json}\n")).map_err(|e| Error::Plugin {
             what: format!("writing --out {}", out.display()),

@@ -74,12 +74,11 @@ pub fn run(args: DoctorArgs) -> Result<i32, Error> {
     let findings = collect(plan.as_ref(), report.as_ref(), plan_error.as_ref());
     let verdict = overall(&findings);
     let text = if args.json {
-        serde_json::to_string_pretty(&output::Report {
+        super::to_json(&output::Report {
             findings: &findings,
             pool: report.as_ref(),
             verdict,
-        })
-        .map_err(|e| Error::config(e.to_string()))?
+        })?
     } else {
         output::human(&findings, verdict)
     };
