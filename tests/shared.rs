@@ -256,6 +256,20 @@ fn four_ranks_share_one_pool(args: &[&str], dir: &Path, tag: &str, huge: bool) {
         .filter(|r| r["sharing"]["role"] == "creator")
         .count();
     assert_eq!(creators, 1, "exactly one creator: {reports:?}");
+    for rep in &reports {
+        let checks = rep["capacity"].as_array().unwrap();
+        if rep["sharing"]["role"] == "creator" {
+            assert!(!checks.is_empty(), "the creator ran the checks: {rep}");
+            assert!(checks.iter().all(|c| c["verdict"] != "short"), "{rep}");
+        } else {
+            // Once the creator reserved the pages they look taken: a joiner
+            // must not report the creator's checks re-run with a false short.
+            assert!(
+                checks.is_empty(),
+                "a joiner lists no capacity checks: {rep}"
+            );
+        }
+    }
     let mapped = reports[0]["mapped_bytes"].as_u64().unwrap();
     let mut covered = 0;
     for (r, rep) in reports.iter().enumerate() {
@@ -720,6 +734,66 @@ fn a_shared_pool_pinned_whole_attaches_to_its_peers_pages_first() {
     release_held_ranks(&mut ranks, &pool);
 }
 
+/// The creator stalls right after the barrier (a failpoint) and is killed
+/// there, before it could unlink anything: the joiners unlink by inode
+/// themselves, so nothing is left once they exit, whoever died.
+#[test]
+fn a_creator_killed_after_the_barrier_leaves_no_file_behind() {
+    let cfg = shm_config(2);
+    let pool = name("after-barrier");
+    let start = |rank: u32, env: &[(&str, &str)]| {
+        let mut c = bin();
+        c.args(["alloc", "--config", cfg.path(), "--size", "8MiB", "--json"])
+            .args([
+                "--shared",
+                &pool,
+                "--world",
+                "2",
+                "--rank",
+                &rank.to_string(),
+            ])
+            .args(["--attach-timeout", "20"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.spawn().unwrap()
+    };
+    // Rank 0 is the creator: the joiner starts once its control file exists.
+    let mut creator = Ranks(vec![start(
+        0,
+        &[("HOSTPOOL_TEST_FAILPOINTS", "shared-after-barrier=stall")],
+    )]);
+    let ctl = PathBuf::from(format!("/dev/shm/hostpool-{pool}.ctl"));
+    let end = Instant::now() + Duration::from_secs(20);
+    while !ctl.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(ctl.exists(), "the creator made its control file");
+    let joiner = start(1, &[]).wait_with_output().unwrap();
+    assert_eq!(
+        joiner.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&joiner.stderr)
+    );
+    let report: Value = serde_json::from_slice(&joiner.stdout).unwrap();
+    assert_eq!(report["sharing"]["role"], "joiner", "{report}");
+    // The creator passed the barrier and stalls before unlinking: kill it.
+    assert!(
+        matches!(creator[0].try_wait(), Ok(None)),
+        "the creator is stalled"
+    );
+    signal(&creator[0], libc::SIGKILL);
+    let _ = creator[0].wait();
+    assert!(
+        pool_files(Path::new("/dev/shm"), &pool).is_empty(),
+        "files left after the creator died past the barrier: {:?}",
+        pool_files(Path::new("/dev/shm"), &pool)
+    );
+}
+
 /// SIGTERM every held rank, require each to tear down and exit 0, and the
 /// pool's files in /dev/shm to be gone.
 fn release_held_ranks(ranks: &mut Ranks, pool: &str) {
@@ -785,6 +859,142 @@ fn mlock_on_a_hugetlbfs_pool_says_it_is_not_needed_and_on_anon_locks() {
     );
 }
 
+/// A tmpfs of `mib` MiB mounted for one test, unmounted and removed on drop.
+struct SmallTmpfs(PathBuf);
+
+impl SmallTmpfs {
+    fn mount(tag: &str, mib: u64) -> SmallTmpfs {
+        let mnt =
+            std::env::temp_dir().join(format!("hostpool-small-tmpfs-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "none"])
+            .arg(&mnt)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount a {mib} MiB tmpfs");
+        SmallTmpfs(mnt)
+    }
+
+    fn used(&self) -> u64 {
+        let s = rustix::fs::statvfs(&self.0).unwrap();
+        (s.f_blocks - s.f_bfree) * s.f_frsize
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// The crash of vLLM #54002: a pool's only rank dies (SIGKILL, here at a
+/// failpoint after its barrier, before it unlinks) and leaves its files on a
+/// tmpfs with room for exactly one pool. The restart with the same name and
+/// size must start at once, without `gc`: the stale files are removed before
+/// the capacity check counts them. Stale files of another pool are named in
+/// the shortage, with `hostpool gc`.
+#[test]
+fn a_restart_after_a_crash_replaces_the_stale_files_on_a_node_with_room_for_one_pool() {
+    if !is_root() {
+        assert!(!required(), "needs root to mount a small tmpfs");
+        eprintln!("skip: needs root to mount a small tmpfs");
+        return;
+    }
+    let small = SmallTmpfs::mount("restart", 16);
+    let dir = small.0.to_str().unwrap().to_string();
+    let pool = name("restart");
+    // The crashed runs' control file stays in /dev/shm until a run replaces it.
+    struct RemoveCtl(String);
+    impl Drop for RemoveCtl {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(format!("/dev/shm/hostpool-{}.ctl", self.0));
+        }
+    }
+    let _ctl = RemoveCtl(pool.clone());
+    let run = |pool: &str, env: &[(&str, &str)]| {
+        let mut c = bin();
+        c.args([
+            "alloc",
+            "--backing",
+            "shm-segmented",
+            "--dir",
+            &dir,
+            "--size",
+            "12MiB",
+        ])
+        .args(["--shared", pool, "--world", "1", "--rank", "0", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.spawn().unwrap()
+    };
+    let mut crashed = Ranks(vec![run(
+        &pool,
+        &[("HOSTPOOL_TEST_FAILPOINTS", "shared-after-barrier=stall")],
+    )]);
+    let end = Instant::now() + Duration::from_secs(30);
+    while small.used() < 12 << 20 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(small.used() >= 12 << 20, "the first run faulted its pool");
+    assert!(
+        matches!(crashed[0].try_wait(), Ok(None)),
+        "it stalls past the barrier"
+    );
+    signal(&crashed[0], libc::SIGKILL);
+    let _ = crashed[0].wait();
+    assert!(
+        !pool_files(&small.0, &pool).is_empty(),
+        "the crash left its files"
+    );
+
+    let o = run(&pool, &[]).wait_with_output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        pool_files(&small.0, &pool).is_empty(),
+        "{:?}",
+        pool_files(&small.0, &pool)
+    );
+
+    // Another pool's leftovers: the shortage names them and `hostpool gc`.
+    let mut crashed = Ranks(vec![run(
+        &pool,
+        &[("HOSTPOOL_TEST_FAILPOINTS", "shared-after-barrier=stall")],
+    )]);
+    let end = Instant::now() + Duration::from_secs(30);
+    while small.used() < 12 << 20 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(&crashed[0], libc::SIGKILL);
+    let _ = crashed[0].wait();
+    let other = name("restart-other");
+    let o = run(&other, &[]).wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot hold the pool")
+            && err.contains("stale pool file(s) of crashed runs")
+            && err.contains(&format!("hostpool gc --dir {dir}")),
+        "{err}"
+    );
+    let gc = bin().args(["gc", "--dir", &dir]).output().unwrap();
+    assert_eq!(gc.status.code(), Some(0));
+    assert_eq!(
+        std::fs::read_dir(&small.0).unwrap().count(),
+        0,
+        "gc removed them"
+    );
+}
+
 #[test]
 fn a_full_tmpfs_is_a_clear_capacity_error() {
     if !is_root() {
@@ -792,22 +1002,8 @@ fn a_full_tmpfs_is_a_clear_capacity_error() {
         eprintln!("skip: needs root to mount a small tmpfs");
         return;
     }
-    let mnt = std::env::temp_dir().join(format!("hostpool-small-tmpfs-{}", std::process::id()));
-    std::fs::create_dir_all(&mnt).unwrap();
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-            let _ = std::fs::remove_dir(&self.0);
-        }
-    }
-    let st = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=16m", "none"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "mount a 16 MiB tmpfs");
-    let _guard = Unmount(mnt.clone());
+    let small = SmallTmpfs::mount("full", 16);
+    let mnt = small.0.clone();
     let o = bin()
         .args([
             "alloc",

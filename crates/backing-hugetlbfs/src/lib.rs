@@ -230,11 +230,14 @@ impl Backing for HugetlbfsBacking {
         let extent = Extent { offset: 0, len };
         let (_, source) = resolve(config)?;
         if let (Some(sharing), Some(path)) = (&config.sharing, plan.files.first()) {
+            let dir = config.dir.as_deref();
+            let recheck = || hugetlb::capacity_checks(len, page.get(), dir, config.numa_node);
             return shared::map_shared(SharedPoolSpec {
                 sharing,
                 size: plan.size,
                 files: vec![(path.clone(), extent)],
                 capacity: &plan.capacity,
+                recheck: &recheck,
                 map: ctx,
             });
         }

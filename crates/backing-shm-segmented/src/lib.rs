@@ -203,6 +203,7 @@ impl Backing for ShmBacking {
                     .zip(plan.segments.iter().copied())
                     .collect(),
                 capacity: &plan.capacity,
+                recheck: &|| capacity::checks(plan.size.mapped(), &dir),
                 map: ctx,
             });
         }

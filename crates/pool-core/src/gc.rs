@@ -17,7 +17,24 @@ use rustix::fs::{FlockOperation, Mode, OFlags};
 use serde::Serialize;
 
 use crate::file::{self, FileId};
-use crate::shared::{DEFAULT_CONTROL_DIR, FILE_PREFIX, ctl_path};
+
+/// Prefix of every file hostpool creates.
+pub const FILE_PREFIX: &str = "hostpool-";
+/// Default directory of shared pools' control files.
+pub const DEFAULT_CONTROL_DIR: &str = "/dev/shm";
+
+/// The control file of a shared pool.
+pub fn ctl_path(control_dir: &Path, name: &str) -> PathBuf {
+    control_dir.join(format!("{FILE_PREFIX}{name}.ctl"))
+}
+
+/// The data file of a shared pool: `index` is `None` for a one-file pool.
+pub fn data_path(dir: &Path, name: &str, index: Option<usize>) -> PathBuf {
+    match index {
+        None => dir.join(format!("{FILE_PREFIX}{name}.pool")),
+        Some(i) => dir.join(format!("{FILE_PREFIX}{name}.pool.{i:04}")),
+    }
+}
 
 /// What `gc` found in one file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

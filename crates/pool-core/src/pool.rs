@@ -577,7 +577,11 @@ impl Pool {
                     details: Value::Null,
                 },
                 registrations: Vec::new(),
-                capacity: bp.capacity.clone(),
+                capacity: if mapping.checked_capacity() {
+                    bp.capacity.clone()
+                } else {
+                    Vec::new()
+                },
                 sharing: mapping.sharing(),
                 numa: None,
                 teardown_issues: Vec::new(),

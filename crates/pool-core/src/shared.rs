@@ -44,11 +44,8 @@ use crate::plugin::Mapping;
 use crate::sys::control::Ctl;
 use crate::sys::{self, Region, SharedView};
 
+pub use crate::gc::{DEFAULT_CONTROL_DIR, FILE_PREFIX, ctl_path, data_path};
 pub use crate::sys::control::{MAX_FILES, MAX_WORLD};
-/// Prefix of every file hostpool creates, for `gc`.
-pub const FILE_PREFIX: &str = "hostpool-";
-/// Default directory of control files.
-pub const DEFAULT_CONTROL_DIR: &str = "/dev/shm";
 
 const MAGIC: u64 = u64::from_le_bytes(*b"HOSTPOOL");
 const VERSION: u32 = 1;
@@ -97,19 +94,6 @@ fn read_msg(src: &[AtomicU8]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// The control file of a shared pool.
-pub fn ctl_path(control_dir: &Path, name: &str) -> PathBuf {
-    control_dir.join(format!("{FILE_PREFIX}{name}.ctl"))
-}
-
-/// The data file of a shared pool: `index` is `None` for a one-file pool.
-pub fn data_path(dir: &Path, name: &str, index: Option<usize>) -> PathBuf {
-    match index {
-        None => dir.join(format!("{FILE_PREFIX}{name}.pool")),
-        Some(i) => dir.join(format!("{FILE_PREFIX}{name}.pool.{i:04}")),
-    }
-}
-
 /// This rank's prefault shard: page-aligned, disjoint from every other
 /// rank's, the shards together covering the pool.
 ///
@@ -138,7 +122,7 @@ pub enum Role {
 }
 
 /// What every rank must agree on.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SharedPoolSpec<'a> {
     /// Name, world, rank, timeout, control dir.
     pub sharing: &'a SharingConfig,
@@ -148,8 +132,23 @@ pub struct SharedPoolSpec<'a> {
     pub files: Vec<(PathBuf, Extent)>,
     /// Checks the creator runs before creating anything.
     pub capacity: &'a [CapacityCheck],
+    /// The same checks made again: the creator first removes the files of
+    /// this pool that a crashed run left (they counted as used when the
+    /// plan was made), then checks the node as it is.
+    pub recheck: &'a (dyn Fn() -> Vec<CapacityCheck> + Sync),
     /// What to say when mapping fails.
     pub map: MapContext,
+}
+
+impl std::fmt::Debug for SharedPoolSpec<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedPoolSpec")
+            .field("sharing", self.sharing)
+            .field("size", &self.size)
+            .field("files", &self.files)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One rank's attachment to a shared pool's control file.
@@ -488,6 +487,56 @@ impl Session {
         Ok(())
     }
 
+    /// Creator: remove the data files of this pool that a crashed run left
+    /// (no process holds them; this rank won the election, so no live pool
+    /// has the name), before the capacity checks count them as used.
+    /// Returns whether it removed any.
+    ///
+    /// # Errors
+    /// [`Error::Conflict`] for a file of another user, or one a live
+    /// process holds; [`Error::Os`] when it cannot be examined or removed.
+    fn clear_stale(&self, spec: &SharedPoolSpec<'_>) -> Result<bool> {
+        let page = spec.size.page();
+        let mut cleared = false;
+        for (path, extent) in &spec.files {
+            if !path.exists() {
+                continue;
+            }
+            let old = file::open_checked(path, page)?;
+            if rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive).is_err() {
+                return Err(self.in_use(path));
+            }
+            let os = |op, e: std::io::Error| {
+                Error::os(
+                    op,
+                    e,
+                    Context::new(extent.len, page)
+                        .path(path)
+                        .remedy("a stale pool file could not be removed; run `hostpool gc`"),
+                )
+            };
+            let id = file::file_id(&old).map_err(|e| os("fstat", e))?;
+            tracing::warn!(
+                "removing stale pool file {} left by a crashed run",
+                path.display()
+            );
+            cleared |= file::unlink_if_same(path, id).map_err(|e| os("unlink", e))?;
+        }
+        Ok(cleared)
+    }
+
+    fn in_use(&self, path: &Path) -> Error {
+        Error::Conflict {
+            path: path.to_path_buf(),
+            message: format!(
+                "pool file {} is in use by another process: a pool named `{}` already exists; \
+                 pick another --shared name or stop that pool",
+                path.display(),
+                self.sharing.name
+            ),
+        }
+    }
+
     /// Creator: create one data file exclusively, clearing a stale leftover.
     fn create_data(&mut self, path: &Path, extent: Extent, page: PageSize) -> Result<PoolFile> {
         let os = |op, e: std::io::Error| {
@@ -504,15 +553,7 @@ impl Session {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 let old = file::open_checked(path, page)?;
                 if rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive).is_err() {
-                    return Err(Error::Conflict {
-                        path: path.to_path_buf(),
-                        message: format!(
-                            "pool file {} is in use by another process: a pool named `{}` already \
-                             exists; pick another --shared name or stop that pool",
-                            path.display(),
-                            self.sharing.name
-                        ),
-                    });
+                    return Err(self.in_use(path));
                 }
                 tracing::warn!(
                     "removing stale pool file {} left by a crashed run",
@@ -758,7 +799,12 @@ pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
     let attempt = (|| -> Result<FileMapping> {
         let mut files = Vec::with_capacity(spec.files.len());
         if session.role == Role::Creator {
-            capacity::require(spec.capacity)?;
+            let checks = if session.clear_stale(&spec)? {
+                (spec.recheck)()
+            } else {
+                spec.capacity.to_vec()
+            };
+            capacity::require(&checks).map_err(|e| with_gc_hint(e, &spec))?;
             for (path, extent) in &spec.files {
                 files.push(session.create_data(path, *extent, page)?);
             }
@@ -794,6 +840,51 @@ pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
             session.fail(&e.to_string());
             Err(e)
         }
+    }
+}
+
+/// A capacity shortfall says so when stale pool files of crashed runs (of
+/// other pools) hold room in the pool's directories, and names `gc`.
+fn with_gc_hint(e: Error, spec: &SharedPoolSpec<'_>) -> Error {
+    let Error::Capacity {
+        resource,
+        need,
+        free,
+        remedy,
+    } = e
+    else {
+        return e;
+    };
+    let mut dirs: Vec<PathBuf> = spec
+        .files
+        .iter()
+        .filter_map(|(p, _)| p.parent().map(Path::to_path_buf))
+        .collect();
+    dirs.dedup();
+    let found = crate::gc::scan(&dirs);
+    let stale: Vec<&crate::gc::Scanned> = found
+        .files
+        .iter()
+        .filter(|f| matches!(f.liveness, crate::gc::Liveness::Stale { .. }))
+        .collect();
+    let remedy = if stale.is_empty() {
+        remedy
+    } else {
+        let bytes: u64 = stale.iter().map(|f| f.bytes).sum();
+        let dir_list: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        format!(
+            "{remedy}; {} stale pool file(s) of crashed runs hold {} there: `hostpool gc --dir {}` \
+             removes them",
+            stale.len(),
+            format_bytes(bytes),
+            dir_list.join(" --dir ")
+        )
+    };
+    Error::Capacity {
+        resource,
+        need,
+        free,
+        remedy,
     }
 }
 
@@ -864,6 +955,10 @@ impl Mapping for SharedMapping {
         v
     }
 
+    fn checked_capacity(&self) -> bool {
+        self.session.role == Role::Creator
+    }
+
     fn sharing(&self) -> Option<serde_json::Value> {
         serde_json::to_value(SharingReport {
             name: self.session.sharing.name.clone(),
@@ -894,10 +989,12 @@ impl Mapping for SharedMapping {
         };
         if result.is_ok() {
             self.session.passed.store(true, Ordering::Release);
-            if s.role == Role::Creator {
-                for issue in s.unlink_all() {
-                    tracing::warn!("after the barrier: {}", issue.detail);
-                }
+            crate::failpoint::stall("shared-after-barrier");
+            // Every rank unlinks (by inode, so a newer pool's files are
+            // spared): whichever rank dies after the barrier, the others
+            // leave nothing behind.
+            for issue in s.unlink_all() {
+                tracing::warn!("after the barrier: {}", issue.detail);
             }
             self.inner.forget_paths();
         }
@@ -989,6 +1086,7 @@ mod tests {
                 },
             )],
             capacity,
+            recheck: &|| capacity.to_vec(),
             map: MapContext {
                 enomem_remedy: "x".into(),
             },

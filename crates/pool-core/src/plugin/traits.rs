@@ -94,6 +94,13 @@ pub trait Mapping: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Whether this process ran the plan's capacity checks. A shared pool's
+    /// joiners do not (the creator did, and once it has reserved the pages
+    /// the figures look short to everyone else): their report lists none.
+    fn checked_capacity(&self) -> bool {
+        true
+    }
+
     /// The `sharing` object of the report, for shared mappings.
     fn sharing(&self) -> Option<Value> {
         None
