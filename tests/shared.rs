@@ -395,6 +395,96 @@ fn kill_one_rank_mid_prefault(args: &[&str], dir: &Path, tag: &str, huge: bool) 
     }
 }
 
+fn resv_2m() -> u64 {
+    std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The creator stalls after creating and mapping its data files, before the
+/// pool is ready (a failpoint), and is killed there with a joiner waiting:
+/// the joiner fails naming it, and removes the files the creator made, so
+/// nothing stays on disk or reserved.
+fn kill_the_creator_before_ready(args: &[&str], dir: &Path, tag: &str, huge: bool) {
+    let pool = name(tag);
+    let _serial = huge.then(huge_pages_lock);
+    let (free_before, resv_before) = (free_2m(), resv_2m());
+    let start = |rank: u32, env: &[(&str, &str)]| {
+        let mut c = bin();
+        c.args(["alloc", "--json"])
+            .args(args)
+            .args([
+                "--shared",
+                &pool,
+                "--world",
+                "2",
+                "--rank",
+                &rank.to_string(),
+            ])
+            .args(["--attach-timeout", "30"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.spawn().unwrap()
+    };
+    let mut creator = Ranks(vec![start(
+        0,
+        &[("HOSTPOOL_TEST_FAILPOINTS", "shared-before-ready=stall")],
+    )]);
+    let end = Instant::now() + Duration::from_secs(20);
+    while pool_files(dir, &pool).len() < 2 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        pool_files(dir, &pool).len() >= 2,
+        "the creator made its files"
+    );
+    let mut joiner = Ranks(vec![start(1, &[])]);
+    // Let the joiner attach and wait for ready.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(matches!(joiner[0].try_wait(), Ok(None)), "the joiner waits");
+    signal(&creator[0], libc::SIGKILL);
+    let _ = creator[0].wait();
+    let st = wait_timeout(&mut joiner[0], Duration::from_secs(10)).expect("the joiner exits");
+    let err = stderr_of(&mut joiner[0]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(err.contains("died before the pool was ready"), "{err}");
+    assert!(
+        pool_files(dir, &pool).is_empty(),
+        "left behind: {:?}",
+        pool_files(dir, &pool)
+    );
+    if huge {
+        assert_eq!(free_2m(), free_before, "no huge page stays taken");
+        assert_eq!(resv_2m(), resv_before, "no huge page stays reserved");
+    }
+}
+
+#[test]
+fn a_creator_killed_before_the_pool_is_ready_leaves_no_hugetlbfs_file_or_reservation() {
+    let Some(dir) = hugetlbfs_2m(16) else { return };
+    kill_the_creator_before_ready(
+        &["--dir", dir.to_str().unwrap(), "--size", "16MiB"],
+        &dir,
+        "ready-huge",
+        true,
+    );
+}
+
+#[test]
+fn a_creator_killed_before_the_pool_is_ready_leaves_no_shm_file() {
+    let cfg = shm_config(2);
+    kill_the_creator_before_ready(
+        &["--config", cfg.path(), "--size", "16MiB"],
+        Path::new("/dev/shm"),
+        "ready-shm",
+        false,
+    );
+}
+
 #[test]
 fn sigkill_of_a_rank_mid_prefault_fails_its_hugetlbfs_peers_naming_it() {
     let Some(dir) = hugetlbfs_2m(64) else { return };

@@ -16,7 +16,12 @@ use std::sync::OnceLock;
 pub const ENV: &str = "HOSTPOOL_TEST_FAILPOINTS";
 
 /// The failpoints hostpool checks, for documentation and tests.
-pub const NAMES: [&str; 3] = ["populate-write-probe", "anon-mmap", "shared-after-barrier"];
+pub const NAMES: [&str; 4] = [
+    "populate-write-probe",
+    "anon-mmap",
+    "shared-before-ready",
+    "shared-after-barrier",
+];
 
 /// What an armed failpoint does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

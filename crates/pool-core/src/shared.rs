@@ -50,6 +50,9 @@ pub use crate::sys::control::{MAX_FILES, MAX_WORLD};
 const MAGIC: u64 = u64::from_le_bytes(*b"HOSTPOOL");
 const VERSION: u32 = 1;
 const POLL: Duration = Duration::from_millis(2);
+/// How long a joiner waits for its peers to let go of a dead pool's control
+/// file before one of them removes the dead creator's files.
+const ORPHAN_WAIT: Duration = Duration::from_millis(500);
 /// Rank `r` holds an OFD lock on byte `LOCK_BASE + r` of the control file.
 const LOCK_BASE: i64 = 1 << 30;
 
@@ -366,7 +369,7 @@ impl Session {
         // creator that fails then knows this rank is waiting for its verdict.
         s.check_matches(spec)?;
         s.claim_slot()?;
-        if let Err(e) = s.wait_ready(deadline) {
+        if let Err(e) = s.wait_ready(spec, deadline) {
             s.fail(&e.to_string());
             return Err(e);
         }
@@ -383,7 +386,7 @@ impl Session {
         format!("rank {r} (pid {pid})")
     }
 
-    fn wait_ready(&self, deadline: Instant) -> Result<()> {
+    fn wait_ready(&self, spec: &SharedPoolSpec<'_>, deadline: Instant) -> Result<()> {
         let h = &self.ctl().header;
         loop {
             match h.state.load(Ordering::Acquire) {
@@ -405,6 +408,9 @@ impl Session {
             let dead =
                 !sys::ofd_byte_locked(self.ctl_fd.as_fd(), LOCK_BASE + creator).unwrap_or(false);
             if gone || dead {
+                if dead {
+                    self.remove_orphans(spec);
+                }
                 let _ = file::unlink_if_same(&self.ctl_path, self.ctl_id);
                 return Err(peer(format!(
                     "shared pool `{}`: its creator {} {} before the pool was ready",
@@ -423,6 +429,48 @@ impl Session {
                 )));
             }
             std::thread::sleep(POLL);
+        }
+    }
+
+    /// Joiner, after the creator died before the pool was ready: remove the
+    /// data files it had made, which no process holds any more (on
+    /// hugetlbfs they keep their pages reserved). One joiner does it, holding
+    /// the dead pool's control file exclusively while that file still names
+    /// it, so no rank can have started a new pool of the same name meanwhile.
+    fn remove_orphans(&self, spec: &SharedPoolSpec<'_>) {
+        // Let go of our shared lock so that one of the joiners can take the
+        // exclusive one once all have let go.
+        let _ = rustix::fs::flock(&self.ctl_fd, FlockOperation::Unlock);
+        let end = Instant::now() + ORPHAN_WAIT;
+        while rustix::fs::flock(&self.ctl_fd, FlockOperation::NonBlockingLockExclusive).is_err() {
+            if Instant::now() >= end {
+                return;
+            }
+            std::thread::sleep(POLL);
+        }
+        let still_ours = rustix::fs::lstat(&self.ctl_path)
+            .is_ok_and(|st| st.st_dev == self.ctl_id.dev && st.st_ino == self.ctl_id.ino);
+        if !still_ours {
+            return;
+        }
+        for (path, _) in &spec.files {
+            let Ok(fd) = rustix::fs::open(
+                path,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+                Mode::empty(),
+            ) else {
+                continue;
+            };
+            let free = file::check_owner(&fd, path).is_ok()
+                && rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok();
+            if let (true, Ok(id)) = (free, file::file_id(&fd)) {
+                tracing::warn!(
+                    "removing {} left by the creator of `{}`, which died before the pool was ready",
+                    path.display(),
+                    self.sharing.name
+                );
+                let _ = file::unlink_if_same(path, id);
+            }
         }
     }
 
@@ -824,6 +872,7 @@ pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
     match attempt {
         Ok(mapping) => {
             if session.role == Role::Creator {
+                crate::failpoint::stall("shared-before-ready");
                 session.publish();
             }
             let shard = shard(spec.size, sharing)?;
