@@ -1085,6 +1085,71 @@ fn a_restart_after_a_crash_replaces_the_stale_files_on_a_node_with_room_for_one_
     );
 }
 
+/// Two 40 MiB pools with `--prefault touch` started together on a 64 MiB
+/// tmpfs: both capacity checks may pass, but the touch fallback never dies
+/// of SIGBUS (exit 135): the second pool fails with exit 1 and the reason.
+#[test]
+fn touch_prefault_of_two_pools_on_a_small_tmpfs_never_dies_of_sigbus() {
+    if !is_root() {
+        assert!(!required(), "needs root to mount a small tmpfs");
+        eprintln!("skip: needs root to mount a small tmpfs");
+        return;
+    }
+    let small = SmallTmpfs::mount("touch", 64);
+    let dir = small.0.to_str().unwrap().to_string();
+    let mut pools = Ranks(
+        (0..2)
+            .map(|_| {
+                bin()
+                    .args(["alloc", "--backing", "shm-segmented", "--dir", &dir])
+                    .args(["--size", "40MiB", "--prefault", "touch", "--hold", "--json"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    // Both cannot hold their pages: at least one fails and says why (both
+    // may, when their `fallocate`s interleave and each rolls back); one that
+    // got its pages holds its pool until SIGTERM.
+    let end = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < end && pools.iter_mut().any(|p| matches!(p.try_wait(), Ok(None))) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut failed = 0;
+    for p in pools.iter_mut() {
+        match p.try_wait().unwrap() {
+            Some(st) => {
+                let err = stderr_of(p);
+                assert_eq!(
+                    st.code(),
+                    Some(1),
+                    "never a signal (135 is SIGBUS): {st:?} {err}"
+                );
+                assert!(
+                    err.contains("cannot hold the pool") || err.contains("no SIGBUS"),
+                    "{err}"
+                );
+                failed += 1;
+            }
+            None => {
+                let report = read_report(p);
+                assert_eq!(report["prefault"]["method"], "touch", "{report}");
+                signal(p, libc::SIGTERM);
+                let st = wait_timeout(p, Duration::from_secs(20)).expect("it exits");
+                assert_eq!(st.code(), Some(0));
+            }
+        }
+    }
+    assert!(failed >= 1, "two 40 MiB pools cannot both fit in 64 MiB");
+    assert_eq!(
+        std::fs::read_dir(&small.0).unwrap().count(),
+        0,
+        "nothing left"
+    );
+}
+
 #[test]
 fn a_full_tmpfs_is_a_clear_capacity_error() {
     if !is_root() {

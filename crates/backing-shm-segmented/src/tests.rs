@@ -138,3 +138,58 @@ fn plan_lists_segments_and_tmpfs_capacity() {
         p.capacity
     );
 }
+
+/// Touching a page a full tmpfs cannot supply is SIGBUS. The touch fallback
+/// (`prefault = "touch"`, and `auto` on kernels before 5.14) must fail with
+/// a clear error instead: here the tmpfs fills up after the plan's capacity
+/// check passed, as when two pools start at once.
+#[test]
+fn touch_prefault_on_a_tmpfs_that_filled_up_is_an_error_not_sigbus() {
+    if !rustix::process::geteuid().is_root() {
+        assert!(std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() != Ok("1"));
+        eprintln!("skip: needs root to mount a small tmpfs");
+        return;
+    }
+    let mnt = std::env::temp_dir().join(format!("hostpool-touch-tmpfs-{}", std::process::id()));
+    std::fs::create_dir_all(&mnt).unwrap();
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "none"])
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mount a 16 MiB tmpfs");
+    let _guard = Unmount(mnt.clone());
+    let plan = PoolPlan::new(PoolConfig {
+        dir: Some(mnt.clone()),
+        prefault: pool_core::PrefaultChoice::Touch,
+        ..config(12 << 20, None)
+    })
+    .unwrap();
+    assert!(
+        plan.report().fits,
+        "the check passes before the tmpfs fills up"
+    );
+    // Another pool takes 10 MiB of the 16 after the check.
+    let other = mnt.join("other-pool");
+    let f = std::fs::File::create(&other).unwrap();
+    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, 10 << 20).unwrap();
+    let e = Pool::build(&plan, &Quiet).unwrap_err();
+    let msg = e.to_string();
+    assert_eq!(e.exit_code(), 1, "{msg}");
+    assert_eq!(e.errno(), Some(libc::ENOSPC), "{e:?}");
+    assert!(
+        msg.contains("fallocate") && msg.contains("no SIGBUS"),
+        "{msg}"
+    );
+    drop(f);
+    std::fs::remove_file(&other).unwrap();
+    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0, "nothing left");
+}

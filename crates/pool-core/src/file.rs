@@ -444,6 +444,33 @@ impl Mapping for FileMapping {
         self.mmap.region()
     }
 
+    fn reserve_for_touch(&self, extent: Extent) -> Result<()> {
+        let page = self.mmap.region().page();
+        for f in &self.files.0 {
+            // The part of `extent` this file maps, as offsets into the file.
+            let start = extent.offset.max(f.extent.offset);
+            let end = extent.end().min(f.extent.end());
+            if start >= end {
+                continue;
+            }
+            let (offset, len) = (start - f.extent.offset, end - start);
+            rustix::fs::fallocate(&f.fd, rustix::fs::FallocateFlags::empty(), offset, len)
+                .map_err(|e| {
+                    let mut c = Context::new(len, page).remedy(format!(
+                        "offset {start} into the pool: the backing could not supply the pages \
+                         (a full tmpfs or hugetlbfs mount, too few huge pages, or a hugetlb \
+                         cgroup limit); nothing was touched, so no SIGBUS; run `hostpool plan` \
+                         for the capacity checks"
+                    ));
+                    if let Some(p) = &f.path {
+                        c = c.path(p);
+                    }
+                    Error::os("fallocate", e, c)
+                })?;
+        }
+        Ok(())
+    }
+
     fn files(&self) -> Vec<PathBuf> {
         self.files.0.iter().filter_map(|f| f.path.clone()).collect()
     }

@@ -608,6 +608,11 @@ impl Pool {
             return Err(e);
         }
         let (outcome, secs) = timed(observer, Phase::Prefault, plan.prefault.extent.len, || {
+            // Touching a page the backing cannot supply is SIGBUS: have the
+            // backing allocate the range first, which fails cleanly instead.
+            if matches!(plan.prefault.method, prefault::PrefaultMethod::Touch(_)) {
+                mapping.reserve_for_touch(plan.prefault.extent)?;
+            }
             prefault::run(&mapping.region(), &plan.prefault, &|done| {
                 observer.progress(Phase::Prefault, done)
             })

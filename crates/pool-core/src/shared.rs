@@ -1008,6 +1008,10 @@ impl Mapping for SharedMapping {
         self.session.role == Role::Creator
     }
 
+    fn reserve_for_touch(&self, extent: Extent) -> Result<()> {
+        self.inner.reserve_for_touch(extent)
+    }
+
     fn sharing(&self) -> Option<serde_json::Value> {
         serde_json::to_value(SharingReport {
             name: self.session.sharing.name.clone(),

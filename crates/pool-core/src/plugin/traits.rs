@@ -94,6 +94,21 @@ pub trait Mapping: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Make sure every page of `extent` can be supplied before it is touched
+    /// one byte at a time (the prefault fallback on kernels without
+    /// `MADV_POPULATE_WRITE`): a file backing allocates the range
+    /// (`fallocate`), which fails with `ENOSPC` where a touch would die of
+    /// SIGBUS (a full tmpfs, a hugetlbfs mount or hugetlb cgroup out of
+    /// pages). Anonymous memory has nothing to do (it is refused by the OOM
+    /// killer, never with SIGBUS).
+    ///
+    /// # Errors
+    /// [`crate::Error::Os`] naming the file, the range and the remedy.
+    fn reserve_for_touch(&self, extent: Extent) -> Result<()> {
+        let _ = extent;
+        Ok(())
+    }
+
     /// Whether this process ran the plan's capacity checks. A shared pool's
     /// joiners do not (the creator did, and once it has reserved the pages
     /// the figures look short to everyone else): their report lists none.
