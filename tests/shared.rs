@@ -884,6 +884,40 @@ fn a_creator_killed_after_the_barrier_leaves_no_file_behind() {
     );
 }
 
+/// `--shared` without `--dir` once built a private anonymous pool per rank,
+/// silently (exit 0, no `sharing`, no barrier). Now `auto` gives the ranks
+/// segmented files in /dev/shm that they share, and `--backing anon` with
+/// `--shared` is a usage error that says what to do.
+#[test]
+fn shared_without_a_dir_is_really_shared_and_anon_refuses_sharing() {
+    let pool = name("nodir");
+    let mut ranks = spawn_ranks(&["--size", "8MiB"], &pool, 2, &[]);
+    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    for rep in &reports {
+        assert_eq!(rep["backing"], "shm-segmented", "{rep}");
+        assert_eq!(rep["sharing"]["name"], pool.as_str(), "{rep}");
+    }
+    mem_write(ranks[0].id(), addr(&reports[0]) + 4096, b"shared!!");
+    assert_eq!(
+        mem_read(ranks[1].id(), addr(&reports[1]) + 4096, 8),
+        b"shared!!"
+    );
+    release_held_ranks(&mut ranks, &pool);
+
+    let o = bin()
+        .args(["alloc", "--backing", "anon", "--size", "8MiB"])
+        .args(["--shared", &pool, "--world", "2", "--rank", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("backing anon cannot be shared") && err.contains("/dev/shm"),
+        "{err}"
+    );
+    assert!(pool_files(Path::new("/dev/shm"), &pool).is_empty());
+}
+
 /// SIGTERM every held rank, require each to tear down and exit 0, and the
 /// pool's files in /dev/shm to be gone.
 fn release_held_ranks(ranks: &mut Ranks, pool: &str) {

@@ -19,7 +19,7 @@ mod doctor;
 
 use pool_core::host::capacity;
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
-use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
+use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
 use pool_core::sys::{self, AnonMapOptions, Mmap};
 use pool_core::{
     Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Region, Result,
@@ -66,9 +66,10 @@ inventory::submit! {
     .with_doctor(doctor::findings)
 }
 
-/// `auto` without a `dir` is anonymous memory.
-fn claim(dir: Option<AutoDir<'_>>) -> Option<AutoClaim> {
-    dir.is_none().then(|| AutoClaim {
+/// `auto` without a `dir` is anonymous memory, for a private pool (its
+/// memory has no name another process could open).
+fn claim(q: &AutoQuery<'_>) -> Option<AutoClaim> {
+    (q.dir.is_none() && !q.shared).then(|| AutoClaim {
         priority: 10,
         reason: "no dir given: anonymous memory".into(),
     })
@@ -108,6 +109,15 @@ impl Backing for AnonBacking {
                 "backing anon maps anonymous memory and takes no dir (got {}); drop dir, or use \
                  backing hugetlbfs or shm-segmented for a file-backed pool",
                 dir.display()
+            )));
+        }
+        if let Some(sharing) = &config.sharing {
+            return Err(Error::config(format!(
+                "backing anon cannot be shared between processes (shared pool `{}`): its memory \
+                 has no name another rank could open, and each rank would get a private pool of \
+                 its own; drop --backing anon (auto then picks segmented files in /dev/shm), or \
+                 give --dir /dev/shm or a hugetlbfs mount",
+                sharing.name
             )));
         }
         let base = PageSize::new(sys::base_page_size() as u64)?;

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use pool_core::file::{self, MapContext, PoolFile};
 use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
-use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
+use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};
 use pool_core::{Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Result};
 
@@ -66,8 +66,8 @@ inventory::submit! {
 }
 
 /// `auto` on a hugetlbfs mount is this backing.
-fn claim(dir: Option<AutoDir<'_>>) -> Option<AutoClaim> {
-    let dir = dir?;
+fn claim(q: &AutoQuery<'_>) -> Option<AutoClaim> {
+    let dir = q.dir?;
     let FsKind::Hugetlbfs { page_size } = dir.fs.kind() else {
         return None;
     };

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use pool_core::file::{self, MapContext, PoolFile};
 use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, SegmentSpec, format_bytes, round_to_page, segments};
-use pool_core::plugin::{AutoClaim, AutoDir, PrefaultCost, parse_table};
+use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};
 use pool_core::{
     Backing, BackingPlan, BackingPlugin, ByteSize, Context, Error, Mapping, PoolConfig, Result, sys,
@@ -83,16 +83,25 @@ inventory::submit! {
     .with_doctor(doctor::findings)
 }
 
-/// `auto` on tmpfs is segmented shared-memory files.
-fn claim(dir: Option<AutoDir<'_>>) -> Option<AutoClaim> {
-    let dir = dir?;
-    (dir.fs.kind() == FsKind::Tmpfs).then(|| AutoClaim {
-        priority: 10,
-        reason: format!(
-            "{} is tmpfs: segmented shared-memory files",
-            dir.path.display()
-        ),
-    })
+/// `auto` on tmpfs is segmented shared-memory files, and so is a shared
+/// pool without a dir: files in /dev/shm, which the ranks open by name.
+fn claim(q: &AutoQuery<'_>) -> Option<AutoClaim> {
+    match q.dir {
+        Some(dir) => (dir.fs.kind() == FsKind::Tmpfs).then(|| AutoClaim {
+            priority: 10,
+            reason: format!(
+                "{} is tmpfs: segmented shared-memory files",
+                dir.path.display()
+            ),
+        }),
+        None => q.shared.then(|| AutoClaim {
+            priority: 10,
+            reason: format!(
+                "a shared pool without a dir: segmented shared-memory files in {DEFAULT_DIR}, \
+                 which its ranks open by name"
+            ),
+        }),
+    }
 }
 
 fn dir_of(config: &PoolConfig) -> PathBuf {

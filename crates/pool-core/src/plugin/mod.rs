@@ -67,9 +67,19 @@ pub struct AutoClaim {
     pub reason: String,
 }
 
-/// Whether a backing serves `auto` for a directory (`None`: no `dir` was
-/// given). Pure apart from reading the host; creates nothing.
-pub type AutoFn = fn(Option<AutoDir<'_>>) -> Option<AutoClaim>;
+/// What `backing = "auto"` must serve.
+#[derive(Debug, Clone, Copy)]
+pub struct AutoQuery<'a> {
+    /// The pool's `dir`, when one is given.
+    pub dir: Option<AutoDir<'a>>,
+    /// Whether the pool is shared between processes (`sharing`), which
+    /// needs memory that other processes can open.
+    pub shared: bool,
+}
+
+/// Whether a backing serves `auto` for a query. Pure apart from reading the
+/// host; creates nothing.
+pub type AutoFn = fn(&AutoQuery<'_>) -> Option<AutoClaim>;
 
 /// Prefault rates of a backing for `hostpool plan`'s predictions: GB/s
 /// (10^9 bytes) of one thread, by page size, measured on the project's CI
@@ -363,14 +373,15 @@ pub struct BackingSelection {
     pub reason: String,
 }
 
-/// The backing `auto` resolves to for a directory (`None`: no `dir`), and
-/// why: the registered backing whose [`AutoFn`] claims it with the highest
-/// priority. The core names no backing; each backing claims what it serves.
+/// The backing `auto` resolves to for a directory (`None`: no `dir`) and a
+/// private or shared pool, and why: the registered backing whose [`AutoFn`]
+/// claims it with the highest priority. The core names no backing; each
+/// backing claims what it serves.
 ///
 /// # Errors
 /// [`Error::Config`] when `dir` cannot be examined, when no backing claims
 /// it, or when two claim it with the same priority (naming both).
-pub fn auto_backing(dir: Option<&Path>) -> Result<(&'static BackingPlugin, String)> {
+pub fn auto_backing(dir: Option<&Path>, shared: bool) -> Result<(&'static BackingPlugin, String)> {
     let fs = match dir {
         None => None,
         Some(path) => Some(AutoDir {
@@ -390,7 +401,7 @@ pub fn auto_backing(dir: Option<&Path>) -> Result<(&'static BackingPlugin, Strin
     let reg = registry::<BackingPlugin>()?;
     let mut claims: Vec<(&'static BackingPlugin, AutoClaim)> = reg
         .values()
-        .filter_map(|p| Some((*p, (p.auto?)(fs)?)))
+        .filter_map(|p| Some((*p, (p.auto?)(&AutoQuery { dir: fs, shared })?)))
         .collect();
     claims.sort_by(|a, b| b.1.priority.cmp(&a.1.priority).then(a.0.name.cmp(b.0.name)));
     match claims.as_slice() {
@@ -406,6 +417,7 @@ pub fn auto_backing(dir: Option<&Path>) -> Result<(&'static BackingPlugin, Strin
                     neither_nor(&filesystems),
                     f.fs.magic
                 ),
+                _ if shared => "no backing serves a shared pool without a dir".to_string(),
                 _ => "no backing serves a pool without a dir".to_string(),
             };
             Err(Error::config(format!(
@@ -438,7 +450,7 @@ fn neither_nor(names: &[&str]) -> String {
 /// As for [`auto_backing`] and [`lookup`].
 pub fn select_backing(config: &PoolConfig) -> Result<BackingSelection> {
     let (plugin, reason) = if config.backing == "auto" {
-        auto_backing(config.dir.as_deref())?
+        auto_backing(config.dir.as_deref(), config.sharing.is_some())?
     } else {
         let plugin = lookup::<BackingPlugin>(&config.backing)?;
         (plugin, format!("backing = {} was asked for", plugin.name))
@@ -553,20 +565,20 @@ mod tests {
     #[test]
     fn auto_with_no_claimant_says_which_backings_claim_and_what_to_do() {
         // pool-core alone registers no backing, so nothing claims anything.
-        let e = auto_backing(None).unwrap_err();
+        let e = auto_backing(None, false).unwrap_err();
         assert!(
             e.to_string()
                 .contains("no backing serves a pool without a dir"),
             "{e}"
         );
-        let e = auto_backing(Some(Path::new("/proc"))).unwrap_err();
+        let e = auto_backing(Some(Path::new("/proc")), false).unwrap_err();
         assert!(e.to_string().contains("claimed by no backing"), "{e}");
         assert_eq!(
             neither_nor(&["hugetlbfs", "tmpfs"]),
             "neither hugetlbfs nor tmpfs"
         );
         assert_eq!(neither_nor(&["a", "b", "c"]), "neither a, b nor c");
-        let e = auto_backing(Some(Path::new("/nonexistent/dir"))).unwrap_err();
+        let e = auto_backing(Some(Path::new("/nonexistent/dir")), false).unwrap_err();
         assert!(
             e.to_string()
                 .contains("cannot examine dir /nonexistent/dir"),

@@ -48,7 +48,7 @@ use pool_core::file::{self, FileId, MapContext, PoolFile};
 use pool_core::host::capacity::{self, CapacityCheck};
 use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
-use pool_core::plugin::{AutoClaim, AutoDir, DoctorContext, Finding, parse_table};
+use pool_core::plugin::{AutoClaim, AutoQuery, DoctorContext, Finding, parse_table};
 use pool_core::{
     Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Result, sys,
 };
@@ -176,8 +176,8 @@ pub fn doctor(ctx: &DoctorContext<'_>) -> Vec<Finding> {
 /// Under `backing = "auto"`, this backing serves a directory on a disk
 /// filesystem (ext4, xfs, btrfs, overlayfs) that no built-in backing takes,
 /// with a low priority so a built-in claim always wins.
-fn claim(dir: Option<AutoDir<'_>>) -> Option<AutoClaim> {
-    let dir = dir?;
+fn claim(q: &AutoQuery<'_>) -> Option<AutoClaim> {
+    let dir = q.dir?;
     let FsKind::Other { magic } = dir.fs.kind() else {
         return None;
     };
