@@ -918,6 +918,135 @@ fn shared_without_a_dir_is_really_shared_and_anon_refuses_sharing() {
     assert!(pool_files(Path::new("/dev/shm"), &pool).is_empty());
 }
 
+/// A peer that attached and then stopped (SIGSTOP) once hung the others
+/// forever: the barrier now has a deadline that names it.
+#[test]
+fn a_stopped_peer_fails_the_others_by_the_barrier_deadline() {
+    let cfg = shm_config(2);
+    let pool = name("stopped");
+    let mut ranks = spawn_ranks(
+        &[
+            "--config",
+            cfg.path(),
+            "--size",
+            "64MiB",
+            "--barrier-timeout",
+            "2",
+        ],
+        &pool,
+        2,
+        &[(1, "HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS", "60000")],
+    );
+    // Rank 1 stalls as its prefault starts; stop it there for good measure.
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&ranks[1], libc::SIGSTOP);
+    let t = Instant::now();
+    let st = wait_timeout(&mut ranks[0], Duration::from_secs(20)).expect("rank 0 must not hang");
+    let err = stderr_of(&mut ranks[0]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(
+        err.contains("rank 1") && err.contains("did not reach the barrier within 2 s"),
+        "{err}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "by the deadline: {:?}",
+        t.elapsed()
+    );
+    signal(&ranks[1], libc::SIGKILL);
+    signal(&ranks[1], libc::SIGCONT);
+    let _ = ranks[1].wait();
+    assert!(
+        pool_files(Path::new("/dev/shm"), &pool).is_empty(),
+        "{:?}",
+        pool_files(Path::new("/dev/shm"), &pool)
+    );
+}
+
+/// A rank waiting for a peer that never comes ends within a second of
+/// SIGTERM (exit 143), `--hold` or not, tearing down what it built; SIGHUP
+/// and SIGQUIT too. A held pool released by SIGHUP exits 0.
+#[test]
+fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
+    let cfg = shm_config(2);
+    for (sig, code, hold) in [
+        (libc::SIGTERM, 143, true),
+        (libc::SIGINT, 130, false),
+        (libc::SIGHUP, 129, true),
+        (libc::SIGQUIT, 131, false),
+    ] {
+        let pool = name(&format!("signal{sig}"));
+        let mut c = bin();
+        c.args(["alloc", "--config", cfg.path(), "--size", "16MiB"])
+            .args([
+                "--shared",
+                &pool,
+                "--world",
+                "2",
+                "--rank",
+                "0",
+                "--attach-timeout",
+                "60",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if hold {
+            c.arg("--hold");
+        }
+        let mut alone = Ranks(vec![c.spawn().unwrap()]);
+        // It creates the pool and waits at the barrier for rank 1.
+        let ctl = PathBuf::from(format!("/dev/shm/hostpool-{pool}.ctl"));
+        let end = Instant::now() + Duration::from_secs(20);
+        while !ctl.exists() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            matches!(alone[0].try_wait(), Ok(None)),
+            "it waits for rank 1"
+        );
+        let t = Instant::now();
+        signal(&alone[0], sig);
+        let st = wait_timeout(&mut alone[0], Duration::from_secs(5)).expect("it ends");
+        let err = stderr_of(&mut alone[0]);
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "signal {sig}: took {:?}",
+            t.elapsed()
+        );
+        assert_eq!(st.code(), Some(code), "signal {sig}: {err}");
+        assert!(err.contains("interrupted by signal"), "{err}");
+        assert!(
+            pool_files(Path::new("/dev/shm"), &pool).is_empty(),
+            "signal {sig}: {:?}",
+            pool_files(Path::new("/dev/shm"), &pool)
+        );
+    }
+    // A held, ready pool released by SIGHUP tears down and exits 0.
+    let pool = name("hup-held");
+    let mut one = Ranks(vec![
+        bin()
+            .args([
+                "alloc",
+                "--config",
+                cfg.path(),
+                "--size",
+                "16MiB",
+                "--hold",
+                "--json",
+            ])
+            .args(["--shared", &pool, "--world", "1", "--rank", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ]);
+    let _ = read_report(&mut one[0]);
+    signal(&one[0], libc::SIGHUP);
+    let st = wait_timeout(&mut one[0], Duration::from_secs(5)).expect("it ends");
+    assert_eq!(st.code(), Some(0), "{}", stderr_of(&mut one[0]));
+}
+
 /// SIGTERM every held rank, require each to tear down and exit 0, and the
 /// pool's files in /dev/shm to be gone.
 fn release_held_ranks(ranks: &mut Ranks, pool: &str) {

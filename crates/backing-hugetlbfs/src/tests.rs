@@ -161,6 +161,7 @@ fn a_shared_pool_needs_a_mount() {
         world: 2,
         rank: 0,
         attach_timeout_secs: 1.0,
+        barrier_timeout_secs: 600.0,
         control_dir: None,
     });
     let e = PoolPlan::new(c).unwrap_err();

@@ -1,19 +1,21 @@
-//! Signal handling for `alloc --hold`: the only `unsafe` in the facade.
+//! Signal handling for `alloc`: the only `unsafe` in the facade.
 
 #![allow(unsafe_code)]
 
 use std::io;
 use std::mem::MaybeUninit;
 
-/// SIGINT and SIGTERM, blocked in every thread so that `sigwait` receives them.
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT, blocked in every thread so that one
+/// thread's `sigwait` receives them.
 #[derive(Debug)]
 pub struct TerminationSignals {
     set: libc::sigset_t,
 }
 
 impl TerminationSignals {
-    /// Block SIGINT and SIGTERM in the calling thread; threads started later
-    /// inherit the mask. Call before any thread is spawned.
+    /// Block SIGINT, SIGTERM, SIGHUP and SIGQUIT in the calling thread;
+    /// threads started later inherit the mask. Call before any thread is
+    /// spawned.
     pub fn block() -> io::Result<TerminationSignals> {
         let mut set = MaybeUninit::<libc::sigset_t>::uninit();
         // SAFETY: sigemptyset initialises the set it is given; sigaddset and
@@ -22,6 +24,8 @@ impl TerminationSignals {
             if libc::sigemptyset(set.as_mut_ptr()) != 0
                 || libc::sigaddset(set.as_mut_ptr(), libc::SIGINT) != 0
                 || libc::sigaddset(set.as_mut_ptr(), libc::SIGTERM) != 0
+                || libc::sigaddset(set.as_mut_ptr(), libc::SIGHUP) != 0
+                || libc::sigaddset(set.as_mut_ptr(), libc::SIGQUIT) != 0
             {
                 return Err(io::Error::last_os_error());
             }
@@ -34,7 +38,7 @@ impl TerminationSignals {
         }
     }
 
-    /// Wait until SIGINT or SIGTERM arrives; returns the signal number.
+    /// Wait until one of the signals arrives; returns the signal number.
     pub fn wait(&self) -> io::Result<i32> {
         let mut sig = 0;
         // SAFETY: `self.set` is an initialised signal set and `sig` a valid
@@ -46,3 +50,7 @@ impl TerminationSignals {
         Ok(sig)
     }
 }
+
+// SAFETY: a sigset_t is plain data; `wait` only reads it, from whichever
+// thread owns the value.
+unsafe impl Send for TerminationSignals {}

@@ -122,6 +122,10 @@ pub struct SharingConfig {
     /// Seconds a rank waits for the creator, and for ranks that never attach.
     #[serde(default = "default_attach_timeout")]
     pub attach_timeout_secs: f64,
+    /// Seconds a rank waits at the barrier for ranks that attached but have
+    /// not arrived (stopped, hung, or still prefaulting a very large shard).
+    #[serde(default = "default_barrier_timeout")]
+    pub barrier_timeout_secs: f64,
     /// Where control files live (default `/dev/shm`); a tmpfs all ranks see.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_dir: Option<PathBuf>,
@@ -129,6 +133,14 @@ pub struct SharingConfig {
 
 fn default_attach_timeout() -> f64 {
     30.0
+}
+
+/// The default barrier timeout: ten minutes, enough to prefault hundreds of
+/// GiB of 4 KiB pages per rank.
+pub const DEFAULT_BARRIER_TIMEOUT_SECS: f64 = 600.0;
+
+fn default_barrier_timeout() -> f64 {
+    DEFAULT_BARRIER_TIMEOUT_SECS
 }
 
 impl SharingConfig {
@@ -168,6 +180,16 @@ impl SharingConfig {
             return Err(Error::config(format!(
                 "attach timeout {} s must be a positive number of seconds",
                 self.attach_timeout_secs
+            )));
+        }
+        if !(self.barrier_timeout_secs.is_finite()
+            && self.barrier_timeout_secs > 0.0
+            && self.barrier_timeout_secs <= MAX_ATTACH_TIMEOUT_SECS)
+        {
+            return Err(Error::config(format!(
+                "barrier timeout {} s must be a positive number of seconds, at most one day \
+                 ({MAX_ATTACH_TIMEOUT_SECS} s)",
+                self.barrier_timeout_secs
             )));
         }
         if self.attach_timeout_secs > MAX_ATTACH_TIMEOUT_SECS {
@@ -425,6 +447,7 @@ mod tests {
                 world: 1,
                 rank: 0,
                 attach_timeout_secs: 1.0,
+                barrier_timeout_secs: 600.0,
                 control_dir: None,
             }),
             numa_node: Some(0),
@@ -531,6 +554,7 @@ mod tests {
                 world,
                 rank,
                 attach_timeout_secs: t,
+                barrier_timeout_secs: 600.0,
                 control_dir: None,
             }
             .validate()

@@ -135,6 +135,17 @@ pub enum Error {
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
 
+    /// A stop was requested ([`crate::interrupt`], a signal) while the pool
+    /// was being built; what was built has been torn down. Exit status
+    /// 128 + the signal (130 for SIGINT, 143 for SIGTERM).
+    #[error(
+        "interrupted by signal {signal} while the pool was being built; what was built has been torn down"
+    )]
+    Interrupted {
+        /// The signal number.
+        signal: i32,
+    },
+
     /// A peer in a shared pool failed or vanished.
     #[error("{message}")]
     Peer {
@@ -280,9 +291,14 @@ impl Error {
         }
     }
 
-    /// The exit status the CLI uses for this error: 2 for usage, 1 otherwise.
+    /// The exit status the CLI uses for this error: 2 for usage, 128 + the
+    /// signal for an interrupted build, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
-        if self.is_usage() { 2 } else { 1 }
+        match self {
+            Error::Interrupted { signal } => 128 + signal,
+            e if e.is_usage() => 2,
+            _ => 1,
+        }
     }
 }
 

@@ -32,6 +32,7 @@ pub mod failpoint;
 pub mod file;
 pub mod gc;
 pub mod host;
+pub mod interrupt;
 pub mod layout;
 pub mod plugin;
 pub mod prefault;
@@ -39,8 +40,8 @@ pub mod shared;
 pub mod sys;
 
 pub use config::{
-    Format, HISPARSE_KEYS, POOL_KEYS, PinConfig, PinScope, PoolConfig, PrefaultChoice,
-    SharingConfig,
+    DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS, MAX_ATTACH_TIMEOUT_SECS, POOL_KEYS,
+    PinConfig, PinScope, PoolConfig, PrefaultChoice, SharingConfig,
 };
 pub use error::{Context, Error, Result, TeardownIssue};
 pub use layout::{Extent, MappedSize, PageSize};

@@ -664,6 +664,7 @@ impl Pool {
             }
         }
 
+        crate::interrupt::check()?;
         // Pin the whole pool, or with scope = shard only this rank's shard;
         // an empty shard (more ranks than pages) pins nothing.
         let pin_region = match (shared, plan.config.pin.scope) {
@@ -702,6 +703,7 @@ impl Pool {
             (None, _) => {}
         }
 
+        crate::interrupt::check()?;
         if !plan.registrars.is_empty() {
             let (registered, secs) = timed(observer, Phase::Register, region.mapped_len(), || {
                 for r in &plan.registrars {

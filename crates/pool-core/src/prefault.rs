@@ -348,6 +348,12 @@ impl Worker<'_> {
         let mut method = self.method;
         let mut offset = slice.offset;
         while offset < slice.end() && !self.abort.load(Ordering::Relaxed) {
+            if let Err(e) = crate::interrupt::check() {
+                self.abort.store(true, Ordering::Relaxed);
+                let mut slot = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+                slot.get_or_insert(e);
+                return;
+            }
             let len = step.min(slice.end() - offset);
             let extent = Extent { offset, len };
             match self.fault_step(&mut method, extent) {

@@ -189,6 +189,7 @@ impl Session {
         let started = Instant::now();
         let deadline = started + Duration::from_secs_f64(sharing.attach_timeout_secs);
         loop {
+            crate::interrupt::check()?;
             if let Some(s) = Self::try_create(sharing, spec, &dir, &path, started)? {
                 return Ok(s);
             }
@@ -419,6 +420,7 @@ impl Session {
                     if dead { "died" } else { "removed it" }
                 )));
             }
+            crate::interrupt::check()?;
             if Instant::now() >= deadline {
                 return Err(peer(format!(
                     "shared pool `{}` was not ready after {:.0} s: its creator {} is still creating it; \
@@ -731,6 +733,7 @@ impl Session {
         let ctl = self.ctl();
         let deadline = self.started + Duration::from_secs_f64(self.sharing.attach_timeout_secs);
         while Instant::now() < deadline
+            && crate::interrupt::requested().is_none()
             && (0..self.sharing.world)
                 .any(|r| ctl.slots[r as usize].state.load(Ordering::Acquire) == SLOT_EMPTY)
         {
@@ -786,9 +789,16 @@ impl Session {
         }
         let attach_deadline =
             self.started + Duration::from_secs_f64(self.sharing.attach_timeout_secs);
+        let barrier_deadline =
+            Instant::now() + Duration::from_secs_f64(self.sharing.barrier_timeout_secs);
         loop {
             if ctl.header.done.load(Ordering::Acquire) == 1 {
                 return Ok(());
+            }
+            if let Err(e) = crate::interrupt::check() {
+                // Tell the peers at once, rather than let them wait for us.
+                self.fail(&format!("rank {me} was interrupted: {e}"));
+                return Err(e);
             }
             for r in (0..world).filter(|r| *r != me) {
                 let slot = &ctl.slots[r as usize];
@@ -810,6 +820,12 @@ impl Session {
                             "rank {r} (pid {pid}) died before the barrier completed"
                         ))
                     }
+                    SLOT_ATTACHED if Instant::now() >= barrier_deadline => Some(format!(
+                        "rank {r} (pid {pid}) attached but did not reach the barrier within \
+                         {:.0} s (stopped, hung, or still prefaulting); check the process, or \
+                         raise --barrier-timeout for very large pools",
+                        self.sharing.barrier_timeout_secs
+                    )),
                     _ => None,
                 };
                 // A rank that passed the barrier may exit at once: only a
@@ -1117,6 +1133,7 @@ mod tests {
             world,
             rank,
             attach_timeout_secs: timeout,
+            barrier_timeout_secs: 600.0,
             control_dir: Some(d.ctl.clone()),
         }
     }

@@ -30,18 +30,17 @@ pub struct AllocArgs {
 
 /// Run `hostpool alloc`.
 pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
-    // Block SIGINT/SIGTERM before any thread exists, so that every prefault
-    // thread inherits the mask and `sigwait` below receives the signal. A
-    // signal that arrives during the build is handled once it is ready.
-    let signals = if args.hold {
-        Some(TerminationSignals::block().map_err(|e| Error::Plugin {
-            what: "alloc --hold".into(),
-            message: "cannot block SIGINT/SIGTERM".into(),
-            source: Some(Box::new(e)),
-        })?)
-    } else {
-        None
-    };
+    // Block SIGINT, SIGTERM, SIGHUP and SIGQUIT before any thread exists, so
+    // that every thread inherits the mask, and hand them to one thread that
+    // asks the build to stop: a signal ends the build within a fraction of a
+    // second at any phase (prefault, the shared pool's waits and barrier),
+    // tearing down what exists (exit 128 + signal), or releases a held pool.
+    let signals = TerminationSignals::block().map_err(|e| Error::Plugin {
+        what: "alloc".into(),
+        message: "cannot block SIGINT/SIGTERM/SIGHUP/SIGQUIT".into(),
+        source: Some(Box::new(e)),
+    })?;
+    forward(signals);
     let plan = PoolPlan::new(resolve_config(&args.pool)?)?;
     let show_progress = !args.json && std::io::stderr().is_terminal();
     let observer = progress::Bars::new(show_progress);
@@ -66,33 +65,41 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
         };
         extra.insert("verify_copy".into(), value);
     }
-    match signals {
-        Some(signals) => {
-            print_report(
-                pool.report(),
-                &extra,
-                args.json,
-                "ready; holding until SIGINT or SIGTERM",
-            )?;
-            let sig = signals.wait().map_err(|e| Error::Plugin {
-                what: "alloc --hold".into(),
-                message: "waiting for SIGINT/SIGTERM failed".into(),
-                source: Some(Box::new(e)),
-            })?;
-            let report = pool.teardown_observed(&observer);
-            eprintln!(
-                "hostpool: signal {sig} received; pool released in {:.3} s{}",
-                report.phases.teardown.unwrap_or(0.0),
-                teardown_note(&report)
-            );
-            Ok(i32::from(!report.teardown_issues.is_empty() || !copy_ok))
-        }
-        None => {
-            let report = pool.teardown_observed(&observer);
-            print_report(&report, &extra, args.json, "built, prefaulted and released")?;
-            Ok(i32::from(!report.teardown_issues.is_empty() || !copy_ok))
-        }
+    if args.hold {
+        print_report(
+            pool.report(),
+            &extra,
+            args.json,
+            "ready; holding until SIGINT or SIGTERM",
+        )?;
+        let sig = loop {
+            if let Some(sig) = pool_core::interrupt::requested() {
+                break sig;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let report = pool.teardown_observed(&observer);
+        eprintln!(
+            "hostpool: signal {sig} received; pool released in {:.3} s{}",
+            report.phases.teardown.unwrap_or(0.0),
+            teardown_note(&report)
+        );
+        Ok(i32::from(!report.teardown_issues.is_empty() || !copy_ok))
+    } else {
+        let report = pool.teardown_observed(&observer);
+        print_report(&report, &extra, args.json, "built, prefaulted and released")?;
+        Ok(i32::from(!report.teardown_issues.is_empty() || !copy_ok))
     }
+}
+
+/// Hand every blocked signal to [`pool_core::interrupt::request`], from a
+/// thread of its own.
+fn forward(signals: TerminationSignals) {
+    std::thread::spawn(move || {
+        while let Ok(sig) = signals.wait() {
+            pool_core::interrupt::request(sig);
+        }
+    });
 }
 
 fn teardown_note(report: &pool_core::PoolReport) -> String {

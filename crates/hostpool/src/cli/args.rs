@@ -58,6 +58,10 @@ pub struct PoolArgs {
     /// Seconds to wait for the creator and for ranks that never attach (default 30).
     #[arg(long, value_name = "SECS", requires = "shared")]
     pub attach_timeout: Option<f64>,
+    /// Seconds to wait at the barrier for ranks that attached but do not
+    /// arrive (stopped or hung; default 600).
+    #[arg(long, value_name = "SECS", requires = "shared")]
+    pub barrier_timeout: Option<f64>,
     /// Bind the pool's pages to this NUMA node.
     #[arg(long, value_name = "N")]
     pub numa_node: Option<u32>,
@@ -166,10 +170,19 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
                 .attach_timeout
                 .or(previous.as_ref().map(|p| p.attach_timeout_secs))
                 .unwrap_or(30.0),
+            barrier_timeout_secs: args
+                .barrier_timeout
+                .or(previous.as_ref().map(|p| p.barrier_timeout_secs))
+                .unwrap_or(pool_core::DEFAULT_BARRIER_TIMEOUT_SECS),
             control_dir: previous.and_then(|p| p.control_dir),
         });
-    } else if let (Some(t), Some(s)) = (args.attach_timeout, config.sharing.as_mut()) {
-        s.attach_timeout_secs = t;
+    } else if let Some(s) = config.sharing.as_mut() {
+        if let Some(t) = args.attach_timeout {
+            s.attach_timeout_secs = t;
+        }
+        if let Some(t) = args.barrier_timeout {
+            s.barrier_timeout_secs = t;
+        }
     }
     Ok(config)
 }

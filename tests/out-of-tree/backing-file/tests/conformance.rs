@@ -135,6 +135,7 @@ fn file_passes_the_conformance_suite_on_a_disk_directory() {
                     world: 2,
                     rank: 0,
                     attach_timeout_secs: 1.0,
+                    barrier_timeout_secs: 600.0,
                     control_dir: None,
                 }),
                 ..config(dir, 4 << 20, None)

@@ -106,6 +106,7 @@ fn pool_given(a: &PoolArgs) -> bool {
         world,
         rank,
         attach_timeout,
+        barrier_timeout,
         numa_node,
     } = a;
     config.is_some()
@@ -124,6 +125,7 @@ fn pool_given(a: &PoolArgs) -> bool {
         || world.is_some()
         || rank.is_some()
         || attach_timeout.is_some()
+        || barrier_timeout.is_some()
         || numa_node.is_some()
 }
 
