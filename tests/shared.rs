@@ -1352,8 +1352,12 @@ struct TempFile(PathBuf);
 
 impl TempFile {
     fn new(name: &str, text: &str) -> TempFile {
+        // Tests run in parallel: each file its own name, so that one test's
+        // drop never removes another's config.
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let p = std::env::temp_dir().join(format!(
-            "hostpool-shared-test-{}-{name}",
+            "hostpool-shared-test-{}-{n}-{name}",
             std::process::id()
         ));
         std::fs::write(&p, text).unwrap();

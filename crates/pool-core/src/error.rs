@@ -135,7 +135,7 @@ pub enum Error {
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
 
-    /// A stop was requested ([`crate::interrupt`], a signal) while the pool
+    /// A stop was requested (a signal, see the `interrupt` module) while the pool
     /// was being built; what was built has been torn down. Exit status
     /// 128 + the signal (130 for SIGINT, 143 for SIGTERM).
     #[error(
