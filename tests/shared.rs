@@ -422,7 +422,7 @@ fn kill_the_creator_before_ready(args: &[&str], dir: &Path, tag: &str, huge: boo
                 "--rank",
                 &rank.to_string(),
             ])
-            .args(["--attach-timeout", "30"])
+            .args(["--attach-timeout", "30", "--rendezvous", "file"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for (k, v) in env {
@@ -562,6 +562,8 @@ fn joining_a_live_pool_with_another_size_is_a_clear_error() {
                 "0",
                 "--attach-timeout",
                 "3",
+                "--rendezvous",
+                "file",
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -587,6 +589,8 @@ fn joining_a_live_pool_with_another_size_is_a_clear_error() {
             "2",
             "--rank",
             "1",
+            "--rendezvous",
+            "file",
         ])
         .output()
         .unwrap();
@@ -632,6 +636,8 @@ fn stale_files_of_a_crashed_run_are_replaced_and_gc_removes_only_stale_ones() {
             "--rank",
             "0",
             "--json",
+            "--rendezvous",
+            "file",
         ])
         .output()
         .unwrap();
@@ -665,6 +671,8 @@ fn stale_files_of_a_crashed_run_are_replaced_and_gc_removes_only_stale_ones() {
                 "0",
                 "--attach-timeout",
                 "30",
+                "--rendezvous",
+                "file",
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -842,7 +850,7 @@ fn a_creator_killed_after_the_barrier_leaves_no_file_behind() {
                 "--rank",
                 &rank.to_string(),
             ])
-            .args(["--attach-timeout", "20"])
+            .args(["--attach-timeout", "20", "--rendezvous", "file"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for (k, v) in env {
@@ -994,13 +1002,8 @@ fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
             c.arg("--hold");
         }
         let mut alone = Ranks(vec![c.spawn().unwrap()]);
-        // It creates the pool and waits at the barrier for rank 1.
-        let ctl = PathBuf::from(format!("/dev/shm/hostpool-{pool}.ctl"));
-        let end = Instant::now() + Duration::from_secs(20);
-        while !ctl.exists() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        std::thread::sleep(Duration::from_millis(300));
+        // It creates the pool and waits for rank 1.
+        std::thread::sleep(Duration::from_millis(500));
         assert!(
             matches!(alone[0].try_wait(), Ok(None)),
             "it waits for rank 1"
@@ -1178,6 +1181,7 @@ fn a_restart_after_a_crash_replaces_the_stale_files_on_a_node_with_room_for_one_
             "12MiB",
         ])
         .args(["--shared", pool, "--world", "1", "--rank", "0", "--json"])
+        .args(["--rendezvous", "file"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
         for (k, v) in env {

@@ -232,12 +232,17 @@ impl Backing for HugetlbfsBacking {
         if let (Some(sharing), Some(path)) = (&config.sharing, plan.files.first()) {
             let dir = config.dir.as_deref();
             let recheck = || hugetlb::capacity_checks(len, page.get(), dir, config.numa_node);
+            let create = |e: Extent| match &source {
+                Source::Mount(dir) => file::create_private(dir, e.len, page),
+                Source::Memfd => file::create_memfd("hostpool", e.len, page, true),
+            };
             return shared::map_shared(SharedPoolSpec {
                 sharing,
                 size: plan.size,
                 files: vec![(path.clone(), extent)],
                 capacity: &plan.capacity,
                 recheck: &recheck,
+                create: &create,
                 map: ctx,
             });
         }

@@ -162,6 +162,7 @@ fn a_shared_pool_needs_a_mount() {
         rank: 0,
         attach_timeout_secs: 1.0,
         barrier_timeout_secs: 600.0,
+        rendezvous: pool_core::Rendezvous::File,
         control_dir: None,
     });
     let e = PoolPlan::new(c).unwrap_err();

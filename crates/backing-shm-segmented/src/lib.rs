@@ -213,6 +213,7 @@ impl Backing for ShmBacking {
                     .collect(),
                 capacity: &plan.capacity,
                 recheck: &|| capacity::checks(plan.size.mapped(), &dir),
+                create: &|e| file::create_private(&dir, e.len, plan.size.page()),
                 map: ctx,
             });
         }

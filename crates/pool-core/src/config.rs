@@ -126,6 +126,11 @@ pub struct SharingConfig {
     /// not arrived (stopped, hung, or still prefaulting a very large shard).
     #[serde(default = "default_barrier_timeout")]
     pub barrier_timeout_secs: f64,
+    /// How the ranks meet: `socket` (default; nothing in any directory,
+    /// ranks in one network namespace) or `file` (a control file in
+    /// `control_dir`, for ranks that share only a directory).
+    #[serde(default)]
+    pub rendezvous: Rendezvous,
     /// Where control files live (default `/dev/shm`); a tmpfs all ranks see.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_dir: Option<PathBuf>,
@@ -133,6 +138,28 @@ pub struct SharingConfig {
 
 fn default_attach_timeout() -> f64 {
     30.0
+}
+
+/// How the ranks of a shared pool meet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rendezvous {
+    /// A unix socket in the abstract namespace; the memory is passed as file
+    /// descriptors and never has a name in any directory.
+    #[default]
+    Socket,
+    /// A control file and named data files in a directory all ranks see.
+    File,
+}
+
+impl Rendezvous {
+    /// Its name in config and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rendezvous::Socket => "socket",
+            Rendezvous::File => "file",
+        }
+    }
 }
 
 /// The default barrier timeout: ten minutes, enough to prefault hundreds of
@@ -448,6 +475,7 @@ mod tests {
                 rank: 0,
                 attach_timeout_secs: 1.0,
                 barrier_timeout_secs: 600.0,
+                rendezvous: crate::config::Rendezvous::File,
                 control_dir: None,
             }),
             numa_node: Some(0),
@@ -555,6 +583,7 @@ mod tests {
                 rank,
                 attach_timeout_secs: t,
                 barrier_timeout_secs: 600.0,
+                rendezvous: crate::config::Rendezvous::File,
                 control_dir: None,
             }
             .validate()

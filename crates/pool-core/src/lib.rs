@@ -41,7 +41,7 @@ pub mod sys;
 
 pub use config::{
     DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS, MAX_ATTACH_TIMEOUT_SECS, POOL_KEYS,
-    PinConfig, PinScope, PoolConfig, PrefaultChoice, SharingConfig,
+    PinConfig, PinScope, PoolConfig, PrefaultChoice, Rendezvous, SharingConfig,
 };
 pub use error::{Context, Error, Result, TeardownIssue};
 pub use layout::{Extent, MappedSize, PageSize};

@@ -62,12 +62,35 @@ pub struct PoolArgs {
     /// arrive (stopped or hung; default 600).
     #[arg(long, value_name = "SECS", requires = "shared")]
     pub barrier_timeout: Option<f64>,
+    /// How the ranks meet: `socket` (default: a unix socket, nothing in any
+    /// directory) or `file` (a control file, for ranks that share only a
+    /// directory).
+    #[arg(long, value_enum, requires = "shared")]
+    pub rendezvous: Option<RendezvousArg>,
     /// Bind the pool's pages to this NUMA node.
     #[arg(long, value_name = "N")]
     pub numa_node: Option<u32>,
 }
 
 /// `--memlock-bound` values.
+/// `--rendezvous`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RendezvousArg {
+    /// A unix socket in the abstract namespace (ranks of one network namespace).
+    Socket,
+    /// A control file in the control directory (ranks that share a directory).
+    File,
+}
+
+impl From<RendezvousArg> for pool_core::Rendezvous {
+    fn from(r: RendezvousArg) -> Self {
+        match r {
+            RendezvousArg::Socket => pool_core::Rendezvous::Socket,
+            RendezvousArg::File => pool_core::Rendezvous::File,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MemlockArg {
     /// Compare the pool with the memlock bound before pinning.
@@ -174,9 +197,17 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
                 .barrier_timeout
                 .or(previous.as_ref().map(|p| p.barrier_timeout_secs))
                 .unwrap_or(pool_core::DEFAULT_BARRIER_TIMEOUT_SECS),
+            rendezvous: args
+                .rendezvous
+                .map(Into::into)
+                .or(previous.as_ref().map(|p| p.rendezvous))
+                .unwrap_or_default(),
             control_dir: previous.and_then(|p| p.control_dir),
         });
     } else if let Some(s) = config.sharing.as_mut() {
+        if let Some(r) = args.rendezvous {
+            s.rendezvous = r.into();
+        }
         if let Some(t) = args.attach_timeout {
             s.attach_timeout_secs = t;
         }

@@ -44,6 +44,8 @@ use crate::plugin::Mapping;
 use crate::sys::control::Ctl;
 use crate::sys::{self, Region, SharedView};
 
+mod socket;
+
 pub use crate::gc::{DEFAULT_CONTROL_DIR, FILE_PREFIX, ctl_path, data_path};
 pub use crate::sys::control::{MAX_FILES, MAX_WORLD};
 
@@ -135,6 +137,10 @@ pub struct SharedPoolSpec<'a> {
     pub files: Vec<(PathBuf, Extent)>,
     /// Checks the creator runs before creating anything.
     pub capacity: &'a [CapacityCheck],
+    /// Create one private, already-unlinked file for an extent (`O_TMPFILE`
+    /// in the pool's directory, or a memfd): the memory of the socket
+    /// rendezvous, which leaves nothing in any directory.
+    pub create: &'a (dyn Fn(Extent) -> Result<std::os::fd::OwnedFd> + Sync),
     /// The same checks made again: the creator first removes the files of
     /// this pool that a crashed run left (they counted as used when the
     /// plan was made), then checks the node as it is.
@@ -858,6 +864,9 @@ pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
             "a shared pool has at most {MAX_FILES} files; use fewer segments"
         )));
     }
+    if sharing.rendezvous == crate::config::Rendezvous::Socket {
+        return socket::map(spec);
+    }
     let mut session = Session::elect(sharing, &spec)?;
     let page = spec.size.page();
     let attempt = (|| -> Result<FileMapping> {
@@ -1003,8 +1012,11 @@ pub struct SharingReport {
     pub role: Role,
     /// This rank's prefault shard.
     pub shard: crate::plugin::ExtentReport,
-    /// The control file.
+    /// The control file (file rendezvous only).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub control_file: String,
+    /// How the ranks met: `socket` or `file`.
+    pub rendezvous: &'static str,
 }
 
 impl Mapping for SharedMapping {
@@ -1036,6 +1048,7 @@ impl Mapping for SharedMapping {
             role: self.session.role,
             shard: self.shard.into(),
             control_file: self.session.ctl_path.display().to_string(),
+            rendezvous: "file",
         })
         .ok()
     }
@@ -1134,6 +1147,7 @@ mod tests {
             rank,
             attach_timeout_secs: timeout,
             barrier_timeout_secs: 600.0,
+            rendezvous: crate::config::Rendezvous::File,
             control_dir: Some(d.ctl.clone()),
         }
     }
@@ -1157,6 +1171,7 @@ mod tests {
             )],
             capacity,
             recheck: &|| capacity.to_vec(),
+            create: &|_| Err(Error::config("the unit tests use the file rendezvous")),
             map: MapContext {
                 enomem_remedy: "x".into(),
             },

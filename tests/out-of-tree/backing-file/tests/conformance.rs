@@ -136,6 +136,7 @@ fn file_passes_the_conformance_suite_on_a_disk_directory() {
                     rank: 0,
                     attach_timeout_secs: 1.0,
                     barrier_timeout_secs: 600.0,
+                    rendezvous: pool_core::Rendezvous::File,
                     control_dir: None,
                 }),
                 ..config(dir, 4 << 20, None)

@@ -107,6 +107,7 @@ fn pool_given(a: &PoolArgs) -> bool {
         rank,
         attach_timeout,
         barrier_timeout,
+        rendezvous,
         numa_node,
     } = a;
     config.is_some()
@@ -126,6 +127,7 @@ fn pool_given(a: &PoolArgs) -> bool {
         || rank.is_some()
         || attach_timeout.is_some()
         || barrier_timeout.is_some()
+        || rendezvous.is_some()
         || numa_node.is_some()
 }
 

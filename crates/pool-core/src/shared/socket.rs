@@ -1,0 +1,763 @@
+//! The socket rendezvous (`rendezvous = "socket"`, the default): nothing in
+//! any directory.
+//!
+//! The ranks meet on a unix `SOCK_SEQPACKET` socket in the abstract
+//! namespace, named from the pool's name and the user id
+//! (`@hostpool/<uid>/<name>`): the first rank to `bind` it is the creator.
+//! The creator makes the pool's memory unlinked from birth (`O_TMPFILE` in
+//! the pool's directory, so the mount's page size and the pod's hugetlbfs
+//! accounting apply, or a memfd where there is none) and passes the file
+//! descriptors to each joiner with `SCM_RIGHTS`, after checking the joiner's
+//! credentials (`SO_PEERCRED`: same uid) and that it asks for the same pool.
+//! The barrier runs over the same sockets. A peer's death is an EOF, seen at
+//! once; a rank that fails tells the others and exits at once. The kernel
+//! frees the memory when the last rank is gone, whatever killed them: there
+//! is never a file to leak or to collect.
+//!
+//! Abstract socket names are per network namespace: ranks that share only
+//! a directory (separate pods on one node) use `rendezvous = "file"`.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{Role, SharedPoolSpec, SharingReport, peer, shard};
+use crate::error::{Context, Error, Result, TeardownIssue};
+use crate::file::{self, FileMapping, PoolFile};
+use crate::layout::{Extent, format_bytes};
+use crate::plugin::{Mapping, RankBarrier};
+use crate::sys::Region;
+
+/// Largest message (JSON) in bytes.
+const MSG_BYTES: usize = 64 << 10;
+/// File descriptors per message (the kernel takes at most 253).
+const FDS_PER_MSG: usize = 200;
+/// The longest one `poll` waits, so deadlines and stop requests are seen.
+const TICK: Duration = Duration::from_millis(20);
+
+/// What the ranks say to each other.
+#[derive(Debug, Serialize, Deserialize)]
+enum Msg {
+    /// Joiner → creator: who it is and what it asks for.
+    Hello {
+        rank: u32,
+        world: u32,
+        logical: u64,
+        mapped: u64,
+        page: u64,
+        extents: Vec<(u64, u64)>,
+    },
+    /// Creator → joiner: the pool's files follow, `files` in all, in this
+    /// and the following [`Msg::Files`] messages.
+    Welcome { creator_rank: u32, files: usize },
+    /// More descriptors of the pool's files.
+    Files,
+    /// Creator → joiner: refused (`usage`: the joiner's input is at fault).
+    Refused { usage: bool, message: String },
+    /// Joiner → creator: its setup outcome, at the barrier.
+    Arrived { error: Option<String> },
+    /// Creator → joiners: every rank arrived with success.
+    Go,
+    /// Creator → joiners: the pool failed; why, naming the rank.
+    Failed { message: String },
+}
+
+fn os(op: &'static str, e: impl Into<std::io::Error>, remedy: &str) -> Error {
+    Error::os(
+        op,
+        e,
+        Context::new(0, crate::layout::PageSize::BASE_4K).remedy(remedy),
+    )
+}
+
+fn address(name: &str) -> Result<SocketAddrUnix> {
+    let uid = rustix::process::geteuid().as_raw();
+    SocketAddrUnix::new_abstract_name(format!("hostpool/{uid}/{name}").as_bytes()).map_err(|e| {
+        os(
+            "socket address",
+            e,
+            "the pool name is too long for a socket name",
+        )
+    })
+}
+
+fn seqpacket() -> Result<OwnedFd> {
+    rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| {
+        os(
+            "socket(AF_UNIX, SOCK_SEQPACKET)",
+            e,
+            "the kernel refused a unix socket",
+        )
+    })
+}
+
+fn send(fd: impl AsFd, msg: &Msg, files: &[std::os::fd::BorrowedFd<'_>]) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MSG))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !files.is_empty() && !control.push(SendAncillaryMessage::ScmRights(files)) {
+        return Err(std::io::Error::from_raw_os_error(libc::E2BIG));
+    }
+    rustix::net::sendmsg(
+        fd,
+        &[IoSlice::new(&bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    Ok(())
+}
+
+/// What [`recv`] got.
+#[derive(Debug)]
+enum Received {
+    /// A message.
+    Msg(Msg),
+    /// End of file: the peer is gone (closed, or died).
+    Gone,
+    /// Nothing before the deadline.
+    TimedOut,
+}
+
+/// Wait for a message until `deadline`. Received descriptors are appended
+/// to `files`.
+///
+/// # Errors
+/// [`Error::Interrupted`] when a stop is requested; [`Error::Os`] for a
+/// failed call; [`Error::Plugin`] for a message this version cannot read.
+fn recv(fd: impl AsFd, deadline: Instant, files: &mut Vec<OwnedFd>) -> Result<Received> {
+    let fd = fd.as_fd();
+    loop {
+        crate::interrupt::check()?;
+        if readable(fd, deadline)? {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Ok(Received::TimedOut);
+        }
+    }
+    let mut buf = vec![0u8; MSG_BYTES];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MSG))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = match rustix::net::recvmsg(
+        fd,
+        &mut [IoSliceMut::new(&mut buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    ) {
+        Ok(g) => g,
+        Err(e) if e == rustix::io::Errno::CONNRESET => return Ok(Received::Gone),
+        Err(e) => return Err(os("recvmsg", e, "the rendezvous socket failed")),
+    };
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            files.extend(fds);
+        }
+    }
+    if got.bytes == 0 {
+        return Ok(Received::Gone);
+    }
+    serde_json::from_slice(&buf[..got.bytes])
+        .map(Received::Msg)
+        .map_err(|e| Error::Plugin {
+            what: "shared pool".into(),
+            message: "a peer sent a message that is not of this hostpool version".into(),
+            source: Some(Box::new(e)),
+        })
+}
+
+/// Whether `fd` has something to read (or hung up) within one tick.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, deadline: Instant) -> Result<bool> {
+    let wait = deadline.saturating_duration_since(Instant::now()).min(TICK);
+    let timeout = Timespec {
+        tv_sec: 0,
+        tv_nsec: i64::from(wait.subsec_nanos()),
+    };
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    match poll(&mut fds, Some(&timeout)) {
+        Ok(n) => Ok(n > 0),
+        Err(e) if e == rustix::io::Errno::INTR => Ok(false),
+        Err(e) => Err(os("poll", e, "waiting on the rendezvous socket failed")),
+    }
+}
+
+/// A connected peer: the creator's view of a joiner, or a joiner's of the
+/// creator.
+#[derive(Debug)]
+struct Link {
+    rank: u32,
+    pid: u32,
+    fd: OwnedFd,
+    /// What a joiner said at the barrier, once it has.
+    arrived: Option<std::result::Result<(), String>>,
+}
+
+fn peer_pid(fd: impl AsFd) -> Result<(u32, u32)> {
+    let cred = rustix::net::sockopt::socket_peercred(fd)
+        .map_err(|e| os("getsockopt(SO_PEERCRED)", e, "the rendezvous socket failed"))?;
+    Ok((
+        cred.uid.as_raw(),
+        u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(0),
+    ))
+}
+
+/// Create or join the pool `spec` describes over the socket rendezvous.
+///
+/// # Errors
+/// Capacity, mapping, mismatch and peer errors; an [`Error::Conflict`] when
+/// another user's process holds the pool's socket name.
+pub(super) fn map(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
+    let sharing = spec.sharing;
+    let started = Instant::now();
+    let attach_deadline = started + Duration::from_secs_f64(sharing.attach_timeout_secs);
+    let addr = address(&sharing.name)?;
+    loop {
+        crate::interrupt::check()?;
+        let sock = seqpacket()?;
+        match rustix::net::bind(&sock, &addr) {
+            Ok(()) => {
+                let world = i32::try_from(sharing.world).unwrap_or(i32::MAX);
+                rustix::net::listen(&sock, world)
+                    .map_err(|e| os("listen", e, "the rendezvous socket failed"))?;
+                return create(spec, sock, attach_deadline);
+            }
+            Err(e) if e == rustix::io::Errno::ADDRINUSE => {}
+            Err(e) => return Err(os("bind", e, "the rendezvous socket failed")),
+        }
+        match rustix::net::connect(&sock, &addr) {
+            Ok(()) => return join(spec, sock, attach_deadline),
+            // The creator's socket is closing: its name is about to be free.
+            Err(e) if e == rustix::io::Errno::CONNREFUSED && Instant::now() < attach_deadline => {
+                std::thread::sleep(TICK);
+            }
+            Err(e) => return Err(os("connect", e, "joining the pool's creator failed")),
+        }
+    }
+}
+
+fn create(
+    spec: SharedPoolSpec<'_>,
+    listener: OwnedFd,
+    attach_deadline: Instant,
+) -> Result<Box<dyn Mapping>> {
+    let sharing = spec.sharing;
+    let mut links: Vec<Link> = Vec::new();
+    let built = (|| -> Result<FileMapping> {
+        crate::host::capacity::require(spec.capacity)?;
+        let mut files = Vec::with_capacity(spec.files.len());
+        for (_, extent) in &spec.files {
+            let fd = (spec.create)(*extent)?;
+            let id = file::file_id(&fd).map_err(|e| os("fstat", e, "a new pool file"))?;
+            files.push(PoolFile {
+                fd,
+                path: None,
+                id,
+                extent: *extent,
+            });
+        }
+        file::map_files(files, spec.size, &spec.map)
+    })();
+    let mapping = match built {
+        Ok(m) => m,
+        Err(e) => {
+            refuse_pending(&listener, &e.to_string());
+            return Err(e);
+        }
+    };
+    let fds: Vec<std::os::fd::BorrowedFd<'_>> =
+        mapping.pool_files().iter().map(|f| f.fd.as_fd()).collect();
+    let expect = hello_of(&spec);
+    while links.len() + 1 < sharing.world as usize {
+        let now = Instant::now();
+        if now >= attach_deadline {
+            let missing = missing_ranks(sharing.world, sharing.rank, &links);
+            let msg = format!(
+                "shared pool `{}`: rank(s) {missing} never attached within {:.0} s; start all {} \
+                 ranks, or raise --attach-timeout",
+                sharing.name, sharing.attach_timeout_secs, sharing.world
+            );
+            fail_all(&mut links, &msg);
+            return Err(peer(msg));
+        }
+        if let Err(e) = crate::interrupt::check() {
+            fail_all(
+                &mut links,
+                &format!("rank {} was interrupted: {e}", sharing.rank),
+            );
+            return Err(e);
+        }
+        // A joiner that is already attached may die, or arrive, meanwhile.
+        if let Some(msg) = watch(&mut links, sharing) {
+            fail_all(&mut links, &msg);
+            return Err(peer(msg));
+        }
+        if !readable(listener.as_fd(), attach_deadline)? {
+            continue;
+        }
+        let conn = match rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) {
+            Ok(c) => c,
+            Err(e) if e == rustix::io::Errno::INTR || e == rustix::io::Errno::AGAIN => continue,
+            Err(e) => return Err(os("accept", e, "the rendezvous socket failed")),
+        };
+        match welcome(&spec, &expect, conn, &links, &fds)? {
+            Some(link) => links.push(link),
+            None => continue,
+        }
+    }
+    drop(fds);
+    Ok(Box::new(SocketMapping {
+        inner: mapping,
+        role: Role::Creator,
+        links,
+        shard: shard(spec.size, sharing)?,
+        sharing: sharing.clone(),
+    }))
+}
+
+/// What a joiner must ask for.
+fn hello_of(spec: &SharedPoolSpec<'_>) -> Msg {
+    Msg::Hello {
+        rank: spec.sharing.rank,
+        world: spec.sharing.world,
+        logical: spec.size.logical(),
+        mapped: spec.size.mapped(),
+        page: spec.size.page().get(),
+        extents: spec.files.iter().map(|(_, e)| (e.offset, e.len)).collect(),
+    }
+}
+
+fn missing_ranks(world: u32, me: u32, links: &[Link]) -> String {
+    (0..world)
+        .filter(|r| *r != me && !links.iter().any(|l| l.rank == *r))
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Check a new connection and send it the pool, or refuse it. `None` when
+/// it was refused (or gone); an error only for our own failures.
+fn welcome(
+    spec: &SharedPoolSpec<'_>,
+    expect: &Msg,
+    conn: OwnedFd,
+    links: &[Link],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> Result<Option<Link>> {
+    let sharing = spec.sharing;
+    let (uid, pid) = peer_pid(&conn)?;
+    let me = rustix::process::geteuid().as_raw();
+    let refuse = |usage: bool, message: String| {
+        let _ = send(&conn, &Msg::Refused { usage, message }, &[]);
+    };
+    if uid != me {
+        refuse(
+            false,
+            format!(
+                "the creator of `{}` runs as uid {me}, not {uid}",
+                sharing.name
+            ),
+        );
+        return Ok(None);
+    }
+    let hello = recv(
+        &conn,
+        Instant::now() + Duration::from_secs(10),
+        &mut Vec::new(),
+    );
+    let Ok(Received::Msg(Msg::Hello {
+        rank,
+        world,
+        logical,
+        mapped,
+        page,
+        extents,
+    })) = hello
+    else {
+        return Ok(None);
+    };
+    let Msg::Hello {
+        world: w,
+        logical: l,
+        mapped: m,
+        page: p,
+        extents: x,
+        ..
+    } = expect
+    else {
+        return Ok(None);
+    };
+    if (world, logical, mapped, page) != (*w, *l, *m, *p) || extents != *x {
+        refuse(
+            true,
+            format!(
+                "rank {rank} (pid {pid}) asks for a pool of {} ({} mapped, {} pages, world \
+                 {world}), but shared pool `{}` is {} ({} mapped, {} pages, world {w}); every rank \
+                 must use the same size, page size and world",
+                format_bytes(logical),
+                format_bytes(mapped),
+                format_bytes(page),
+                sharing.name,
+                format_bytes(*l),
+                format_bytes(*m),
+                format_bytes(*p)
+            ),
+        );
+        return Ok(None);
+    }
+    if rank >= world || rank == sharing.rank || links.iter().any(|l| l.rank == rank) {
+        let holder = links
+            .iter()
+            .find(|l| l.rank == rank)
+            .map_or(std::process::id(), |l| l.pid);
+        refuse(
+            true,
+            format!(
+                "rank {rank} of shared pool `{}` is already attached by pid {holder} (or is not \
+                 below world {world}); give each process its own --rank",
+                sharing.name
+            ),
+        );
+        return Ok(None);
+    }
+    let mut chunks = fds.chunks(FDS_PER_MSG);
+    let first = chunks.next().unwrap_or(&[]);
+    let sent = send(
+        &conn,
+        &Msg::Welcome {
+            creator_rank: sharing.rank,
+            files: fds.len(),
+        },
+        first,
+    )
+    .and_then(|()| chunks.try_for_each(|c| send(&conn, &Msg::Files, c)));
+    if sent.is_err() {
+        // It left: it will not be counted as attached.
+        return Ok(None);
+    }
+    Ok(Some(Link {
+        rank,
+        pid,
+        fd: conn,
+        arrived: None,
+    }))
+}
+
+/// Tell connections waiting in the backlog why the pool failed.
+fn refuse_pending(listener: &OwnedFd, message: &str) {
+    let _ = rustix::io::ioctl_fionbio(listener, true);
+    while let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) {
+        let _ = send(
+            &conn,
+            &Msg::Refused {
+                usage: false,
+                message: message.to_string(),
+            },
+            &[],
+        );
+    }
+}
+
+/// Read what attached joiners said without waiting: an arrival is noted, an
+/// EOF is a death. The failure message, if one died or failed.
+fn watch(links: &mut [Link], sharing: &crate::config::SharingConfig) -> Option<String> {
+    for l in links.iter_mut() {
+        let mut fds = [PollFd::new(&l.fd, PollFlags::IN)];
+        let ready = poll(
+            &mut fds,
+            Some(&Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            }),
+        )
+        .unwrap_or(0);
+        if ready == 0 {
+            continue;
+        }
+        match recv(&l.fd, Instant::now() + TICK, &mut Vec::new()) {
+            Ok(Received::Msg(Msg::Arrived { error })) => {
+                if let Some(e) = &error {
+                    return Some(format!(
+                        "shared pool `{}`: rank {} (pid {}) failed: {e}",
+                        sharing.name, l.rank, l.pid
+                    ));
+                }
+                l.arrived = Some(Ok(()));
+            }
+            Ok(Received::Msg(_) | Received::TimedOut) => {}
+            Ok(Received::Gone) | Err(_) => {
+                return Some(format!(
+                    "shared pool `{}`: rank {} (pid {}) died before the barrier completed",
+                    sharing.name, l.rank, l.pid
+                ));
+            }
+        }
+    }
+    None
+}
+
+fn fail_all(links: &mut [Link], message: &str) {
+    for l in links.iter() {
+        let _ = send(
+            &l.fd,
+            &Msg::Failed {
+                message: message.to_string(),
+            },
+            &[],
+        );
+    }
+}
+
+fn join(
+    spec: SharedPoolSpec<'_>,
+    conn: OwnedFd,
+    attach_deadline: Instant,
+) -> Result<Box<dyn Mapping>> {
+    let sharing = spec.sharing;
+    let (uid, pid) = peer_pid(&conn)?;
+    let me = rustix::process::geteuid().as_raw();
+    if uid != me {
+        return Err(Error::Conflict {
+            path: std::path::PathBuf::from(format!("@hostpool/{me}/{}", sharing.name)),
+            message: format!(
+                "the socket name of shared pool `{}` is held by pid {pid} of uid {uid}, not by a \
+                 rank of this user (uid {me}); refusing to take memory from it: stop that process \
+                 or pick another --shared name",
+                sharing.name
+            ),
+        });
+    }
+    send(&conn, &hello_of(&spec), &[])
+        .map_err(|e| os("sendmsg", e, "joining the pool's creator failed"))?;
+    let mut fds = Vec::new();
+    let (creator_rank, count) = match recv(&conn, attach_deadline, &mut fds)? {
+        Received::Msg(Msg::Welcome {
+            creator_rank,
+            files,
+        }) => (creator_rank, files),
+        Received::Msg(Msg::Refused {
+            usage: true,
+            message,
+        }) => return Err(Error::config(message)),
+        Received::Msg(Msg::Refused { message, .. } | Msg::Failed { message }) => {
+            return Err(peer(format!(
+                "shared pool `{}`: its creator (pid {pid}) failed: {message}",
+                sharing.name
+            )));
+        }
+        Received::Msg(_) | Received::Gone => {
+            return Err(peer(format!(
+                "shared pool `{}`: its creator (pid {pid}) died before the pool was ready",
+                sharing.name
+            )));
+        }
+        Received::TimedOut => {
+            return Err(peer(format!(
+                "shared pool `{}` was not ready after {:.0} s: its creator (pid {pid}) is still \
+                 creating it; raise --attach-timeout for very large pools",
+                sharing.name, sharing.attach_timeout_secs
+            )));
+        }
+    };
+    while fds.len() < count {
+        match recv(&conn, attach_deadline, &mut fds)? {
+            Received::Msg(Msg::Files) => {}
+            _ => {
+                return Err(peer(format!(
+                    "shared pool `{}`: its creator (pid {pid}) died while handing over the pool",
+                    sharing.name
+                )));
+            }
+        }
+    }
+    if fds.len() != spec.files.len() {
+        return Err(peer(format!(
+            "shared pool `{}`: its creator handed over {} file(s), this rank expects {}",
+            sharing.name,
+            fds.len(),
+            spec.files.len()
+        )));
+    }
+    let files = fds
+        .into_iter()
+        .zip(spec.files.iter())
+        .map(|(fd, (_, extent))| {
+            let id = file::file_id(&fd).map_err(|e| os("fstat", e, "a received pool file"))?;
+            Ok(PoolFile {
+                fd,
+                path: None,
+                id,
+                extent: *extent,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mapping = file::map_files(files, spec.size, &spec.map)?;
+    Ok(Box::new(SocketMapping {
+        inner: mapping,
+        role: Role::Joiner,
+        links: vec![Link {
+            rank: creator_rank,
+            pid,
+            fd: conn,
+            arrived: None,
+        }],
+        shard: shard(spec.size, sharing)?,
+        sharing: sharing.clone(),
+    }))
+}
+
+/// A rank's mapping of a pool shared over the socket rendezvous.
+#[derive(Debug)]
+struct SocketMapping {
+    inner: FileMapping,
+    role: Role,
+    /// The joiners (creator), or the creator (joiner).
+    links: Vec<Link>,
+    shard: Extent,
+    sharing: crate::config::SharingConfig,
+}
+
+impl SocketMapping {
+    fn barrier(&mut self, outcome: std::result::Result<(), String>) -> Result<()> {
+        let s = &self.sharing;
+        let deadline = Instant::now() + Duration::from_secs_f64(s.barrier_timeout_secs);
+        if self.role == Role::Joiner {
+            let link = &self.links[0];
+            let mine = outcome.as_ref().err().cloned();
+            let _ = send(
+                &link.fd,
+                &Msg::Arrived {
+                    error: mine.clone(),
+                },
+                &[],
+            );
+            if let Some(msg) = mine {
+                return Err(peer(format!("rank {} failed: {msg}", s.rank)));
+            }
+            return match recv(&link.fd, deadline + Duration::from_secs(2), &mut Vec::new())? {
+                Received::Msg(Msg::Go) => Ok(()),
+                Received::Msg(Msg::Failed { message }) => Err(peer(message)),
+                Received::Msg(_) | Received::Gone => Err(peer(format!(
+                    "shared pool `{}`: its creator (rank {}, pid {}) died before the barrier \
+                     completed",
+                    s.name, link.rank, link.pid
+                ))),
+                Received::TimedOut => Err(peer(format!(
+                    "shared pool `{}`: rank {} (pid {}), the pool's creator, did not reach the \
+                     barrier within {:.0} s or did not answer (stopped or hung); check the \
+                     process, or raise --barrier-timeout for very large pools",
+                    s.name, link.rank, link.pid, s.barrier_timeout_secs
+                ))),
+            };
+        }
+        if let Err(msg) = outcome {
+            let msg = format!("shared pool `{}`: rank {} failed: {msg}", s.name, s.rank);
+            fail_all(&mut self.links, &msg);
+            return Err(peer(msg));
+        }
+        while self.links.iter().any(|l| l.arrived.is_none()) {
+            if let Err(e) = crate::interrupt::check() {
+                fail_all(
+                    &mut self.links,
+                    &format!("rank {} was interrupted: {e}", s.rank),
+                );
+                return Err(e);
+            }
+            if let Some(msg) = watch(&mut self.links, s) {
+                fail_all(&mut self.links, &msg);
+                return Err(peer(msg));
+            }
+            if Instant::now() >= deadline {
+                let late: Vec<String> = self
+                    .links
+                    .iter()
+                    .filter(|l| l.arrived.is_none())
+                    .map(|l| format!("rank {} (pid {})", l.rank, l.pid))
+                    .collect();
+                let msg = format!(
+                    "shared pool `{}`: {} attached but did not reach the barrier within {:.0} s \
+                     (stopped, hung, or still prefaulting); check the process, or raise \
+                     --barrier-timeout for very large pools",
+                    s.name,
+                    late.join(", "),
+                    s.barrier_timeout_secs
+                );
+                fail_all(&mut self.links, &msg);
+                return Err(peer(msg));
+            }
+            std::thread::sleep(TICK.min(Duration::from_millis(2)));
+        }
+        for l in &self.links {
+            let _ = send(&l.fd, &Msg::Go, &[]);
+        }
+        Ok(())
+    }
+}
+
+impl Mapping for SocketMapping {
+    fn region(&self) -> Region<'_> {
+        self.inner.region()
+    }
+
+    fn checked_capacity(&self) -> bool {
+        self.role == Role::Creator
+    }
+
+    fn reserve_for_touch(&self, extent: Extent) -> Result<()> {
+        self.inner.reserve_for_touch(extent)
+    }
+
+    fn sharing(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(SharingReport {
+            name: self.sharing.name.clone(),
+            world: self.sharing.world,
+            rank: self.sharing.rank,
+            role: self.role,
+            shard: self.shard.into(),
+            control_file: String::new(),
+            rendezvous: "socket",
+        })
+        .ok()
+    }
+
+    fn rendezvous(
+        &mut self,
+        outcome: std::result::Result<(), String>,
+        barrier: Option<&dyn RankBarrier>,
+    ) -> Result<()> {
+        match barrier {
+            Some(b) => {
+                let r = b.wait(self.sharing.rank, self.sharing.world, outcome);
+                if let Err(e) = &r {
+                    fail_all(&mut self.links, &e.to_string());
+                }
+                r
+            }
+            None => {
+                crate::failpoint::stall("shared-before-barrier");
+                let r = self.barrier(outcome);
+                if r.is_ok() {
+                    crate::failpoint::stall("shared-after-barrier");
+                }
+                r
+            }
+        }
+    }
+
+    fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
+        let SocketMapping { inner, .. } = *self;
+        inner.release()
+    }
+}
