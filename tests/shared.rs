@@ -1050,6 +1050,186 @@ fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
     assert_eq!(st.code(), Some(0), "{}", stderr_of(&mut one[0]));
 }
 
+/// The socket rendezvous refuses a joiner that asks for another size (exit
+/// 2, naming both sizes); the creator then names the rank that never came.
+#[test]
+fn socket_rendezvous_refuses_a_joiner_of_another_size() {
+    let cfg = shm_config(1);
+    let pool = name("sock-mismatch");
+    let start = |size: &str, rank: &str| {
+        bin()
+            .args(["alloc", "--config", cfg.path(), "--size", size])
+            .args([
+                "--shared",
+                &pool,
+                "--world",
+                "2",
+                "--rank",
+                rank,
+                "--attach-timeout",
+                "3",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut creator = Ranks(vec![start("16MiB", "0")]);
+    std::thread::sleep(Duration::from_millis(500));
+    let o = start("32MiB", "1").wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("asks for a pool of 32 MiB")
+            && err.contains("16 MiB")
+            && err.contains("same size"),
+        "{err}"
+    );
+    let st = wait_timeout(&mut creator[0], Duration::from_secs(15)).expect("the creator gives up");
+    let cerr = stderr_of(&mut creator[0]);
+    assert_eq!(st.code(), Some(1), "{cerr}");
+    assert!(cerr.contains("rank(s) 1 never attached"), "{cerr}");
+}
+
+/// The variable that makes [`socket_helper`] act (this test binary run as
+/// another user): `connect NAME` or `bind NAME`.
+const HELPER: &str = "HOSTPOOL_TEST_SOCKET_HELPER";
+
+/// Not a test of its own: the other user's process of the socket tests,
+/// this binary re-run as uid 65534 with [`HELPER`] set.
+#[test]
+fn socket_helper() {
+    let Ok(spec) = std::env::var(HELPER) else {
+        return;
+    };
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+    let (mode, name) = spec.split_once(' ').unwrap();
+    let addr = SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap();
+    let sock = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).unwrap();
+    if mode == "bind" {
+        rustix::net::bind(&sock, &addr).unwrap();
+        rustix::net::listen(&sock, 4).unwrap();
+        println!("helper: ready");
+        std::thread::sleep(Duration::from_secs(30));
+    } else {
+        rustix::net::connect(&sock, &addr).unwrap();
+        let mut buf = vec![0u8; 65536];
+        let n = rustix::io::read(&sock, &mut buf).unwrap();
+        println!("helper: {}", String::from_utf8_lossy(&buf[..n]));
+    }
+}
+
+/// This test binary as uid 65534 (nobody), acting as [`socket_helper`].
+fn as_nobody(mode: &str, name: &str) -> Child {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "socket_helper",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HELPER, format!("{mode} {name}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("setpriv")
+}
+
+/// The line the helper printed, without its prefix.
+fn helper_line(child: &mut Child) -> String {
+    let reader = BufReader::new(child.stdout.as_mut().unwrap());
+    reader
+        .lines()
+        .map_while(|l| l.ok())
+        .find_map(|l| l.split_once("helper: ").map(|(_, said)| said.to_string()))
+        .unwrap_or_default()
+}
+
+/// A process of another user that connects to a pool's socket is refused
+/// and never gets the pool's memory; the real ranks still meet.
+#[test]
+fn socket_rendezvous_refuses_another_users_process() {
+    if !is_root() {
+        assert!(!required(), "needs root to run a process as another user");
+        eprintln!("skip: needs root to run a process as another user");
+        return;
+    }
+    let cfg = shm_config(1);
+    let pool = name("sock-uid");
+    let uid = rustix::process::geteuid().as_raw();
+    let mut ranks = Ranks(Vec::new());
+    let start = |rank: &str| {
+        bin()
+            .args(["alloc", "--config", cfg.path(), "--size", "8MiB", "--json"])
+            .args([
+                "--shared",
+                &pool,
+                "--world",
+                "2",
+                "--rank",
+                rank,
+                "--attach-timeout",
+                "20",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    ranks.push(start("0"));
+    std::thread::sleep(Duration::from_millis(500));
+    let mut intruder = as_nobody("connect", &format!("hostpool/{uid}/{pool}"));
+    let said = helper_line(&mut intruder);
+    let _ = intruder.wait();
+    assert!(
+        said.contains("Refused") && said.contains("not 65534"),
+        "{said}"
+    );
+    ranks.push(start("1"));
+    for (r, child) in ranks.iter_mut().enumerate() {
+        let st = wait_timeout(child, Duration::from_secs(20)).expect("the ranks meet");
+        assert_eq!(st.code(), Some(0), "rank {r}: {}", stderr_of(child));
+    }
+}
+
+/// Another user's process that holds the pool's socket name first makes the
+/// pool fail with a message naming it, rather than hand the ranks its memory.
+#[test]
+fn socket_rendezvous_refuses_a_name_held_by_another_user() {
+    if !is_root() {
+        assert!(!required(), "needs root to run a process as another user");
+        eprintln!("skip: needs root to run a process as another user");
+        return;
+    }
+    let pool = name("sock-squat");
+    let uid = rustix::process::geteuid().as_raw();
+    let mut squatter = Ranks(vec![as_nobody("bind", &format!("hostpool/{uid}/{pool}"))]);
+    assert_eq!(helper_line(&mut squatter[0]), "ready");
+    let cfg = shm_config(1);
+    let o = bin()
+        .args(["alloc", "--config", cfg.path(), "--size", "8MiB"])
+        .args([
+            "--shared",
+            &pool,
+            "--world",
+            "2",
+            "--rank",
+            "0",
+            "--attach-timeout",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("held by pid {}", squatter[0].id())) && err.contains("uid 65534"),
+        "{err}"
+    );
+}
+
 /// SIGTERM every held rank, require each to tear down and exit 0, and the
 /// pool's files in /dev/shm to be gone.
 fn release_held_ranks(ranks: &mut Ranks, pool: &str) {
