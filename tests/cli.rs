@@ -605,6 +605,8 @@ fn every_failure_exits_with_the_documented_status_naming_cause_and_remedy() {
                 "1",
                 "--attach-timeout",
                 "2",
+                "--rendezvous",
+                "file",
             ],
             env: vec![],
             code: 1,

@@ -1230,6 +1230,177 @@ fn socket_rendezvous_refuses_a_name_held_by_another_user() {
     );
 }
 
+/// One step of a shared pool's setup where a rank can die, and how the
+/// victim is stopped there.
+struct Step {
+    name: &'static str,
+    env: (&'static str, &'static str),
+    /// Whether the barrier has passed: the survivors then succeed.
+    after_barrier: bool,
+}
+
+const STEPS: [Step; 5] = [
+    Step {
+        name: "before connect",
+        env: ("HOSTPOOL_TEST_FAILPOINTS", "shared-before-connect=stall"),
+        after_barrier: false,
+    },
+    Step {
+        name: "passing descriptors",
+        env: ("HOSTPOOL_TEST_FAILPOINTS", "shared-passing-fds=stall"),
+        after_barrier: false,
+    },
+    Step {
+        name: "mid-prefault",
+        env: ("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS", "60000"),
+        after_barrier: false,
+    },
+    Step {
+        name: "at the barrier",
+        env: ("HOSTPOOL_TEST_FAILPOINTS", "shared-before-barrier=stall"),
+        after_barrier: false,
+    },
+    Step {
+        name: "after the barrier",
+        env: ("HOSTPOOL_TEST_FAILPOINTS", "shared-after-barrier=stall"),
+        after_barrier: true,
+    },
+];
+
+/// Start the four ranks of `pool` (rank 0 first, so it is the creator unless
+/// it stalls before connecting), `victim` with `env`.
+fn start_four(args: &[&str], pool: &str, victim: Option<(u32, (&str, &str))>) -> Ranks {
+    let mut ranks = Ranks(Vec::new());
+    for r in 0..4u32 {
+        let mut c = bin();
+        c.args(["alloc", "--json"])
+            .args(args)
+            .args(["--shared", pool, "--world", "4", "--rank", &r.to_string()])
+            .args(["--attach-timeout", "3"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some((v, (k, val))) = victim
+            && v == r
+        {
+            c.env(k, val);
+        }
+        ranks.push(c.spawn().unwrap());
+        if r == 0 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    ranks
+}
+
+/// The fault matrix: world 4, each rank (the creator included) SIGKILLed at
+/// each step. Survivors exit 1 naming the dead rank within a second of its
+/// death (a rank that never connected can only be named at the attach
+/// timeout), or 0 once the barrier has passed; nothing panics; nothing is
+/// left in any directory and no huge page stays taken; and a new pool of
+/// the same name and size starts at once, without `gc`, where there is room
+/// for exactly one.
+fn fault_matrix(args: &[&str], dir: &Path, tag: &str, huge: bool) {
+    let _serial = huge.then(huge_pages_lock);
+    let (free_before, resv_before) = (free_2m(), resv_2m());
+    for step in &STEPS {
+        for victim in 0..4u32 {
+            let pool = name(&format!("{tag}-{}-{victim}", step.name.replace(' ', "-")));
+            let what = format!("{} of rank {victim}", step.name);
+            let mut ranks = start_four(args, &pool, Some((victim, step.env)));
+            std::thread::sleep(Duration::from_millis(800));
+            let v = victim as usize;
+            assert!(
+                matches!(ranks[v].try_wait(), Ok(None)),
+                "{what}: the victim stalls"
+            );
+            signal(&ranks[v], libc::SIGKILL);
+            let killed = Instant::now();
+            let _ = ranks[v].wait();
+            for r in (0..4).filter(|r| *r != v) {
+                let st = wait_timeout(&mut ranks[r], Duration::from_secs(10))
+                    .unwrap_or_else(|| panic!("{what}: rank {r} hung"));
+                let took = killed.elapsed();
+                let err = stderr_of(&mut ranks[r]);
+                assert!(!err.contains("panicked"), "{what}: {err}");
+                if step.after_barrier {
+                    assert_eq!(st.code(), Some(0), "{what}: rank {r}: {err}");
+                    continue;
+                }
+                assert_eq!(st.code(), Some(1), "{what}: rank {r} must fail: {err}");
+                let named = err.contains(&format!("rank {victim}"))
+                    || err.contains(&format!("rank(s) {victim}"))
+                    || (victim == 0 && err.contains("creator"));
+                assert!(named, "{what}: rank {r} must name rank {victim}: {err}");
+                let limit = if step.name == "before connect" {
+                    Duration::from_secs(5)
+                } else {
+                    Duration::from_secs(1)
+                };
+                assert!(
+                    took < limit,
+                    "{what}: rank {r} took {took:?} after the death"
+                );
+            }
+            assert!(
+                pool_files(dir, &pool).is_empty(),
+                "{what}: left {:?}",
+                pool_files(dir, &pool)
+            );
+            if huge {
+                assert_eq!(free_2m(), free_before, "{what}: every huge page given back");
+                assert_eq!(resv_2m(), resv_before, "{what}: no huge page reserved");
+            }
+            // The same pool again, at once.
+            let mut again = start_four(args, &pool, None);
+            for (r, child) in again.iter_mut().enumerate() {
+                let st = wait_timeout(child, Duration::from_secs(20)).expect("the restart ends");
+                assert_eq!(
+                    st.code(),
+                    Some(0),
+                    "{what}, restart: rank {r}: {}",
+                    stderr_of(child)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fault_matrix_on_a_small_tmpfs_with_room_for_one_pool() {
+    if !is_root() {
+        assert!(!required(), "needs root to mount a small tmpfs");
+        eprintln!("skip: needs root to mount a small tmpfs");
+        return;
+    }
+    let small = SmallTmpfs::mount("matrix", 20);
+    let dir = small.0.to_str().unwrap().to_string();
+    fault_matrix(
+        &[
+            "--backing",
+            "shm-segmented",
+            "--dir",
+            &dir,
+            "--size",
+            "16MiB",
+        ],
+        &small.0,
+        "mx-shm",
+        false,
+    );
+    assert_eq!(small.used(), 0, "the tmpfs is empty again");
+}
+
+#[test]
+fn fault_matrix_on_hugetlbfs() {
+    let Some(dir) = hugetlbfs_2m(16) else { return };
+    fault_matrix(
+        &["--dir", dir.to_str().unwrap(), "--size", "16MiB"],
+        &dir,
+        "mx-huge",
+        true,
+    );
+}
+
 /// SIGTERM every held rank, require each to tear down and exit 0, and the
 /// pool's files in /dev/shm to be gone.
 fn release_held_ranks(ranks: &mut Ranks, pool: &str) {

@@ -16,10 +16,13 @@ use std::sync::OnceLock;
 pub const ENV: &str = "HOSTPOOL_TEST_FAILPOINTS";
 
 /// The failpoints hostpool checks, for documentation and tests.
-pub const NAMES: [&str; 4] = [
+pub const NAMES: [&str; 7] = [
     "populate-write-probe",
     "anon-mmap",
+    "shared-before-connect",
+    "shared-passing-fds",
     "shared-before-ready",
+    "shared-before-barrier",
     "shared-after-barrier",
 ];
 

@@ -224,6 +224,7 @@ pub(super) fn map(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
     let started = Instant::now();
     let attach_deadline = started + Duration::from_secs_f64(sharing.attach_timeout_secs);
     let addr = address(&sharing.name)?;
+    crate::failpoint::stall("shared-before-connect");
     loop {
         crate::interrupt::check()?;
         let sock = seqpacket()?;
@@ -432,6 +433,7 @@ fn welcome(
         );
         return Ok(None);
     }
+    crate::failpoint::stall("shared-passing-fds");
     let mut chunks = fds.chunks(FDS_PER_MSG);
     let first = chunks.next().unwrap_or(&[]);
     let sent = send(
@@ -576,12 +578,14 @@ fn join(
             Received::Msg(Msg::Files) => {}
             _ => {
                 return Err(peer(format!(
-                    "shared pool `{}`: its creator (pid {pid}) died while handing over the pool",
+                    "shared pool `{}`: its creator, rank {creator_rank} (pid {pid}), died while \
+                     handing over the pool",
                     sharing.name
                 )));
             }
         }
     }
+    crate::failpoint::stall("shared-passing-fds");
     if fds.len() != spec.files.len() {
         return Err(peer(format!(
             "shared pool `{}`: its creator handed over {} file(s), this rank expects {}",
