@@ -1390,6 +1390,91 @@ fn fault_matrix_on_a_small_tmpfs_with_room_for_one_pool() {
     assert_eq!(small.used(), 0, "the tmpfs is empty again");
 }
 
+/// The randomized fault test: 50 runs of a world-4 pool, a random rank
+/// SIGKILLed after a random delay. Whatever dies when, survivors either
+/// succeed (the barrier had passed) or fail naming the dead rank, nothing
+/// panics, nothing is left, and the pool restarts at once.
+#[test]
+fn randomly_killed_ranks_never_leave_anything_behind() {
+    if !is_root() {
+        assert!(!required(), "needs root to mount a small tmpfs");
+        eprintln!("skip: needs root to mount a small tmpfs");
+        return;
+    }
+    let small = SmallTmpfs::mount("random", 20);
+    let dir = small.0.to_str().unwrap().to_string();
+    let args = [
+        "--backing",
+        "shm-segmented",
+        "--dir",
+        &dir,
+        "--size",
+        "16MiB",
+    ];
+    // xorshift64: the same runs every time, so a failure reproduces.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for run in 0..50 {
+        let pool = name(&format!("random-{run}"));
+        let victim = (next() % 4) as usize;
+        let delay = Duration::from_millis(next() % 400);
+        let what = format!("run {run}: rank {victim} killed after {delay:?}");
+        let mut ranks = start_four(&args, &pool, None);
+        std::thread::sleep(delay);
+        signal(&ranks[victim], libc::SIGKILL);
+        let killed = Instant::now();
+        let _ = ranks[victim].wait();
+        for r in (0..4).filter(|r| *r != victim) {
+            let st = wait_timeout(&mut ranks[r], Duration::from_secs(10))
+                .unwrap_or_else(|| panic!("{what}: rank {r} hung"));
+            let err = stderr_of(&mut ranks[r]);
+            assert!(!err.contains("panicked"), "{what}: {err}");
+            match st.code() {
+                Some(0) => {}
+                Some(1) => {
+                    let named = err.contains(&format!("rank {victim}"))
+                        || err.contains(&format!("rank(s) {victim}"))
+                        || (victim == 0 && err.contains("creator"));
+                    assert!(named, "{what}: rank {r} must name rank {victim}: {err}");
+                    let never_came = err.contains("never attached");
+                    let limit = Duration::from_secs(if never_came { 5 } else { 1 });
+                    assert!(
+                        killed.elapsed() < limit,
+                        "{what}: rank {r} took {:?}",
+                        killed.elapsed()
+                    );
+                }
+                other => panic!("{what}: rank {r} ended with {other:?}: {err}"),
+            }
+        }
+        assert!(
+            pool_files(&small.0, &pool).is_empty(),
+            "{what}: {:?}",
+            pool_files(&small.0, &pool)
+        );
+        assert_eq!(
+            small.used(),
+            0,
+            "{what}: the tmpfs holds pages after every rank exited"
+        );
+        let mut again = start_four(&args, &pool, None);
+        for (r, child) in again.iter_mut().enumerate() {
+            let st = wait_timeout(child, Duration::from_secs(20)).expect("the restart ends");
+            assert_eq!(
+                st.code(),
+                Some(0),
+                "{what}, restart: rank {r}: {}",
+                stderr_of(child)
+            );
+        }
+    }
+}
+
 #[test]
 fn fault_matrix_on_hugetlbfs() {
     let Some(dir) = hugetlbfs_2m(16) else { return };
