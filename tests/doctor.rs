@@ -703,3 +703,28 @@ fn a_file_held_outside_the_doctors_pid_namespace_is_live() {
     assert!(held.0.exists(), "doctor removed a file");
     drop(holder);
 }
+
+/// For a shared pool, doctor says which rendezvous it would use and why.
+#[test]
+fn doctor_says_which_rendezvous_a_shared_pool_would_use() {
+    for (flag, want, why) in [
+        (None, "socket @hostpool/", "network namespace"),
+        (Some("file"), "file /dev/shm/hostpool-", "share a directory"),
+    ] {
+        let mut args = vec![
+            "--json", "--size", "16MiB", "--dir", "/dev/shm", "--shared", "doc-rdv", "--world",
+            "2", "--rank", "0",
+        ];
+        if let Some(f) = flag {
+            args.extend(["--rendezvous", f]);
+        }
+        let r = json(&doctor(&args));
+        let pool = findings(&r, "pool");
+        let f = pool
+            .iter()
+            .find(|f| f["item"] == "rendezvous")
+            .unwrap_or_else(|| panic!("no rendezvous finding: {pool:#?}"));
+        assert!(text(&f["value"]).starts_with(want), "{f:#}");
+        assert!(text(&f["remedy"]).contains(why), "{f:#}");
+    }
+}

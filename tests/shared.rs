@@ -1475,6 +1475,63 @@ fn randomly_killed_ranks_never_leave_anything_behind() {
     }
 }
 
+/// A rank that knows the cause of a failure exits at once: the creator whose
+/// capacity check fails does not wait out the attach timeout for ranks that
+/// have not come, and a rank that comes later learns the cause.
+#[test]
+fn a_creator_that_knows_the_cause_exits_at_once() {
+    if !is_root() {
+        assert!(!required(), "needs root to mount a small tmpfs");
+        eprintln!("skip: needs root to mount a small tmpfs");
+        return;
+    }
+    let small = SmallTmpfs::mount("cause", 8);
+    let dir = small.0.to_str().unwrap().to_string();
+    let pool = name("cause");
+    let start = |rank: &str| {
+        bin()
+            .args([
+                "alloc",
+                "--backing",
+                "shm-segmented",
+                "--dir",
+                &dir,
+                "--size",
+                "16MiB",
+            ])
+            .args([
+                "--shared",
+                &pool,
+                "--world",
+                "3",
+                "--rank",
+                rank,
+                "--attach-timeout",
+                "30",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let t = Instant::now();
+    let mut first = Ranks(vec![start("0")]);
+    let st = wait_timeout(&mut first[0], Duration::from_secs(10)).expect("it exits");
+    let err = stderr_of(&mut first[0]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(err.contains("cannot hold the pool"), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "not the attach timeout: {:?}",
+        t.elapsed()
+    );
+    let mut later = Ranks(vec![start("1")]);
+    let st = wait_timeout(&mut later[0], Duration::from_secs(10)).expect("it exits");
+    let err = stderr_of(&mut later[0]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(err.contains("cannot hold the pool"), "{err}");
+}
+
 #[test]
 fn fault_matrix_on_hugetlbfs() {
     let Some(dir) = hugetlbfs_2m(16) else { return };

@@ -33,6 +33,43 @@ fn check_finding(c: &CapacityCheck) -> Finding {
     }
 }
 
+/// Which rendezvous a shared pool would use, and why.
+fn rendezvous_finding(sharing: &pool_core::SharingConfig) -> Finding {
+    let uid = rustix::process::geteuid().as_raw();
+    let value = match sharing.rendezvous {
+        pool_core::Rendezvous::Socket => format!(
+            "socket @hostpool/{uid}/{}: the ranks meet on a unix socket in the abstract \
+             namespace and share memory that has no name in any directory, so nothing can be \
+             left behind",
+            sharing.name
+        ),
+        pool_core::Rendezvous::File => format!(
+            "file {}: a control file and named data files, unlinked after the barrier",
+            pool_core::shared::ctl_path(
+                sharing
+                    .control_dir
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(pool_core::shared::DEFAULT_CONTROL_DIR)),
+                &sharing.name
+            )
+            .display()
+        ),
+    };
+    let why = match sharing.rendezvous {
+        pool_core::Rendezvous::Socket => {
+            "the ranks must share a network namespace (the ranks of one engine, one pod); for \
+             ranks that share only a directory, set rendezvous = \"file\" (--rendezvous file)"
+        }
+        pool_core::Rendezvous::File => {
+            "for ranks that share a directory but not a network namespace; a crash can leave \
+             files, which the next creator replaces and `hostpool gc` removes"
+        }
+    };
+    Finding::new("pool", "rendezvous", value)
+        .info(why)
+        .details(json!({"rendezvous": sharing.rendezvous.name()}))
+}
+
 /// The plan, its capacity checks, the memlock bound of its pin, what the
 /// plugins said of their part (`plugin_lines`, from their doctor hooks), and
 /// the verdict.
@@ -60,6 +97,9 @@ pub(super) fn findings(
         .details(json!({"explain": report.explain})),
     ];
     out.extend(report.capacity.iter().map(check_finding));
+    if let Some(sharing) = &config.sharing {
+        out.push(rendezvous_finding(sharing));
+    }
 
     if config.pin.is_on() {
         let item = format!("pin {} memlock", config.pin.kind);
