@@ -1,7 +1,11 @@
 //! Shared pools: the tensor-parallel ranks of one engine on one node map the
-//! same files, each prefaults only its own shard, and they meet at a barrier.
+//! same memory, each prefaults only its own shard, and they meet at a barrier.
 //!
-//! The protocol follows vLLM's (`shared_offload_region.py`, REFERENCE §1),
+//! Two rendezvous ([`crate::Rendezvous`]). The default, `socket`, is in
+//! `socket.rs`: the ranks meet on an abstract unix socket and the creator
+//! passes its unlinked files' descriptors, so nothing is ever in a
+//! directory. This module is the other, `file`, for ranks that share only a
+//! directory. It follows vLLM's (`shared_offload_region.py`, REFERENCE §1),
 //! and improves on it:
 //!
 //! - **Election without a half-made file.** The creator builds the control
@@ -17,10 +21,12 @@
 //!   with its message; a rank that dies loses its lock. Either way its peers
 //!   fail with a message naming it, never hang. A rank that never attaches
 //!   fails them after the attach timeout.
-//! - **Unlink by inode.** After the barrier the creator unlinks the control
-//!   and data files. After a failure every rank does (by inode, so a newer
-//!   generation at the same path is never deleted). The memory lives on while
-//!   mapped and is freed by the kernel even after SIGKILL.
+//! - **Unlink by inode.** After the barrier, and after a failure, every rank
+//!   unlinks the control and data files (by inode, so a newer generation at
+//!   the same path is never deleted). The memory lives on while mapped and is
+//!   freed by the kernel even after SIGKILL.
+//! - **Stale files replaced before the capacity check**, so a restart after a
+//!   crash on a node with room for one pool starts at once.
 //! - **Capacity checks in the creator only**: once it has reserved the pages,
 //!   the free counts look too low to joiners.
 //!
