@@ -30,6 +30,17 @@ fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
+/// Whether this process is root; elsewhere says why the test skips (and
+/// fails where huge page tests are required, as in CI).
+fn root_or_skip(why: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(!required(), "{why}");
+    eprintln!("skip: {why}");
+    false
+}
+
 fn required() -> bool {
     std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() == Ok("1")
 }
@@ -1151,9 +1162,7 @@ fn helper_line(child: &mut Child) -> String {
 /// and never gets the pool's memory; the real ranks still meet.
 #[test]
 fn socket_rendezvous_refuses_another_users_process() {
-    if !is_root() {
-        assert!(!required(), "needs root to run a process as another user");
-        eprintln!("skip: needs root to run a process as another user");
+    if !root_or_skip("needs root to run a process as another user") {
         return;
     }
     let cfg = shm_config(1);
@@ -1198,9 +1207,7 @@ fn socket_rendezvous_refuses_another_users_process() {
 /// pool fail with a message naming it, rather than hand the ranks its memory.
 #[test]
 fn socket_rendezvous_refuses_a_name_held_by_another_user() {
-    if !is_root() {
-        assert!(!required(), "needs root to run a process as another user");
-        eprintln!("skip: needs root to run a process as another user");
+    if !root_or_skip("needs root to run a process as another user") {
         return;
     }
     let pool = name("sock-squat");
@@ -1292,6 +1299,21 @@ fn start_four(args: &[&str], pool: &str, victim: Option<(u32, (&str, &str))>) ->
     ranks
 }
 
+/// The same four ranks again, with no failpoint: they must all succeed at
+/// once, without `gc`.
+fn restart_four(args: &[&str], pool: &str, what: &str) {
+    let mut again = start_four(args, pool, None);
+    for (r, child) in again.iter_mut().enumerate() {
+        let st = wait_timeout(child, Duration::from_secs(20)).expect("the restart ends");
+        assert_eq!(
+            st.code(),
+            Some(0),
+            "{what}, restart: rank {r}: {}",
+            stderr_of(child)
+        );
+    }
+}
+
 /// The fault matrix: world 4, each rank (the creator included) SIGKILLed at
 /// each step. Survivors exit 1 naming the dead rank within a second of its
 /// death (a rank that never connected can only be named at the attach
@@ -1351,25 +1373,14 @@ fn fault_matrix(args: &[&str], dir: &Path, tag: &str, huge: bool) {
                 assert_eq!(resv_2m(), resv_before, "{what}: no huge page reserved");
             }
             // The same pool again, at once.
-            let mut again = start_four(args, &pool, None);
-            for (r, child) in again.iter_mut().enumerate() {
-                let st = wait_timeout(child, Duration::from_secs(20)).expect("the restart ends");
-                assert_eq!(
-                    st.code(),
-                    Some(0),
-                    "{what}, restart: rank {r}: {}",
-                    stderr_of(child)
-                );
-            }
+            restart_four(args, &pool, &what);
         }
     }
 }
 
 #[test]
 fn fault_matrix_on_a_small_tmpfs_with_room_for_one_pool() {
-    if !is_root() {
-        assert!(!required(), "needs root to mount a small tmpfs");
-        eprintln!("skip: needs root to mount a small tmpfs");
+    if !root_or_skip("needs root to mount a small tmpfs") {
         return;
     }
     let small = SmallTmpfs::mount("matrix", 20);
@@ -1396,9 +1407,7 @@ fn fault_matrix_on_a_small_tmpfs_with_room_for_one_pool() {
 /// panics, nothing is left, and the pool restarts at once.
 #[test]
 fn randomly_killed_ranks_never_leave_anything_behind() {
-    if !is_root() {
-        assert!(!required(), "needs root to mount a small tmpfs");
-        eprintln!("skip: needs root to mount a small tmpfs");
+    if !root_or_skip("needs root to mount a small tmpfs") {
         return;
     }
     let small = SmallTmpfs::mount("random", 20);
@@ -1462,16 +1471,7 @@ fn randomly_killed_ranks_never_leave_anything_behind() {
             0,
             "{what}: the tmpfs holds pages after every rank exited"
         );
-        let mut again = start_four(&args, &pool, None);
-        for (r, child) in again.iter_mut().enumerate() {
-            let st = wait_timeout(child, Duration::from_secs(20)).expect("the restart ends");
-            assert_eq!(
-                st.code(),
-                Some(0),
-                "{what}, restart: rank {r}: {}",
-                stderr_of(child)
-            );
-        }
+        restart_four(&args, &pool, &what);
     }
 }
 
@@ -1480,9 +1480,7 @@ fn randomly_killed_ranks_never_leave_anything_behind() {
 /// have not come, and a rank that comes later learns the cause.
 #[test]
 fn a_creator_that_knows_the_cause_exits_at_once() {
-    if !is_root() {
-        assert!(!required(), "needs root to mount a small tmpfs");
-        eprintln!("skip: needs root to mount a small tmpfs");
+    if !root_or_skip("needs root to mount a small tmpfs") {
         return;
     }
     let small = SmallTmpfs::mount("cause", 8);
@@ -1646,9 +1644,7 @@ impl Drop for SmallTmpfs {
 /// the shortage, with `hostpool gc`.
 #[test]
 fn a_restart_after_a_crash_replaces_the_stale_files_on_a_node_with_room_for_one_pool() {
-    if !is_root() {
-        assert!(!required(), "needs root to mount a small tmpfs");
-        eprintln!("skip: needs root to mount a small tmpfs");
+    if !root_or_skip("needs root to mount a small tmpfs") {
         return;
     }
     let small = SmallTmpfs::mount("restart", 16);
@@ -1750,9 +1746,7 @@ fn a_restart_after_a_crash_replaces_the_stale_files_on_a_node_with_room_for_one_
 /// of SIGBUS (exit 135): the second pool fails with exit 1 and the reason.
 #[test]
 fn touch_prefault_of_two_pools_on_a_small_tmpfs_never_dies_of_sigbus() {
-    if !is_root() {
-        assert!(!required(), "needs root to mount a small tmpfs");
-        eprintln!("skip: needs root to mount a small tmpfs");
+    if !root_or_skip("needs root to mount a small tmpfs") {
         return;
     }
     let small = SmallTmpfs::mount("touch", 64);
@@ -1812,9 +1806,7 @@ fn touch_prefault_of_two_pools_on_a_small_tmpfs_never_dies_of_sigbus() {
 
 #[test]
 fn a_full_tmpfs_is_a_clear_capacity_error() {
-    if !is_root() {
-        assert!(!required(), "needs root to mount a small tmpfs");
-        eprintln!("skip: needs root to mount a small tmpfs");
+    if !root_or_skip("needs root to mount a small tmpfs") {
         return;
     }
     let small = SmallTmpfs::mount("full", 16);

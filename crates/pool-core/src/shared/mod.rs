@@ -1025,6 +1025,28 @@ pub struct SharingReport {
     pub rendezvous: &'static str,
 }
 
+impl SharingReport {
+    /// The report's `sharing` object; `control_file` empty for the socket
+    /// rendezvous.
+    pub(crate) fn of(
+        sharing: &SharingConfig,
+        role: Role,
+        shard: Extent,
+        control_file: String,
+    ) -> Option<serde_json::Value> {
+        serde_json::to_value(SharingReport {
+            name: sharing.name.clone(),
+            world: sharing.world,
+            rank: sharing.rank,
+            role,
+            shard: shard.into(),
+            control_file,
+            rendezvous: sharing.rendezvous.name(),
+        })
+        .ok()
+    }
+}
+
 impl Mapping for SharedMapping {
     fn region(&self) -> Region<'_> {
         self.inner.region()
@@ -1047,16 +1069,12 @@ impl Mapping for SharedMapping {
     }
 
     fn sharing(&self) -> Option<serde_json::Value> {
-        serde_json::to_value(SharingReport {
-            name: self.session.sharing.name.clone(),
-            world: self.session.sharing.world,
-            rank: self.session.sharing.rank,
-            role: self.session.role,
-            shard: self.shard.into(),
-            control_file: self.session.ctl_path.display().to_string(),
-            rendezvous: "file",
-        })
-        .ok()
+        SharingReport::of(
+            &self.session.sharing,
+            self.session.role,
+            self.shard,
+            self.session.ctl_path.display().to_string(),
+        )
     }
 
     fn rendezvous(

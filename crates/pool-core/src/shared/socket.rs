@@ -152,15 +152,21 @@ fn recv(fd: impl AsFd, deadline: Instant, files: &mut Vec<OwnedFd>) -> Result<Re
     let mut buf = vec![0u8; MSG_BYTES];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MSG))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let got = match rustix::net::recvmsg(
-        fd,
-        &mut [IoSliceMut::new(&mut buf)],
-        &mut control,
-        RecvFlags::CMSG_CLOEXEC,
-    ) {
-        Ok(g) => g,
-        Err(e) if e == rustix::io::Errno::CONNRESET => return Ok(Received::Gone),
-        Err(e) => return Err(os("recvmsg", e, "the rendezvous socket failed")),
+    let mut flags = RecvFlags::CMSG_CLOEXEC;
+    let got = loop {
+        match rustix::net::recvmsg(fd, &mut [IoSliceMut::new(&mut buf)], &mut control, flags) {
+            Ok(g) => break g,
+            // A peer that closed its socket with our message unread in it
+            // makes the kernel report ECONNRESET once, before the messages
+            // it had sent us and that are still queued: read those first.
+            Err(e) if e == rustix::io::Errno::CONNRESET && !flags.contains(RecvFlags::DONTWAIT) => {
+                flags |= RecvFlags::DONTWAIT;
+            }
+            Err(e) if e == rustix::io::Errno::CONNRESET || e == rustix::io::Errno::AGAIN => {
+                return Ok(Received::Gone);
+            }
+            Err(e) => return Err(os("recvmsg", e, "the rendezvous socket failed")),
+        }
     };
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
@@ -281,42 +287,17 @@ fn create(
     let fds: Vec<std::os::fd::BorrowedFd<'_>> =
         mapping.pool_files().iter().map(|f| f.fd.as_fd()).collect();
     let expect = hello_of(&spec);
-    while links.len() + 1 < sharing.world as usize {
-        let now = Instant::now();
-        if now >= attach_deadline {
-            let missing = missing_ranks(sharing.world, sharing.rank, &links);
-            let msg = format!(
-                "shared pool `{}`: rank(s) {missing} never attached within {:.0} s; start all {} \
-                 ranks, or raise --attach-timeout",
-                sharing.name, sharing.attach_timeout_secs, sharing.world
-            );
-            fail_all(&mut links, &msg);
-            return Err(peer(msg));
-        }
-        if let Err(e) = crate::interrupt::check() {
-            fail_all(
-                &mut links,
-                &format!("rank {} was interrupted: {e}", sharing.rank),
-            );
-            return Err(e);
-        }
-        // A joiner that is already attached may die, or arrive, meanwhile.
-        if let Some(msg) = watch(&mut links, sharing) {
-            fail_all(&mut links, &msg);
-            return Err(peer(msg));
-        }
-        if !readable(listener.as_fd(), attach_deadline)? {
-            continue;
-        }
-        let conn = match rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) {
-            Ok(c) => c,
-            Err(e) if e == rustix::io::Errno::INTR || e == rustix::io::Errno::AGAIN => continue,
-            Err(e) => return Err(os("accept", e, "the rendezvous socket failed")),
+    // Whatever ends the wait for the joiners, those already welcomed hear why.
+    if let Err(e) = accept_joiners(&spec, &expect, &listener, &fds, &mut links, attach_deadline) {
+        let msg = match &e {
+            Error::Peer { message } => message.clone(),
+            other => format!(
+                "shared pool `{}`: rank {} (the creator) failed: {other}",
+                sharing.name, sharing.rank
+            ),
         };
-        match welcome(&spec, &expect, conn, &links, &fds)? {
-            Some(link) => links.push(link),
-            None => continue,
-        }
+        fail_all(&mut links, &msg);
+        return Err(e);
     }
     drop(fds);
     Ok(Box::new(SocketMapping {
@@ -326,6 +307,46 @@ fn create(
         shard: shard(spec.size, sharing)?,
         sharing: sharing.clone(),
     }))
+}
+
+/// Welcome joiners until every rank has attached, or fail naming those that
+/// did not, or the one that died meanwhile.
+fn accept_joiners(
+    spec: &SharedPoolSpec<'_>,
+    expect: &Msg,
+    listener: &OwnedFd,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    links: &mut Vec<Link>,
+    attach_deadline: Instant,
+) -> Result<()> {
+    let sharing = spec.sharing;
+    while links.len() + 1 < sharing.world as usize {
+        if Instant::now() >= attach_deadline {
+            let missing = missing_ranks(sharing.world, sharing.rank, links);
+            return Err(peer(format!(
+                "shared pool `{}`: rank(s) {missing} never attached within {:.0} s; start all {} \
+                 ranks, or raise --attach-timeout",
+                sharing.name, sharing.attach_timeout_secs, sharing.world
+            )));
+        }
+        crate::interrupt::check()?;
+        // A joiner that is already attached may die, or arrive, meanwhile.
+        if let Some(msg) = watch(links, sharing) {
+            return Err(peer(msg));
+        }
+        if !readable(listener.as_fd(), attach_deadline)? {
+            continue;
+        }
+        // A peer that died between its connect and our accept is
+        // ECONNABORTED: it never attached, and the wait goes on.
+        let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) else {
+            continue;
+        };
+        if let Some(link) = welcome(spec, expect, conn, links, fds)? {
+            links.push(link);
+        }
+    }
+    Ok(())
 }
 
 /// What a joiner must ask for.
@@ -358,7 +379,10 @@ fn welcome(
     fds: &[std::os::fd::BorrowedFd<'_>],
 ) -> Result<Option<Link>> {
     let sharing = spec.sharing;
-    let (uid, pid) = peer_pid(&conn)?;
+    // A peer gone already is one that never attached.
+    let Ok((uid, pid)) = peer_pid(&conn) else {
+        return Ok(None);
+    };
     let me = rustix::process::geteuid().as_raw();
     let refuse = |usage: bool, message: String| {
         let _ = send(&conn, &Msg::Refused { usage, message }, &[]);
@@ -724,16 +748,7 @@ impl Mapping for SocketMapping {
     }
 
     fn sharing(&self) -> Option<serde_json::Value> {
-        serde_json::to_value(SharingReport {
-            name: self.sharing.name.clone(),
-            world: self.sharing.world,
-            rank: self.sharing.rank,
-            role: self.role,
-            shard: self.shard.into(),
-            control_file: String::new(),
-            rendezvous: "socket",
-        })
-        .ok()
+        SharingReport::of(&self.sharing, self.role, self.shard, String::new())
     }
 
     fn rendezvous(
