@@ -220,6 +220,21 @@ pub struct PrefaultOutcome {
     pub seconds: f64,
     /// Whether some range fell back from populate-write to touch on `EINVAL`.
     pub fell_back_to_touch: bool,
+    /// Each thread's slice and when it started and ended faulting it, in
+    /// seconds from the phase's start: where the phase's time went.
+    pub per_thread: Vec<ThreadTiming>,
+}
+
+/// One prefault thread's share of the phase.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ThreadTiming {
+    /// Bytes this thread faulted.
+    pub bytes: u64,
+    /// Seconds from the phase's start until this thread began faulting
+    /// (thread start and the barrier release).
+    pub start: f64,
+    /// Seconds from the phase's start until this thread's last step ended.
+    pub end: f64,
 }
 
 /// Fault `plan.extent` of `region` in with `plan.threads` threads, calling
@@ -262,8 +277,10 @@ pub fn run(
         fell_back: AtomicBool::new(false),
         first_error: Mutex::new(None),
         progress,
+        start: Instant::now(),
+        timings: Mutex::new(Vec::with_capacity(slices.len())),
     };
-    let start = Instant::now();
+    let start = worker.start;
     if slices.len() == 1 {
         worker.run(with_tail(slices[0], tail), None);
     } else {
@@ -289,12 +306,18 @@ pub fn run(
     {
         return Err(e);
     }
+    let mut per_thread = worker
+        .timings
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
+    per_thread.sort_by(|a, b| a.start.total_cmp(&b.start));
     Ok(PrefaultOutcome {
         method: plan.method.name(),
         threads: slices.len(),
         bytes: worker.done.load(Ordering::Relaxed),
         seconds,
         fell_back_to_touch: worker.fell_back.load(Ordering::Relaxed),
+        per_thread,
     })
 }
 
@@ -337,6 +360,8 @@ struct Worker<'a> {
     fell_back: AtomicBool,
     first_error: Mutex<Option<Error>>,
     progress: &'a (dyn Fn(u64) + Sync),
+    start: Instant,
+    timings: Mutex<Vec<ThreadTiming>>,
 }
 
 impl Worker<'_> {
@@ -344,6 +369,21 @@ impl Worker<'_> {
         if let Some(b) = barrier {
             b.wait();
         }
+        let began = self.start.elapsed().as_secs_f64();
+        let mut bytes = 0;
+        self.fault_slice(slice, &mut bytes);
+        let end = self.start.elapsed().as_secs_f64();
+        self.timings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(ThreadTiming {
+                bytes,
+                start: began,
+                end,
+            });
+    }
+
+    fn fault_slice(&self, slice: Extent, bytes: &mut u64) {
         let step = self.page.round_down(STEP_BYTES).max(self.page.get());
         let mut method = self.method;
         let mut offset = slice.offset;
@@ -358,6 +398,7 @@ impl Worker<'_> {
             let extent = Extent { offset, len };
             match self.fault_step(&mut method, extent) {
                 Ok(()) => {
+                    *bytes += len;
                     let total = self.done.fetch_add(len, Ordering::Relaxed) + len;
                     (self.progress)(total);
                 }
@@ -493,6 +534,20 @@ mod tests {
                 .unwrap();
                 assert_eq!(out.bytes, 200 << 20);
                 assert_eq!(out.threads, 3);
+                assert_eq!(out.per_thread.len(), 3, "one timing per thread");
+                assert_eq!(
+                    out.per_thread.iter().map(|t| t.bytes).sum::<u64>(),
+                    out.bytes,
+                    "the threads' bytes add up to the phase's"
+                );
+                for t in &out.per_thread {
+                    assert!(t.bytes > 0, "{t:?}");
+                    assert!(
+                        0.0 <= t.start && t.start <= t.end && t.end <= out.seconds,
+                        "{t:?} lies outside the phase's {} s",
+                        out.seconds
+                    );
+                }
                 assert_eq!(
                     last.load(Ordering::Relaxed),
                     200 << 20,
@@ -516,8 +571,10 @@ mod tests {
                 len: (4 << 20) + 4096,
             };
             let plan = plan(PrefaultChoice::Auto, extent, region.page(), None).unwrap();
-            run(&region, &plan, &|_| {}).unwrap();
+            let out = run(&region, &plan, &|_| {}).unwrap();
             assert_eq!(resident(&region), ((4 << 20) + 4096) / 4096);
+            let bytes: Vec<u64> = out.per_thread.iter().map(|t| t.bytes).collect();
+            assert_eq!(bytes, [(4 << 20) + 4096], "one thread, the tail included");
         });
     }
 

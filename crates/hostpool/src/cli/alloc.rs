@@ -94,12 +94,21 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
 
 /// Hand every blocked signal to [`pool_core::interrupt::request`], from a
 /// thread of its own.
+///
+/// Returns once that thread runs. A new thread maps its malloc arena and its
+/// signal stack as it starts; each `mmap` takes the address space's lock for
+/// writing, so one that lands during prefault waits for a worker's
+/// `MADV_POPULATE_WRITE` step to end, and stalls the other workers behind it
+/// for as long (issue 13: a quarter of the prefault phase on two threads).
 fn forward(signals: TerminationSignals) {
+    let (started, running) = std::sync::mpsc::sync_channel(0);
     std::thread::spawn(move || {
+        let _ = started.send(());
         while let Ok(sig) = signals.wait() {
             pool_core::interrupt::request(sig);
         }
     });
+    let _ = running.recv();
 }
 
 fn teardown_note(report: &pool_core::PoolReport) -> String {
