@@ -223,27 +223,34 @@ fn addr(report: &Value) -> u64 {
     .unwrap()
 }
 
+/// `--shared pool --world world --rank rank`: the flags every rank passes.
+fn shared_flags(
+    pool: &str,
+    world: impl std::fmt::Display,
+    rank: impl std::fmt::Display,
+) -> [String; 6] {
+    [
+        "--shared".into(),
+        pool.into(),
+        "--world".into(),
+        world.to_string(),
+        "--rank".into(),
+        rank.to_string(),
+    ]
+}
+
 /// Spawn `world` ranks of one shared pool with `--hold --json`.
 fn spawn_ranks(args: &[&str], pool: &str, world: u32, env: &[(u32, &str, &str)]) -> Ranks {
     Ranks(
         (0..world)
             .map(|r| {
                 let mut c = bin();
-                c.args([
-                    "alloc",
-                    "--hold",
-                    "--json",
-                    "--shared",
-                    pool,
-                    "--world",
-                    &world.to_string(),
-                    "--rank",
-                    &r.to_string(),
-                ])
-                .args(["--attach-timeout", "20"])
-                .args(args)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+                c.args(["alloc", "--hold", "--json"])
+                    .args(shared_flags(pool, world, r))
+                    .args(["--attach-timeout", "20"])
+                    .args(args)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
                 for (rank, k, v) in env {
                     if *rank == r {
                         c.env(k, v);
@@ -425,14 +432,7 @@ fn kill_the_creator_before_ready(args: &[&str], dir: &Path, tag: &str, huge: boo
         let mut c = bin();
         c.args(["alloc", "--json"])
             .args(args)
-            .args([
-                "--shared",
-                &pool,
-                "--world",
-                "2",
-                "--rank",
-                &rank.to_string(),
-            ])
+            .args(shared_flags(&pool, 2, rank))
             .args(["--attach-timeout", "30", "--rendezvous", "file"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -538,7 +538,7 @@ fn a_pool_larger_than_the_free_huge_pages_fails_cleanly_without_sigbus() {
             &size,
         ]);
         if shared {
-            c.args(["--shared", &pool, "--world", "1", "--rank", "0"]);
+            c.args(shared_flags(&pool, 1, 0));
         }
         let o = c.output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
@@ -559,23 +559,9 @@ fn joining_a_live_pool_with_another_size_is_a_clear_error() {
     let pool = name("mismatch");
     let mut creator = Ranks(vec![
         bin()
-            .args([
-                "alloc",
-                "--config",
-                cfg.path(),
-                "--size",
-                "16MiB",
-                "--shared",
-                &pool,
-                "--world",
-                "2",
-                "--rank",
-                "0",
-                "--attach-timeout",
-                "3",
-                "--rendezvous",
-                "file",
-            ])
+            .args(["alloc", "--config", cfg.path(), "--size", "16MiB"])
+            .args(shared_flags(&pool, 2, 0))
+            .args(["--attach-timeout", "3", "--rendezvous", "file"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -588,21 +574,9 @@ fn joining_a_live_pool_with_another_size_is_a_clear_error() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let o = bin()
-        .args([
-            "alloc",
-            "--config",
-            cfg.path(),
-            "--size",
-            "32MiB",
-            "--shared",
-            &pool,
-            "--world",
-            "2",
-            "--rank",
-            "1",
-            "--rendezvous",
-            "file",
-        ])
+        .args(["alloc", "--config", cfg.path(), "--size", "32MiB"])
+        .args(shared_flags(&pool, 2, 1))
+        .args(["--rendezvous", "file"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -634,22 +608,9 @@ fn stale_files_of_a_crashed_run_are_replaced_and_gc_removes_only_stale_ones() {
     }
     let cfg = shm_config(1);
     let o = bin()
-        .args([
-            "alloc",
-            "--config",
-            cfg.path(),
-            "--size",
-            "8MiB",
-            "--shared",
-            &pool,
-            "--world",
-            "1",
-            "--rank",
-            "0",
-            "--json",
-            "--rendezvous",
-            "file",
-        ])
+        .args(["alloc", "--config", cfg.path(), "--size", "8MiB"])
+        .args(shared_flags(&pool, 1, 0))
+        .args(["--json", "--rendezvous", "file"])
         .output()
         .unwrap();
     assert_eq!(
@@ -668,23 +629,9 @@ fn stale_files_of_a_crashed_run_are_replaced_and_gc_removes_only_stale_ones() {
     let live = name("live");
     let mut waiting = Ranks(vec![
         bin()
-            .args([
-                "alloc",
-                "--config",
-                cfg.path(),
-                "--size",
-                "8MiB",
-                "--shared",
-                &live,
-                "--world",
-                "2",
-                "--rank",
-                "0",
-                "--attach-timeout",
-                "30",
-                "--rendezvous",
-                "file",
-            ])
+            .args(["alloc", "--config", cfg.path(), "--size", "8MiB"])
+            .args(shared_flags(&live, 2, 0))
+            .args(["--attach-timeout", "30", "--rendezvous", "file"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -853,14 +800,7 @@ fn a_creator_killed_after_the_barrier_leaves_no_file_behind() {
     let start = |rank: u32, env: &[(&str, &str)]| {
         let mut c = bin();
         c.args(["alloc", "--config", cfg.path(), "--size", "8MiB", "--json"])
-            .args([
-                "--shared",
-                &pool,
-                "--world",
-                "2",
-                "--rank",
-                &rank.to_string(),
-            ])
+            .args(shared_flags(&pool, 2, rank))
             .args(["--attach-timeout", "20", "--rendezvous", "file"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -925,7 +865,7 @@ fn shared_without_a_dir_is_really_shared_and_anon_refuses_sharing() {
 
     let o = bin()
         .args(["alloc", "--backing", "anon", "--size", "8MiB"])
-        .args(["--shared", &pool, "--world", "2", "--rank", "0"])
+        .args(shared_flags(&pool, 2, 0))
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -997,16 +937,8 @@ fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
         let pool = name(&format!("signal{sig}"));
         let mut c = bin();
         c.args(["alloc", "--config", cfg.path(), "--size", "16MiB"])
-            .args([
-                "--shared",
-                &pool,
-                "--world",
-                "2",
-                "--rank",
-                "0",
-                "--attach-timeout",
-                "60",
-            ])
+            .args(shared_flags(&pool, 2, 0))
+            .args(["--attach-timeout", "60"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if hold {
@@ -1049,7 +981,7 @@ fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
                 "--hold",
                 "--json",
             ])
-            .args(["--shared", &pool, "--world", "1", "--rank", "0"])
+            .args(shared_flags(&pool, 1, 0))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -1070,16 +1002,8 @@ fn socket_rendezvous_refuses_a_joiner_of_another_size() {
     let start = |size: &str, rank: &str| {
         bin()
             .args(["alloc", "--config", cfg.path(), "--size", size])
-            .args([
-                "--shared",
-                &pool,
-                "--world",
-                "2",
-                "--rank",
-                rank,
-                "--attach-timeout",
-                "3",
-            ])
+            .args(shared_flags(&pool, 2, rank))
+            .args(["--attach-timeout", "3"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -1172,16 +1096,8 @@ fn socket_rendezvous_refuses_another_users_process() {
     let start = |rank: &str| {
         bin()
             .args(["alloc", "--config", cfg.path(), "--size", "8MiB", "--json"])
-            .args([
-                "--shared",
-                &pool,
-                "--world",
-                "2",
-                "--rank",
-                rank,
-                "--attach-timeout",
-                "20",
-            ])
+            .args(shared_flags(&pool, 2, rank))
+            .args(["--attach-timeout", "20"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -1217,16 +1133,8 @@ fn socket_rendezvous_refuses_a_name_held_by_another_user() {
     let cfg = shm_config(1);
     let o = bin()
         .args(["alloc", "--config", cfg.path(), "--size", "8MiB"])
-        .args([
-            "--shared",
-            &pool,
-            "--world",
-            "2",
-            "--rank",
-            "0",
-            "--attach-timeout",
-            "5",
-        ])
+        .args(shared_flags(&pool, 2, 0))
+        .args(["--attach-timeout", "5"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -1274,6 +1182,22 @@ const STEPS: [Step; 5] = [
     },
 ];
 
+/// Whether a survivor's error names the dead rank: by number, among the
+/// ranks that never attached, or as the pool's creator by pid (the first rank
+/// to bind the socket creates the pool, whichever it is, and a joiner that
+/// lost it before the welcome knows it by pid only).
+fn names_rank(err: &str, rank: impl std::fmt::Display, pid: u32) -> bool {
+    let rank = rank.to_string();
+    let listed = err.split("rank(s) ").skip(1).any(|rest| {
+        rest.split(" never attached")
+            .next()
+            .is_some_and(|list| list.split(", ").any(|r| r == rank))
+    });
+    err.contains(&format!("rank {rank}"))
+        || listed
+        || (err.contains("creator") && err.contains(&format!("pid {pid}")))
+}
+
 /// Start the four ranks of `pool` (rank 0 first, so it is the creator unless
 /// it stalls before connecting), `victim` with `env`.
 fn start_four(args: &[&str], pool: &str, victim: Option<(u32, (&str, &str))>) -> Ranks {
@@ -1282,7 +1206,7 @@ fn start_four(args: &[&str], pool: &str, victim: Option<(u32, (&str, &str))>) ->
         let mut c = bin();
         c.args(["alloc", "--json"])
             .args(args)
-            .args(["--shared", pool, "--world", "4", "--rank", &r.to_string()])
+            .args(shared_flags(pool, 4, r))
             .args(["--attach-timeout", "3"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -1350,10 +1274,10 @@ fn fault_matrix(args: &[&str], dir: &Path, tag: &str, huge: bool) {
                     continue;
                 }
                 assert_eq!(st.code(), Some(1), "{what}: rank {r} must fail: {err}");
-                let named = err.contains(&format!("rank {victim}"))
-                    || err.contains(&format!("rank(s) {victim}"))
-                    || (err.contains("creator") && err.contains(&format!("pid {victim_pid}")));
-                assert!(named, "{what}: rank {r} must name rank {victim}: {err}");
+                assert!(
+                    names_rank(&err, victim, victim_pid),
+                    "{what}: rank {r} must name rank {victim}: {err}"
+                );
                 let limit = if step.name == "before connect" {
                     Duration::from_secs(5)
                 } else {
@@ -1448,13 +1372,10 @@ fn randomly_killed_ranks_never_leave_anything_behind() {
             match st.code() {
                 Some(0) => {}
                 Some(1) => {
-                    // The first rank to bind the socket creates the pool,
-                    // whichever it is; a joiner that lost it before the
-                    // welcome knows it by pid only.
-                    let named = err.contains(&format!("rank {victim}"))
-                        || err.contains(&format!("rank(s) {victim}"))
-                        || (err.contains("creator") && err.contains(&format!("pid {victim_pid}")));
-                    assert!(named, "{what}: rank {r} must name rank {victim}: {err}");
+                    assert!(
+                        names_rank(&err, victim, victim_pid),
+                        "{what}: rank {r} must name rank {victim}: {err}"
+                    );
                     let never_came = err.contains("never attached");
                     let limit = Duration::from_secs(if never_came { 5 } else { 1 });
                     assert!(
@@ -1502,16 +1423,8 @@ fn a_creator_that_knows_the_cause_exits_at_once() {
                 "--size",
                 "16MiB",
             ])
-            .args([
-                "--shared",
-                &pool,
-                "--world",
-                "3",
-                "--rank",
-                rank,
-                "--attach-timeout",
-                "30",
-            ])
+            .args(shared_flags(&pool, 3, rank))
+            .args(["--attach-timeout", "30"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -1674,7 +1587,8 @@ fn a_restart_after_a_crash_replaces_the_stale_files_on_a_node_with_room_for_one_
             "--size",
             "12MiB",
         ])
-        .args(["--shared", pool, "--world", "1", "--rank", "0", "--json"])
+        .args(shared_flags(pool, 1, 0))
+        .args(["--json"])
         .args(["--rendezvous", "file"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
