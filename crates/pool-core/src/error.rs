@@ -278,6 +278,22 @@ impl Error {
         )
     }
 
+    /// The error and its causes in one paragraph, as the CLI prints it after
+    /// `error: ` and the Python package raises it: each cause appended as
+    /// `(cause: ...)` unless the text already says it.
+    pub fn chain_message(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            let cause = s.to_string();
+            if !text.contains(&cause) {
+                text.push_str(&format!(" (cause: {cause})"));
+            }
+            source = s.source();
+        }
+        text
+    }
+
     /// Whether this says "the host lacks it" rather than "it broke".
     pub fn is_not_available(&self) -> bool {
         matches!(self, Error::NotAvailable { .. })

@@ -94,13 +94,7 @@ fn init_logging(verbose: u8) {
 
 /// Print an error as one paragraph: the message, then its causes.
 fn report_error(e: &Error) {
-    let mut text = format!("hostpool: error: {e}");
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(&format!(" (cause: {s})"));
-        source = s.source();
-    }
-    eprintln!("{text}");
+    eprintln!("hostpool: error: {}", e.chain_message());
 }
 
 fn run(cli: Cli) -> Result<i32, Error> {

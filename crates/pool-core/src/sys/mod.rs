@@ -19,7 +19,7 @@ pub(crate) mod control;
 pub mod numa;
 mod region;
 
-pub use region::{FixedMapError, Mmap, Region, Reservation, Span};
+pub use region::{FixedMapError, Mmap, Placeholder, Region, Reservation, Span, with_placeholders};
 
 /// The base page size of this machine (4 KiB on x86-64).
 pub fn base_page_size() -> usize {
@@ -92,6 +92,27 @@ pub fn map_anonymous(len: usize, opts: AnonMapOptions) -> io::Result<NonNull<u8>
 pub unsafe fn unmap(addr: *mut u8, len: usize) -> io::Result<()> {
     // SAFETY: the caller owns the range and will not use it again.
     unsafe { rustix::mm::munmap(addr.cast(), len) }.map_err(io::Error::from)
+}
+
+/// Replace `[addr, addr + len)` with fresh private zero pages that reserve
+/// the range (`mmap(MAP_FIXED | MAP_ANONYMOUS | MAP_NORESERVE)`), releasing
+/// what was mapped there as `munmap` would; `PROT_NONE` where the kernel
+/// refuses read-write (strict overcommit).
+///
+/// # Safety
+/// As for [`unmap`]: the range is the caller's, and what was mapped there is
+/// never used again through the caller's own references.
+pub unsafe fn replace_with_placeholder(addr: *mut u8, len: usize) -> io::Result<()> {
+    let flags = MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::NORESERVE;
+    for prot in [ProtFlags::READ | ProtFlags::WRITE, ProtFlags::empty()] {
+        // SAFETY: MAP_FIXED replaces only the caller's own range.
+        match unsafe { rustix::mm::mmap_anonymous(addr.cast(), len, prot, flags) } {
+            Ok(_) => return Ok(()),
+            Err(e) if prot.is_empty() => return Err(e.into()),
+            Err(_) => {}
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ENOMEM))
 }
 
 /// `madvise(MADV_POPULATE_WRITE)` (Linux 5.14): fault every page of the range
@@ -532,6 +553,47 @@ fn flock_for(byte: i64, kind: libc::c_int) -> libc::flock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mapped_at(addr: usize) -> bool {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .any(|l| {
+                let range = l.split_whitespace().next().unwrap();
+                let (a, b) = range.split_once('-').unwrap();
+                let (a, b) = (
+                    usize::from_str_radix(a, 16).unwrap(),
+                    usize::from_str_radix(b, 16).unwrap(),
+                );
+                (a..b).contains(&addr)
+            })
+    }
+
+    #[test]
+    fn a_placeholder_keeps_a_released_pools_range_until_dropped() {
+        use crate::layout::PageSize;
+        let size = crate::layout::round_to_page(8 << 20, PageSize::BASE_4K).unwrap();
+        let mmap = Mmap::anonymous(size, AnonMapOptions { shared: false, align: 4096 }).unwrap();
+        let region = mmap.region();
+        region.write_pattern(4096, 7);
+        let addr = region.addr() as usize;
+        drop(region);
+        let ((), kept) = with_placeholders(|| mmap.unmap().unwrap());
+        assert_eq!(kept.len(), 1);
+        assert_eq!((kept[0].addr(), kept[0].len()), (addr, 8 << 20));
+        assert!(mapped_at(addr), "the range stays reserved");
+        // SAFETY: the placeholder's private zero pages, mapped read-write
+        // and owned by `kept`: the pool's data is gone.
+        let first = unsafe { std::ptr::read_volatile(addr as *const u8) };
+        assert_eq!(first, 0);
+        drop(kept);
+        assert!(!mapped_at(addr), "dropping the placeholder unmaps it");
+        // Outside the scope, release unmaps as always.
+        let mmap = Mmap::anonymous(size, AnonMapOptions { shared: false, align: 4096 }).unwrap();
+        let addr = mmap.region().addr() as usize;
+        mmap.unmap().unwrap();
+        assert!(!mapped_at(addr));
+    }
 
     #[test]
     fn aligned_anonymous_mapping_is_aligned_and_unmaps() {

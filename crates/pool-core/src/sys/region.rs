@@ -334,10 +334,93 @@ impl Mmap {
 
     fn release(&self) -> io::Result<()> {
         let len = mapped_usize(self.size)?;
+        if PLACEHOLDERS.with_borrow(Option::is_some) {
+            // SAFETY: as for `unmap` below.
+            match unsafe { super::replace_with_placeholder(self.base.as_ptr(), len) } {
+                Ok(()) => {
+                    PLACEHOLDERS.with_borrow_mut(|p| {
+                        if let Some(list) = p {
+                            list.push(Placeholder {
+                                base: self.base,
+                                len,
+                            });
+                        }
+                    });
+                    return Ok(());
+                }
+                Err(e) => tracing::warn!(
+                    "could not keep {:p}+{len} reserved after the pool ({e}); unmapping it",
+                    self.base
+                ),
+            }
+        }
         // SAFETY: our own mapping; Regions borrowing it are gone (unmap
         // consumes self, drop runs last).
         unsafe { super::unmap(self.base.as_ptr(), len) }
     }
+}
+
+thread_local! {
+    /// Inside [`with_placeholders`] on this thread: the placeholders made.
+    static PLACEHOLDERS: std::cell::RefCell<Option<Vec<Placeholder>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The address range a pool was mapped at, after the pool was released:
+/// private zero pages (`MAP_NORESERVE`, no memory until written) that keep
+/// the range from being reused until this value is dropped, when it is
+/// unmapped. Made by [`with_placeholders`].
+///
+/// It is for embedders that hand the pool's address to code that may keep
+/// it past the pool (a `torch.frombuffer` tensor keeps the pointer but not
+/// the buffer export): such a stale pointer then reads zeros and writes to
+/// pages nobody else has, instead of reaching memory the process mapped
+/// there afterwards. The pool's own memory (huge pages, files, pins) is
+/// given back at release as always.
+#[derive(Debug)]
+pub struct Placeholder {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a range this value owns, never accessed through it; only unmapped.
+unsafe impl Send for Placeholder {}
+// SAFETY: `&Placeholder` gives access to nothing.
+unsafe impl Sync for Placeholder {}
+
+impl Placeholder {
+    /// The range's start.
+    pub fn addr(&self) -> usize {
+        self.base.as_ptr() as usize
+    }
+    /// The range's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the range is empty (never: a pool has at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Placeholder {
+    fn drop(&mut self) {
+        // SAFETY: the placeholder mapping this value owns; nothing in this
+        // process uses it through safe references.
+        if let Err(e) = unsafe { super::unmap(self.base.as_ptr(), self.len) } {
+            tracing::warn!("munmap of the placeholder {:p}+{} failed: {e}", self.base, self.len);
+        }
+    }
+}
+
+/// Run `f`, and have every pool mapping it releases on this thread replaced
+/// by a [`Placeholder`] instead of unmapped; returns `f`'s value and the
+/// placeholders, which unmap their ranges when dropped.
+pub fn with_placeholders<T>(f: impl FnOnce() -> T) -> (T, Vec<Placeholder>) {
+    let outer = PLACEHOLDERS.with_borrow_mut(|p| p.replace(Vec::new()));
+    let value = f();
+    let made = PLACEHOLDERS.with_borrow_mut(|p| std::mem::replace(p, outer));
+    (value, made.unwrap_or_default())
 }
 
 impl Drop for Mmap {

@@ -1,0 +1,214 @@
+//! `Pool(...)`'s keyword arguments, and `Pool.from_config(...)`, into a
+//! [`PoolConfig`]: the same keys, parsers and checks as the CLI's flags and
+//! config files.
+
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+
+use pool_core::host::memlock::MemlockPolicy;
+use pool_core::{ByteSize, Error, PinScope, PoolConfig, PrefaultChoice, Rendezvous, SharingConfig};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt, PyString};
+
+/// A size: an `int` of bytes or an IEC string (`"64GiB"`), read with the
+/// CLI's parser; `key` names it in the error.
+pub fn size(key: &str, value: &Bound<'_, PyAny>) -> Result<ByteSize, Error> {
+    if value.is_instance_of::<PyBool>() {
+        return Err(Error::config(format!(
+            "`{key}` must be a number of bytes or a size such as \"64GiB\", not a bool"
+        )));
+    }
+    if value.is_instance_of::<PyInt>() {
+        return match value.extract::<u64>() {
+            Ok(bytes) => Ok(ByteSize(bytes)),
+            Err(_) => Err(Error::config(format!(
+                "`{key}` = {value} is not a size in bytes: give a positive number below 2**64"
+            ))),
+        };
+    }
+    if let Ok(text) = value.cast::<PyString>() {
+        let text = text.to_string();
+        return text.parse::<ByteSize>().map_err(|e| Error::Size {
+            key: key.to_string(),
+            source: Box::new(e),
+        });
+    }
+    Err(Error::config(format!(
+        "`{key}` must be an int of bytes or a size string such as \"64GiB\", not {}",
+        type_name(value)
+    )))
+}
+
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "this type".into())
+}
+
+/// A path: `str` or `os.PathLike`.
+pub fn path(key: &str, value: &Bound<'_, PyAny>) -> Result<PathBuf, Error> {
+    let py = value.py();
+    let fspath = py
+        .import("os")
+        .and_then(|os| os.call_method1("fspath", (value,)))
+        .and_then(|p| p.extract::<PathBuf>());
+    fspath.map_err(|_| {
+        Error::config(format!(
+            "`{key}` must be a path (str or os.PathLike), not {}",
+            type_name(value)
+        ))
+    })
+}
+
+/// The prefault method by its CLI name.
+pub fn prefault(value: &str) -> Result<PrefaultChoice, Error> {
+    match value.replace('_', "-").as_str() {
+        "auto" => Ok(PrefaultChoice::Auto),
+        "populate-write" => Ok(PrefaultChoice::PopulateWrite),
+        "touch" => Ok(PrefaultChoice::Touch),
+        "none" => Ok(PrefaultChoice::None),
+        other => Err(Error::config(format!(
+            "prefault `{other}` is not a method: use \"auto\", \"populate-write\", \"touch\" or \"none\""
+        ))),
+    }
+}
+
+/// `pin_scope`.
+pub fn pin_scope(value: &str) -> Result<PinScope, Error> {
+    match value {
+        "pool" => Ok(PinScope::Pool),
+        "shard" => Ok(PinScope::Shard),
+        other => Err(Error::config(format!(
+            "pin_scope `{other}` is not a scope: use \"pool\" (the whole pool) or \"shard\" (this rank's shard)"
+        ))),
+    }
+}
+
+/// `memlock_bound`.
+pub fn memlock_bound(value: &str) -> Result<MemlockPolicy, Error> {
+    match value {
+        "check" => Ok(MemlockPolicy::Check),
+        "ignore" => Ok(MemlockPolicy::Ignore),
+        other => Err(Error::config(format!(
+            "memlock_bound `{other}` is not a policy: use \"check\" or \"ignore\""
+        ))),
+    }
+}
+
+/// `rendezvous`.
+pub fn rendezvous(value: &str) -> Result<Rendezvous, Error> {
+    match value {
+        "socket" => Ok(Rendezvous::Socket),
+        "file" => Ok(Rendezvous::File),
+        other => Err(Error::config(format!(
+            "rendezvous `{other}` is not a rendezvous: use \"socket\" (default) or \"file\""
+        ))),
+    }
+}
+
+/// The prefault thread count.
+pub fn threads(value: i64) -> Result<NonZeroUsize, Error> {
+    usize::try_from(value)
+        .ok()
+        .and_then(NonZeroUsize::new)
+        .ok_or_else(|| Error::config(format!("threads = {value}: give 1 or more prefault threads")))
+}
+
+/// The keyword arguments of `Pool(...)`, other than `progress`.
+#[derive(Debug)]
+pub struct Args {
+    pub size: ByteSize,
+    pub backing: String,
+    pub dir: Option<PathBuf>,
+    pub page_size: Option<ByteSize>,
+    pub numa_node: Option<u32>,
+    pub threads: Option<NonZeroUsize>,
+    pub prefault: PrefaultChoice,
+    pub block_size: Option<ByteSize>,
+    pub sharing: Option<SharingConfig>,
+    pub pin: Option<String>,
+    pub pin_required: bool,
+    pub pin_scope: PinScope,
+    pub memlock_bound: MemlockPolicy,
+    pub register: Vec<String>,
+}
+
+impl Args {
+    /// The config these arguments describe, checked as the CLI checks flags.
+    pub fn into_config(self) -> Result<PoolConfig, Error> {
+        if let Some(s) = &self.sharing {
+            s.validate()?;
+        }
+        let mut config = PoolConfig {
+            size: self.size,
+            backing: self.backing,
+            dir: self.dir,
+            page_size: self.page_size,
+            threads: self.threads,
+            prefault: self.prefault,
+            block_size: self.block_size,
+            register: self.register,
+            sharing: self.sharing,
+            numa_node: self.numa_node,
+            ..PoolConfig::default()
+        };
+        config.pin.kind = match self.pin {
+            None => "off".to_string(),
+            Some(kind) if kind == "off" || kind.is_empty() => "off".to_string(),
+            Some(kind) => kind,
+        };
+        if self.pin_required && !config.pin.is_on() {
+            return Err(Error::config(
+                "pin_required=True needs a pinner: pass pin=\"cuda\" or pin=\"mlock\"",
+            ));
+        }
+        config.pin.required = self.pin_required;
+        config.pin.scope = self.pin_scope;
+        config.pin.memlock_bound = self.memlock_bound;
+        Ok(config)
+    }
+}
+
+/// `register`: a sequence of registrar names (one name alone is taken as a
+/// one-item list).
+pub fn register(value: &Bound<'_, PyAny>) -> Result<Vec<String>, Error> {
+    if let Ok(one) = value.extract::<String>() {
+        return Ok(vec![one]);
+    }
+    value.extract::<Vec<String>>().map_err(|_| {
+        Error::config(format!(
+            "`register` must be a sequence of registrar names such as (\"rdma\",), not {}",
+            type_name(value)
+        ))
+    })
+}
+
+/// `Pool.from_config(source)`: a path to a TOML or JSON file, or a dict of
+/// the config file's keys (vLLM's `host_pool_gib`/`host_pool_dir` included).
+pub fn from_source(source: &Bound<'_, PyAny>) -> Result<PoolConfig, Error> {
+    let py = source.py();
+    if source.is_instance_of::<pyo3::types::PyDict>() {
+        let text: String = py
+            .import("json")
+            .and_then(|json| json.call_method1("dumps", (source,)))
+            .and_then(|t| t.extract())
+            .map_err(|e| {
+                Error::config(format!(
+                    "the config dict cannot be read as JSON ({e}): give strings, numbers, bools, \
+                     lists and dicts only"
+                ))
+            })?;
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::config(format!("the config dict: {e}")))?;
+        return PoolConfig::from_value(value);
+    }
+    let path = path("config", source).map_err(|_| {
+        Error::config(format!(
+            "from_config takes a path to a TOML or JSON file, or a dict of its keys, not {}",
+            type_name(source)
+        ))
+    })?;
+    PoolConfig::from_path(&path)
+}

@@ -1,0 +1,116 @@
+//! Each [`pool_core::Error`] as the `hostpool` exception that names its
+//! kind (classes in `hostpool/_errors.py`), with the CLI's message: the error
+//! and its causes in one paragraph.
+
+use pool_core::{Error, Phase};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
+use pyo3::prelude::*;
+
+/// The error and its causes, as `hostpool` prints them after `error: `.
+pub fn message(e: &Error) -> String {
+    e.chain_message()
+}
+
+/// The exception class for `e`, raised during `phase` (the build's last
+/// started phase, when known).
+fn class_of(e: &Error, phase: Option<Phase>) -> &'static str {
+    match e {
+        e if e.is_usage() => "ConfigError",
+        Error::Capacity { .. } => "CapacityError",
+        Error::Peer { .. } => "PeerError",
+        Error::NotAvailable { .. } => "NotAvailableError",
+        _ if phase == Some(Phase::Pin) => "PinError",
+        _ => "Error",
+    }
+}
+
+/// A `hostpool.<class>` exception with `message`; a `RuntimeError` when
+/// the package's exception module cannot be imported.
+pub fn raise(py: Python<'_>, class: &str, message: String) -> PyErr {
+    match new(py, class, &message) {
+        Ok(err) => PyErr::from_value(err),
+        Err(_) => PyRuntimeError::new_err(message),
+    }
+}
+
+fn new<'py>(py: Python<'py>, class: &str, message: &str) -> PyResult<Bound<'py, PyAny>> {
+    py.import("hostpool._errors")?
+        .getattr(class)?
+        .call1((message,))
+}
+
+/// `e` as a Python exception.
+pub fn to_py(py: Python<'_>, e: &Error, phase: Option<Phase>) -> PyErr {
+    let text = message(e);
+    if let Error::Interrupted { signal } = e
+        && *signal == libc::SIGINT
+    {
+        return PyKeyboardInterrupt::new_err(text);
+    }
+    let class = class_of(e, phase);
+    let built = new(py, class, &text).and_then(|err| {
+        err.setattr("exit_code", e.exit_code())?;
+        match e {
+            Error::Capacity {
+                remedy, need, free, ..
+            } => {
+                err.setattr("remedy", remedy.as_str())?;
+                err.setattr("need", *need)?;
+                err.setattr("free", *free)?;
+            }
+            Error::Peer { message } => {
+                let ranks = named_ranks(message);
+                err.setattr("rank", ranks.first().copied())?;
+                err.setattr("ranks", pyo3::types::PyTuple::new(py, ranks)?)?;
+            }
+            _ => {}
+        }
+        Ok(err)
+    });
+    match built {
+        Ok(err) => PyErr::from_value(err),
+        Err(_) => PyRuntimeError::new_err(text),
+    }
+}
+
+/// The ranks a peer error's message names, in order, each once: `rank 2`,
+/// `rank(s) 0, 1 and 3`, `ranks 1, 2`. A creator named only by its pid (a
+/// joiner never learns the creator's rank before it is welcomed) names none.
+pub fn named_ranks(message: &str) -> Vec<u32> {
+    let mut ranks = Vec::new();
+    let bytes = message.as_bytes();
+    let mut at = 0;
+    while let Some(found) = message[at..].find("rank") {
+        let start = at + found;
+        at = start + 4;
+        if start > 0 && bytes[start - 1].is_ascii_alphanumeric() {
+            continue;
+        }
+        let mut rest = &message[at..];
+        rest = rest
+            .strip_prefix("(s)")
+            .or_else(|| rest.strip_prefix('s'))
+            .unwrap_or(rest);
+        loop {
+            let Some(after_space) = rest.strip_prefix(' ') else {
+                break;
+            };
+            let digits: String = after_space
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            let Ok(rank) = digits.parse::<u32>() else {
+                break;
+            };
+            if !ranks.contains(&rank) {
+                ranks.push(rank);
+            }
+            rest = &after_space[digits.len()..];
+            rest = rest
+                .strip_prefix(',')
+                .or_else(|| rest.strip_prefix(" and"))
+                .unwrap_or("");
+        }
+    }
+    ranks
+}

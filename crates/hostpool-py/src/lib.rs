@@ -1,0 +1,60 @@
+//! `hostpool._hostpool`: the Python binding of hostpool (pyo3, abi3 for
+//! Python 3.11+). The `hostpool` package re-exports it; see
+//! `python/hostpool/_hostpool.pyi` for the API as Python sees it.
+//!
+//! - [`pool`]: `Pool` (build, attributes, zero-copy exports, close) and `Shared`;
+//! - [`config`]: keyword arguments and `from_config` into a [`PoolConfig`](pool_core::PoolConfig);
+//! - [`build`]: the build on a thread of its own while the caller waits
+//!   without the GIL, delivering progress and Ctrl-C;
+//! - [`errors`]: each [`pool_core::Error`] as its `hostpool` exception;
+//! - [`logs`]: `tracing` events to Python's `logging` (logger `hostpool`);
+//! - [`sys`]: the buffer protocol and DLPack, the crate's only `unsafe`.
+
+mod build;
+mod config;
+mod errors;
+mod logs;
+mod pool;
+mod sys;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+// Every built-in plugin, linked as in the CLI.
+use hostpool as _;
+
+/// The registered plugins: `{"backings": [...], "pinners": [...], "registrars": [...]}`,
+/// each entry a dict with `name`, `summary` and `origin`, as `hostpool plugins --json`.
+#[pyfunction]
+fn plugins(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    use pool_core::plugin::{self, PluginRecord};
+    use pool_core::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
+    fn entries<'py, T: PluginRecord>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let records = plugin::registry::<T>().map_err(|e| errors::to_py(py, &e, None))?;
+        records
+            .into_values()
+            .map(|r| {
+                let d = PyDict::new(py);
+                d.set_item("name", r.name())?;
+                d.set_item("summary", r.summary())?;
+                d.set_item("origin", r.origin())?;
+                Ok(d)
+            })
+            .collect()
+    }
+    let out = PyDict::new(py);
+    out.set_item("backings", entries::<BackingPlugin>(py)?)?;
+    out.set_item("pinners", entries::<PinnerPlugin>(py)?)?;
+    out.set_item("registrars", entries::<RegistrarPlugin>(py)?)?;
+    Ok(out)
+}
+
+#[pymodule]
+fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    logs::install();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<pool::PyPool>()?;
+    m.add_class::<pool::PyShared>()?;
+    m.add_function(wrap_pyfunction!(plugins, m)?)?;
+    Ok(())
+}

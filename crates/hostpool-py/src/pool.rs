@@ -1,0 +1,537 @@
+//! `hostpool.Pool` and `hostpool.Shared`.
+//!
+//! A `Pool` owns a built [`pool_core::Pool`] until `close()`. Everything
+//! exported from it (buffers: `memoryview`, `numpy.frombuffer`,
+//! `torch.frombuffer`; DLPack capsules: `numpy.from_dlpack`,
+//! `torch.from_dlpack`) is counted under the same lock that `close()` takes,
+//! and `close()` refuses while the count is not zero, so no path from Python
+//! reaches unmapped memory. Every export also holds a reference to the
+//! `Pool` object, so it cannot be collected (and torn down) under one.
+
+use std::sync::Mutex;
+
+use pool_core::{Error, PinStatus, Pool, PoolPlan, PoolReport};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::config::{self, Args};
+use crate::{build, errors, logs};
+
+/// How a shared pool's ranks find each other: `Shared(name, world, rank)`.
+#[pyclass(module = "hostpool._hostpool", name = "Shared", frozen, eq, str)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct PyShared {
+    /// The pool's name, the same for every rank.
+    #[pyo3(get)]
+    name: String,
+    /// How many ranks share the pool.
+    #[pyo3(get)]
+    world: u32,
+    /// This process's rank, 0 to world - 1.
+    #[pyo3(get)]
+    rank: u32,
+    /// Seconds to wait for the creator and for ranks that never attach.
+    #[pyo3(get)]
+    attach_timeout: f64,
+    /// Seconds to wait at the barrier for ranks that attached but have not arrived.
+    #[pyo3(get)]
+    barrier_timeout: f64,
+    /// `"socket"` (default: nothing in any directory) or `"file"`.
+    #[pyo3(get)]
+    rendezvous: String,
+}
+
+impl std::fmt::Display for PyShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Shared({:?}, world={}, rank={}, attach_timeout={}, barrier_timeout={}, rendezvous={:?})",
+            self.name,
+            self.world,
+            self.rank,
+            self.attach_timeout,
+            self.barrier_timeout,
+            self.rendezvous
+        )
+    }
+}
+
+#[pymethods]
+impl PyShared {
+    #[new]
+    #[pyo3(signature = (name, world, rank, attach_timeout=30.0, barrier_timeout=600.0, rendezvous="socket"))]
+    fn new(
+        py: Python<'_>,
+        name: String,
+        world: i64,
+        rank: i64,
+        attach_timeout: f64,
+        barrier_timeout: f64,
+        rendezvous: &str,
+    ) -> PyResult<PyShared> {
+        let shared = (|| {
+            let world = u32::try_from(world)
+                .map_err(|_| Error::config(format!("world {world} must be between 1 and 1024")))?;
+            let rank = u32::try_from(rank).map_err(|_| {
+                Error::config(format!("rank {rank} must be 0 or more, below world {world}"))
+            })?;
+            let shared = PyShared {
+                name,
+                world,
+                rank,
+                attach_timeout,
+                barrier_timeout,
+                rendezvous: rendezvous.to_string(),
+            };
+            shared.config()?.validate()?;
+            Ok(shared)
+        })();
+        shared.map_err(|e: Error| errors::to_py(py, &e, None))
+    }
+
+    fn __repr__(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl PyShared {
+    fn config(&self) -> Result<pool_core::SharingConfig, Error> {
+        Ok(pool_core::SharingConfig {
+            name: self.name.clone(),
+            world: self.world,
+            rank: self.rank,
+            attach_timeout_secs: self.attach_timeout,
+            barrier_timeout_secs: self.barrier_timeout,
+            rendezvous: config::rendezvous(&self.rendezvous)?,
+            control_dir: None,
+        })
+    }
+}
+
+/// What is fixed once the pool is built.
+#[derive(Debug)]
+struct Info {
+    addr: usize,
+    nbytes: u64,
+    mapped: u64,
+    page: u64,
+    backing: String,
+    pinned: bool,
+    pin_reason: Option<String>,
+    shard: (u64, u64),
+}
+
+#[derive(Debug)]
+struct State {
+    /// `None` once closed.
+    pool: Option<Pool>,
+    /// Buffers and DLPack tensors alive.
+    exports: usize,
+    /// The final report, once closed.
+    closed: Option<PoolReport>,
+    /// The pool's address range after `close()`, kept until this object is
+    /// collected: `torch.frombuffer` keeps the pool object and its pointer
+    /// but releases the buffer export at once, so a tensor it made can
+    /// outlive `close()`; its pointer then reaches zero pages of ours, never
+    /// memory mapped there later.
+    placeholders: Vec<pool_core::sys::Placeholder>,
+}
+
+/// A host-memory pool: built, prefaulted, pinned and registered as asked.
+#[pyclass(module = "hostpool._hostpool", name = "Pool", frozen)]
+#[derive(Debug)]
+pub struct PyPool {
+    state: Mutex<State>,
+    info: Info,
+}
+
+impl PyPool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Count one export of the whole pool: its address and logical length,
+    /// valid until the matching [`PyPool::release_export`].
+    pub(crate) fn acquire_export(&self, py: Python<'_>) -> PyResult<(usize, usize)> {
+        let mut state = self.lock();
+        if state.pool.is_none() {
+            return Err(errors::raise(
+                py,
+                "Error",
+                "the pool is closed: it has no memory to export any more".into(),
+            ));
+        }
+        state.exports += 1;
+        Ok((self.info.addr, usize::try_from(self.info.nbytes).unwrap_or(usize::MAX)))
+    }
+
+    /// One export ended.
+    pub(crate) fn release_export(&self) {
+        let mut state = self.lock();
+        state.exports = state.exports.saturating_sub(1);
+    }
+
+    fn from_plan(
+        py: Python<'_>,
+        plan: PoolPlan,
+        progress: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyPool> {
+        let shard = plan.prefault.extent;
+        let pool = build::build(py, plan, progress)?;
+        let report = pool.report();
+        let info = Info {
+            addr: pool.region().map_or(0, |r| r.addr() as usize),
+            nbytes: report.logical_bytes,
+            mapped: report.mapped_bytes,
+            page: report.page_size,
+            backing: report.backing.clone(),
+            pinned: report.pin.status == PinStatus::Pinned,
+            pin_reason: report.pin.reason.clone(),
+            shard: (shard.offset, shard.len),
+        };
+        Ok(PyPool {
+            state: Mutex::new(State {
+                pool: Some(pool),
+                exports: 0,
+                closed: None,
+                placeholders: Vec::new(),
+            }),
+            info,
+        })
+    }
+
+    fn plan(py: Python<'_>, config: Result<pool_core::PoolConfig, Error>) -> PyResult<PoolPlan> {
+        let config = config.map_err(|e| errors::to_py(py, &e, None))?;
+        let plan = py.detach(|| PoolPlan::new(config));
+        logs::flush(py);
+        plan.map_err(|e| errors::to_py(py, &e, None))
+    }
+
+    /// Tear down, keeping the address range (see [`State::placeholders`]).
+    fn teardown(py: Python<'_>, pool: Pool) -> (PoolReport, Vec<pool_core::sys::Placeholder>) {
+        let torn = py.detach(|| pool_core::sys::with_placeholders(|| pool.teardown()));
+        logs::flush(py);
+        torn
+    }
+}
+
+fn opt_size(key: &str, v: Option<&Bound<'_, PyAny>>) -> Result<Option<pool_core::ByteSize>, Error> {
+    match v {
+        None => Ok(None),
+        Some(v) if v.is_none() => Ok(None),
+        Some(v) => config::size(key, v).map(Some),
+    }
+}
+
+fn report_dict<'py>(py: Python<'py>, report: &PoolReport) -> PyResult<Bound<'py, PyAny>> {
+    let text = serde_json::to_string(report)
+        .map_err(|e| errors::raise(py, "Error", format!("the report could not be written as JSON: {e}")))?;
+    py.import("json")?.call_method1("loads", (text,))
+}
+
+#[pymethods]
+impl PyPool {
+    #[new]
+    #[pyo3(signature = (
+        size = None, *, backing = "auto", dir = None, page_size = None, numa_node = None,
+        threads = None, prefault = "auto", block_size = None, shared = None, pin = None,
+        pin_required = false, register = None, pin_scope = "pool", memlock_bound = "check",
+        progress = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        size: Option<&Bound<'_, PyAny>>,
+        backing: &str,
+        dir: Option<&Bound<'_, PyAny>>,
+        page_size: Option<&Bound<'_, PyAny>>,
+        numa_node: Option<i64>,
+        threads: Option<i64>,
+        prefault: &str,
+        block_size: Option<&Bound<'_, PyAny>>,
+        shared: Option<PyRef<'_, PyShared>>,
+        pin: Option<String>,
+        pin_required: bool,
+        register: Option<&Bound<'_, PyAny>>,
+        pin_scope: &str,
+        memlock_bound: &str,
+        progress: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyPool> {
+        let config = (|| {
+            let args = Args {
+                size: opt_size("size", size)?.unwrap_or(pool_core::ByteSize::gib(1)),
+                backing: backing.to_string(),
+                dir: match dir {
+                    Some(d) if !d.is_none() => Some(config::path("dir", d)?),
+                    _ => None,
+                },
+                page_size: opt_size("page_size", page_size)?,
+                numa_node: numa_node
+                    .map(|n| {
+                        u32::try_from(n).map_err(|_| {
+                            Error::config(format!("numa_node {n} must be a node number, 0 or more"))
+                        })
+                    })
+                    .transpose()?,
+                threads: threads.map(config::threads).transpose()?,
+                prefault: config::prefault(prefault)?,
+                block_size: opt_size("block_size", block_size)?,
+                sharing: shared.map(|s| s.config()).transpose()?,
+                pin,
+                pin_required,
+                pin_scope: config::pin_scope(pin_scope)?,
+                memlock_bound: config::memlock_bound(memlock_bound)?,
+                register: match register {
+                    Some(r) if !r.is_none() => config::register(r)?,
+                    _ => Vec::new(),
+                },
+            };
+            args.into_config()
+        })();
+        if let Some(cb) = &progress
+            && !cb.is_callable()
+        {
+            return Err(errors::raise(
+                py,
+                "ConfigError",
+                "invalid configuration: `progress` must be a callable taking (phase, done_bytes, total_bytes)".into(),
+            ));
+        }
+        let plan = PyPool::plan(py, config)?;
+        PyPool::from_plan(py, plan, progress)
+    }
+
+    /// Build a pool from a config file (TOML or JSON) or a dict of its keys.
+    #[staticmethod]
+    #[pyo3(signature = (source, *, progress = None))]
+    fn from_config(
+        py: Python<'_>,
+        source: &Bound<'_, PyAny>,
+        progress: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyPool> {
+        let plan = PyPool::plan(py, config::from_source(source))?;
+        PyPool::from_plan(py, plan, progress)
+    }
+
+    /// The pool's base address.
+    #[getter]
+    fn addr(&self) -> usize {
+        self.info.addr
+    }
+
+    /// Bytes asked for (the logical size; the buffer's length).
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.info.nbytes
+    }
+
+    /// Bytes mapped (the size rounded up to the page).
+    #[getter]
+    fn mapped_bytes(&self) -> u64 {
+        self.info.mapped
+    }
+
+    /// Page size in bytes.
+    #[getter]
+    fn page_size(&self) -> u64 {
+        self.info.page
+    }
+
+    /// The backing's name.
+    #[getter]
+    fn backing(&self) -> &str {
+        &self.info.backing
+    }
+
+    /// Whether the pool is pinned.
+    #[getter]
+    fn pinned(&self) -> bool {
+        self.info.pinned
+    }
+
+    /// Why a best-effort pin was skipped (`None` when pinned or not asked for).
+    #[getter]
+    fn pin_reason(&self) -> Option<&str> {
+        self.info.pin_reason.as_deref()
+    }
+
+    /// `(offset, nbytes)` of this rank's prefault shard (the whole pool when private).
+    #[getter]
+    fn shard(&self) -> (u64, u64) {
+        self.info.shard
+    }
+
+    /// Whether `close()` has run.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.lock().pool.is_none()
+    }
+
+    /// The report, as `hostpool alloc --json` prints it (with teardown once closed).
+    #[getter]
+    fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let state = self.lock();
+        match (&state.pool, &state.closed) {
+            (Some(pool), _) => report_dict(py, pool.report()),
+            (None, Some(report)) => report_dict(py, report),
+            (None, None) => Ok(py.None().into_bound(py)),
+        }
+    }
+
+    /// Tear the pool down (deregister, unpin, unmap, unlink) and return the
+    /// steps that could not be undone, each `{"step": ..., "detail": ...}`
+    /// (empty when clean). Idempotent. Raises `PoolBusyError` while buffers
+    /// or tensors exported from the pool are alive, leaving it intact.
+    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let pool = {
+            let mut state = self.lock();
+            if state.exports > 0 {
+                return Err(errors::raise(
+                    py,
+                    "PoolBusyError",
+                    format!(
+                        "cannot close the pool: {} export(s) of its memory are alive \
+                         (memoryview, numpy array, torch tensor or DLPack capsule); delete \
+                         them (del tensor) and close again",
+                        state.exports
+                    ),
+                ));
+            }
+            state.pool.take()
+        };
+        let Some(pool) = pool else {
+            return Ok(PyList::empty(py));
+        };
+        let (report, kept) = PyPool::teardown(py, pool);
+        let issues = PyList::empty(py);
+        for issue in &report.teardown_issues {
+            let d = PyDict::new(py);
+            d.set_item("step", &issue.step)?;
+            d.set_item("detail", &issue.detail)?;
+            issues.append(d)?;
+        }
+        let mut state = self.lock();
+        state.closed = Some(report);
+        state.placeholders = kept;
+        Ok(issues)
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// Close; while an exception propagates out of the `with` block and
+    /// exports of the pool are still alive (held by its traceback's frames),
+    /// that exception is raised, not `PoolBusyError`: the pool is then torn
+    /// down once the last export and the pool itself are collected.
+    #[pyo3(signature = (exc_type, _exc_value, _traceback))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: &Bound<'_, PyAny>,
+        _exc_value: &Bound<'_, PyAny>,
+        _traceback: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        match self.close(py) {
+            Err(busy) if !exc_type.is_none() => {
+                tracing::warn!(
+                    "the pool was not closed at the end of its `with` block, which an exception \
+                     left while exports of its memory were alive ({busy}); it is torn down when \
+                     they and the pool are collected"
+                );
+                logs::flush(py);
+                Ok(false)
+            }
+            other => other.map(|_| false),
+        }
+    }
+
+    /// A writable memoryview of `nbytes` bytes at `offset` (zero copy).
+    fn view<'py>(slf: &Bound<'py, Self>, offset: u64, nbytes: u64) -> PyResult<Bound<'py, PyAny>> {
+        let total = slf.get().info.nbytes;
+        if offset.checked_add(nbytes).is_none_or(|end| end > total) {
+            return Err(PyValueError::new_err(format!(
+                "view({offset}, {nbytes}) is outside the pool of {total} bytes"
+            )));
+        }
+        let py = slf.py();
+        let whole = py
+            .import("builtins")?
+            .getattr("memoryview")?
+            .call1((slf,))?;
+        let slice = pyo3::types::PySlice::new(
+            py,
+            isize::try_from(offset).unwrap_or(isize::MAX),
+            isize::try_from(offset + nbytes).unwrap_or(isize::MAX),
+            1,
+        );
+        let part = whole.get_item(slice)?;
+        // The slice holds its own export; let go of the whole one.
+        whole.call_method0("release")?;
+        Ok(part)
+    }
+
+    /// DLPack: a capsule of this pool's memory as a 1-D `uint8` CPU tensor.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = stream; // host memory: there is no stream to order against
+        if copy == Some(true) {
+            return Err(pyo3::exceptions::PyBufferError::new_err(
+                "a hostpool pool is exported without copying: copy=True is not supported",
+            ));
+        }
+        if let Some(device) = dl_device
+            && device != crate::sys::DLPACK_CPU
+        {
+            return Err(pyo3::exceptions::PyBufferError::new_err(format!(
+                "a hostpool pool is host memory (kDLCPU, device (1, 0)), not device {device:?}"
+            )));
+        }
+        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+        crate::sys::dlpack(slf, versioned)
+    }
+
+    /// `(kDLCPU, 0)`: host memory. (torch rejects `kDLCUDAHost` for host memory, even pinned.)
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        crate::sys::DLPACK_CPU
+    }
+
+    fn __len__(&self) -> usize {
+        usize::try_from(self.info.nbytes).unwrap_or(usize::MAX)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.closed() { "closed" } else { "open" };
+        format!(
+            "<hostpool.Pool {} bytes at {:#x}, backing {}, {} pages, {}{}>",
+            self.info.nbytes,
+            self.info.addr,
+            self.info.backing,
+            pool_core::layout::format_bytes(self.info.page),
+            if self.info.pinned { "pinned, " } else { "" },
+            state
+        )
+    }
+}
+
+impl Drop for PyPool {
+    fn drop(&mut self) {
+        let pool = self.state.get_mut().map_or_else(|p| p.into_inner().pool.take(), |s| s.pool.take());
+        if let Some(pool) = pool {
+            tracing::info!(
+                "a hostpool.Pool of {} bytes was collected without close(); tearing it down",
+                self.info.nbytes
+            );
+            // Collected: nothing refers to the pool any more, so its range
+            // is unmapped at once.
+            Python::attach(|py| drop(PyPool::teardown(py, pool)));
+        }
+    }
+}

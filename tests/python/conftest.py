@@ -1,0 +1,104 @@
+"""Fixtures of the Python tests: huge page mounts from `cargo xtask test`,
+the fake CUDA driver, the CLI binary, and checks that nothing is left behind.
+
+`cargo xtask test` reserves huge pages, mounts hugetlbfs and exports
+HOSTPOOL_TEST_HUGETLBFS_2M / _1G, with HOSTPOOL_REQUIRE_HUGEPAGES=1: then a
+huge page test that finds no mount fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SYSFS = pathlib.Path("/sys/kernel/mm/hugepages")
+
+
+def _target_file(name: str, env: str) -> pathlib.Path | None:
+    if os.environ.get(env):
+        return pathlib.Path(os.environ[env])
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    found = [target / p / name for p in ("debug", "release") if (target / p / name).exists()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def hugetlbfs_mount(size: str) -> str:
+    """The hugetlbfs mount for `size` ("2M" or "1G"), or skip (fail under xtask)."""
+    mount = os.environ.get(f"HOSTPOOL_TEST_HUGETLBFS_{size}")
+    if mount:
+        return mount
+    why = f"no hugetlbfs mount of {size} pages (HOSTPOOL_TEST_HUGETLBFS_{size} unset)"
+    if size == "1G" and os.environ.get("HOSTPOOL_TEST_HUGEPAGES_1G") == "0":
+        pytest.skip(f"{why}: this kernel gave no 1 GiB pages (cargo xtask test says so)")
+    if os.environ.get("HOSTPOOL_REQUIRE_HUGEPAGES") == "1":
+        pytest.fail(f"{why}, but HOSTPOOL_REQUIRE_HUGEPAGES=1")
+    pytest.skip(f"{why}: run under `cargo xtask test` as root")
+
+
+def free_hugepages(kib: int) -> tuple[int, int]:
+    """(free, reserved) pages of the `kib` KiB huge page pool."""
+    d = SYSFS / f"hugepages-{kib}kB"
+    return int((d / "free_hugepages").read_text()), int((d / "resv_hugepages").read_text())
+
+
+@pytest.fixture(params=["anon", "shm", "hugetlbfs-2M", "hugetlbfs-1G"])
+def backing_kwargs(request) -> dict:
+    """Pool keyword arguments for each backing the tests run on."""
+    if request.param == "anon":
+        return {"backing": "anon"}
+    if request.param == "shm":
+        return {"dir": "/dev/shm"}
+    size = request.param.split("-")[1]
+    return {"backing": "hugetlbfs", "dir": hugetlbfs_mount(size)}
+
+
+def shm_files() -> set[str]:
+    """/dev/shm's entries, less multiprocessing's own semaphores (`sem.mp-*`,
+    which its resource tracker removes)."""
+    return {f for f in os.listdir("/dev/shm") if not f.startswith("sem.mp-")}
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    """Every test leaves /dev/shm and the huge page pools as it found them."""
+    shm = shm_files()
+    pages = {kib: free_hugepages(kib) for kib in (2048, 1048576) if (SYSFS / f"hugepages-{kib}kB").exists()}
+    yield
+    assert shm_files() - shm == set(), "files left in /dev/shm"
+    for kib, before in pages.items():
+        assert free_hugepages(kib) == before, f"{kib} KiB huge pages not given back"
+
+
+@pytest.fixture(scope="session")
+def fake_cuda_dir(tmp_path_factory) -> pathlib.Path:
+    """A directory whose libcuda.so.1 is the test double (crates/fake-cuda)."""
+    lib = _target_file("libfake_cuda.so", "HOSTPOOL_FAKE_CUDA")
+    if lib is None:
+        pytest.fail("libfake_cuda.so is not built: run `cargo build -p fake-cuda` (cargo xtask test does)")
+    d = tmp_path_factory.mktemp("fakecuda")
+    for name in ("libcuda.so.1", "libcuda.so"):
+        (d / name).symlink_to(lib)
+    return d
+
+
+@pytest.fixture(scope="session")
+def hostpool_bin() -> pathlib.Path:
+    """The `hostpool` CLI built from this tree."""
+    exe = _target_file("hostpool", "HOSTPOOL_BIN")
+    if exe is None:
+        pytest.fail("the hostpool binary is not built: run `cargo build -p hostpool`")
+    return exe
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter (for LD_LIBRARY_PATH and signals)."""
+    full = dict(os.environ)
+    full.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=timeout
+    )
