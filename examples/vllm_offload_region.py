@@ -27,15 +27,19 @@ from hostpool.torch import OffloadRegion
 
 
 def run_rank(name: str, world: int, rank: int, size: str, page: int, barrier) -> None:
-    # One region per engine, shared by its ranks; each rank prefaults only its
-    # shard, and the pool is pinned for the GPU (best effort: no GPU, no pin).
+    """One rank: the whole of vLLM's file creation, prefault and cudaHostRegister.
+
+    One region per engine, shared by its ranks; each rank prefaults only its
+    shard, and the pool is pinned for the GPU (best effort: no GPU, no pin).
+    """
     with hostpool.Pool(size=size, shared=hostpool.Shared(name, world, rank), pin="cuda") as pool:
         check_region(pool, world, rank, page, barrier)
         print(f"rank {rank}: ok, {pool.nbytes >> 20} MiB {pool.backing}, "
-              f"shard {pool.shard}, pinned={pool.pinned}", flush=True)
+              f"shard {pool.shard}, pinned={pool.pinned}\n", end="", flush=True)  # one write
 
 
 def check_region(pool: hostpool.Pool, world: int, rank: int, page: int, barrier) -> None:
+    """Write this rank's K and V views, then check every rank's after a barrier."""
     region = OffloadRegion(pool, cpu_page_size=page, world=world, rank=rank)
     k = region.create_next_worker_view(page // 2)  # (num_blocks, page/2) int8, one per KV tensor
     v = region.create_next_worker_view(page // 2)
@@ -54,6 +58,7 @@ def check_region(pool: hostpool.Pool, world: int, rank: int, page: int, barrier)
 
 
 def main_rank(name, world, rank, size, page, barrier) -> None:
+    """The spawned process: run_rank, and on failure break the barrier for the peers."""
     try:
         run_rank(name, world, rank, size, page, barrier)
     except BaseException:
@@ -62,6 +67,7 @@ def main_rank(name, world, rank, size, page, barrier) -> None:
 
 
 def main() -> int:
+    """Spawn --world ranks; 0 when every rank saw every write."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=4, help="ranks sharing the region")
     parser.add_argument("--size", default="64MiB", help="region size, bytes or IEC (64MiB)")

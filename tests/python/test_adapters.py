@@ -208,6 +208,18 @@ def test_sglang_alignment_follows_the_block_size_it_builds_with(block_size):
         del t, u
 
 
+def test_sglang_alignment_follows_the_block_size_of_a_pool_passed_in():
+    with hostpool.Pool(size=8 * MiB, block_size="1MiB") as pool:
+        assert pool.block_size == MiB
+        alloc = HostPoolAllocator(pool)
+        assert alloc.alignment == MiB
+        t = alloc.allocate((3,), torch.uint8)
+        assert t.data_ptr() % MiB == 0
+        del t
+        alloc.close()  # lets go of its view; the pool stays the caller's
+        assert not pool.closed
+
+
 def test_sglang_reports_pinning_as_the_pool_does():
     with HostPoolAllocator(size=4 * MiB, pin="cuda") as alloc:  # best effort
         assert alloc.is_pinned is bool(alloc.pool.pinned)

@@ -33,6 +33,7 @@ mod cmd;
 mod gpu_check;
 mod hugepages;
 mod mounts;
+mod python;
 mod session;
 mod signals;
 mod sys;

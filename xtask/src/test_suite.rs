@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use crate::cmd;
+use crate::python;
 use crate::session::{self, Session, Setup};
 use crate::signals;
 
@@ -178,11 +179,30 @@ fn suite(args: &[String]) -> Result<i32, String> {
     command.env("RUST_BACKTRACE", "1");
     eprintln!("xtask: running {what}");
     let code = cmd::run_step(&mut command, &what);
+    // The Python tests, in the same huge page session (not for the
+    // self-test hook, which replaces the whole test command).
+    let code = match code {
+        Ok(0) if std::env::var_os(TEST_CMD_VAR).is_none() && signals::received().is_none() => {
+            eprintln!("xtask: {what} exited with status 0");
+            let env = session.as_ref().map(Session::env).unwrap_or_default();
+            match python::test(&env) {
+                Ok(code) => {
+                    eprintln!("xtask: pytest tests/python exited with status {code}");
+                    Ok(code)
+                }
+                Err(e) => {
+                    eprintln!("xtask: python tests could not run: {e}");
+                    Ok(1)
+                }
+            }
+        }
+        other => other,
+    };
     if let Some(session) = session {
         session.finish();
     }
     let code = code?;
-    eprintln!("xtask: {what} exited with status {code}");
+    eprintln!("xtask: the test suite exited with status {code}");
     Ok(code)
 }
 

@@ -131,15 +131,9 @@ pub struct Built {
 /// Python exception to raise: the build's error as its `hostpool` class,
 /// or the `KeyboardInterrupt` (or `progress` exception) that stopped it,
 /// after everything built was torn down.
-pub fn build(
-    py: Python<'_>,
-    plan: PoolPlan,
-    progress: Option<Bound<'_, PyAny>>,
-) -> PyResult<Pool> {
+pub fn build(py: Python<'_>, plan: PoolPlan, progress: Option<Bound<'_, PyAny>>) -> PyResult<Pool> {
     let built = run(py, plan, progress)?;
-    built
-        .pool
-        .map_err(|e| errors::to_py(py, &e, built.phase))
+    built.pool.map_err(|e| errors::to_py(py, &e, built.phase))
 }
 
 fn run(py: Python<'_>, plan: PoolPlan, progress: Option<Bound<'_, PyAny>>) -> PyResult<Built> {
@@ -205,8 +199,7 @@ fn run(py: Python<'_>, plan: PoolPlan, progress: Option<Bound<'_, PyAny>>) -> Py
         Some(pool) => pool,
         None => Err(Error::Plugin {
             what: "hostpool".into(),
-            message: "the build thread panicked; what it built was torn down as it unwound"
-                .into(),
+            message: "the build thread panicked; what it built was torn down as it unwound".into(),
             source: None,
         }),
     };

@@ -113,7 +113,11 @@ pub fn threads(value: i64) -> Result<NonZeroUsize, Error> {
     usize::try_from(value)
         .ok()
         .and_then(NonZeroUsize::new)
-        .ok_or_else(|| Error::config(format!("threads = {value}: give 1 or more prefault threads")))
+        .ok_or_else(|| {
+            Error::config(format!(
+                "threads = {value}: give 1 or more prefault threads"
+            ))
+        })
 }
 
 /// The keyword arguments of `Pool(...)`, other than `progress`.

@@ -91,10 +91,7 @@ pub fn named_ranks(message: &str) -> Vec<u32> {
             .strip_prefix("(s)")
             .or_else(|| rest.strip_prefix('s'))
             .unwrap_or(rest);
-        loop {
-            let Some(after_space) = rest.strip_prefix(' ') else {
-                break;
-            };
+        while let Some(after_space) = rest.strip_prefix(' ') {
             let digits: String = after_space
                 .chars()
                 .take_while(char::is_ascii_digit)

@@ -31,14 +31,22 @@ struct Text(String);
 impl Visit for Text {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         if field.name() == "message" {
-            let _ = write!(self.0, "{}{value:?}", if self.0.is_empty() { "" } else { " " });
+            let _ = write!(
+                self.0,
+                "{}{value:?}",
+                if self.0.is_empty() { "" } else { " " }
+            );
         } else {
             let _ = write!(self.0, " {}={value:?}", field.name());
         }
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
-            let _ = write!(self.0, "{}{value}", if self.0.is_empty() { "" } else { " " });
+            let _ = write!(
+                self.0,
+                "{}{value}",
+                if self.0.is_empty() { "" } else { " " }
+            );
         } else {
             let _ = write!(self.0, " {}={value}", field.name());
         }

@@ -74,7 +74,9 @@ impl PyShared {
             let world = u32::try_from(world)
                 .map_err(|_| Error::config(format!("world {world} must be between 1 and 1024")))?;
             let rank = u32::try_from(rank).map_err(|_| {
-                Error::config(format!("rank {rank} must be 0 or more, below world {world}"))
+                Error::config(format!(
+                    "rank {rank} must be 0 or more, below world {world}"
+                ))
             })?;
             let shared = PyShared {
                 name,
@@ -120,6 +122,7 @@ struct Info {
     pinned: bool,
     pin_reason: Option<String>,
     shard: (u64, u64),
+    block_size: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -163,7 +166,10 @@ impl PyPool {
             ));
         }
         state.exports += 1;
-        Ok((self.info.addr, usize::try_from(self.info.nbytes).unwrap_or(usize::MAX)))
+        Ok((
+            self.info.addr,
+            usize::try_from(self.info.nbytes).unwrap_or(usize::MAX),
+        ))
     }
 
     /// One export ended.
@@ -178,6 +184,7 @@ impl PyPool {
         progress: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyPool> {
         let shard = plan.prefault.extent;
+        let block_size = plan.config.block_size.map(pool_core::ByteSize::get);
         let pool = build::build(py, plan, progress)?;
         let report = pool.report();
         let info = Info {
@@ -189,6 +196,7 @@ impl PyPool {
             pinned: report.pin.status == PinStatus::Pinned,
             pin_reason: report.pin.reason.clone(),
             shard: (shard.offset, shard.len),
+            block_size,
         };
         Ok(PyPool {
             state: Mutex::new(State {
@@ -225,8 +233,13 @@ fn opt_size(key: &str, v: Option<&Bound<'_, PyAny>>) -> Result<Option<pool_core:
 }
 
 fn report_dict<'py>(py: Python<'py>, report: &PoolReport) -> PyResult<Bound<'py, PyAny>> {
-    let text = serde_json::to_string(report)
-        .map_err(|e| errors::raise(py, "Error", format!("the report could not be written as JSON: {e}")))?;
+    let text = serde_json::to_string(report).map_err(|e| {
+        errors::raise(
+            py,
+            "Error",
+            format!("the report could not be written as JSON: {e}"),
+        )
+    })?;
     py.import("json")?.call_method1("loads", (text,))
 }
 
@@ -360,6 +373,13 @@ impl PyPool {
     #[getter]
     fn shard(&self) -> (u64, u64) {
         self.info.shard
+    }
+
+    /// The caller's block size given at build (`None` when not given):
+    /// registration chunks never split a block; allocators align to it.
+    #[getter]
+    fn block_size(&self) -> Option<u64> {
+        self.info.block_size
     }
 
     /// Whether `close()` has run.
@@ -523,7 +543,10 @@ impl PyPool {
 
 impl Drop for PyPool {
     fn drop(&mut self) {
-        let pool = self.state.get_mut().map_or_else(|p| p.into_inner().pool.take(), |s| s.pool.take());
+        let pool = self
+            .state
+            .get_mut()
+            .map_or_else(|p| p.into_inner().pool.take(), |s| s.pool.take());
         if let Some(pool) = pool {
             tracing::info!(
                 "a hostpool.Pool of {} bytes was collected without close(); tearing it down",

@@ -4,10 +4,19 @@ Build a pool (private, or shared between the tensor-parallel ranks of one
 engine), prefault it in parallel, pin it for the GPU, and hand it to numpy
 and torch with zero copies::
 
-    import hostpool, torch
+    import hostpool, hostpool.torch
     with hostpool.Pool(size="64GiB", pin="cuda") as pool:
-        kv = torch.frombuffer(pool, dtype=torch.uint8)   # pool's own memory
+        kv = hostpool.torch.as_tensor(pool)   # the pool's own memory
         ...
+        del kv                                # close() refuses while it lives
+
+`memoryview(pool)`, `numpy.frombuffer(pool)`, `numpy.from_dlpack(pool)` and
+`torch.from_dlpack(pool)` hold an export that `close()` waits for (it raises
+`PoolBusyError`). `torch.frombuffer(pool)` shares the memory too but lets go
+of its export at once: a tensor made that way that outlives `close()` reads
+zeros from a placeholder (never memory reused by anything else), and its
+writes reach nobody. Prefer `hostpool.torch.as_tensor(pool)` or
+`torch.frombuffer(memoryview(pool))`.
 
 Logging goes to the ``hostpool`` logger of :mod:`logging`.
 """

@@ -13,7 +13,6 @@ a second time (``cudaHostRegister`` on a registered range fails).
 from __future__ import annotations
 
 import math
-import re
 import threading
 from typing import Any
 
@@ -27,19 +26,6 @@ __all__ = ["HostPoolAllocator", "DEFAULT_ALIGNMENT"]
 DEFAULT_ALIGNMENT: int = 2 << 20
 """Alignment when the pool has no block size: 2 MiB (or the page size if larger)."""
 
-_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-
-
-def _nbytes(value: int | str) -> int:
-    """Bytes of an int or an IEC string such as ``"2MiB"``."""
-    if isinstance(value, int):
-        return value
-    match = re.fullmatch(r"\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*", str(value))
-    if match is None:
-        raise ValueError(f"cannot read {value!r} as a size; pass alignment= in bytes")
-    return int(match[1]) * _UNITS[match[2] or "B"]
-
-
 class HostPoolAllocator:
     """SGLang ``HostTensorAllocator`` carving aligned tensors from one pool.
 
@@ -48,9 +34,8 @@ class HostPoolAllocator:
     :class:`hostpool.Pool` keyword arguments and closes it in :meth:`close`.
 
     Every tensor starts at an address that is a multiple of :attr:`alignment`:
-    ``alignment`` if given, else the ``block_size`` of the pool built here,
-    else the larger of 2 MiB (one huge page) and the pool's page size. A pool
-    passed in does not tell its block size: pass ``alignment=block_size``.
+    ``alignment`` if given, else the pool's :attr:`~hostpool.Pool.block_size`,
+    else the larger of 2 MiB (one huge page) and the pool's page size.
 
     Tensors never overlap and are not freed one by one (SGLang allocates its
     host pool once); :meth:`close` ends them all. Out of room, :meth:`allocate`
@@ -67,14 +52,12 @@ class HostPoolAllocator:
         """Use ``pool``, or build one from ``pool_kwargs`` (then owned and closed here)."""
         if pool is not None and pool_kwargs:
             raise ValueError("pass either a pool or Pool keyword arguments, not both")
-        if alignment is None and pool_kwargs.get("block_size") is not None:
-            alignment = _nbytes(pool_kwargs["block_size"])
         if alignment is not None and alignment <= 0:
             raise ValueError(f"alignment must be positive, got {alignment}")
         self._owns_pool = pool is None
         self.pool: hostpool.Pool = hostpool.Pool(**pool_kwargs) if pool is None else pool
         """The pool the tensors live in."""
-        self.alignment: int = alignment or max(DEFAULT_ALIGNMENT, self.pool.page_size)
+        self.alignment: int = alignment or self.pool.block_size or max(DEFAULT_ALIGNMENT, self.pool.page_size)
         """Every tensor's ``data_ptr()`` is a multiple of this."""
         self.dtype: torch.dtype | None = None
         """dtype of the last allocation (as SGLang's ``HostTensorAllocator``)."""

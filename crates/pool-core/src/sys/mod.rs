@@ -573,11 +573,16 @@ mod tests {
     fn a_placeholder_keeps_a_released_pools_range_until_dropped() {
         use crate::layout::PageSize;
         let size = crate::layout::round_to_page(8 << 20, PageSize::BASE_4K).unwrap();
-        let mmap = Mmap::anonymous(size, AnonMapOptions { shared: false, align: 4096 }).unwrap();
-        let region = mmap.region();
-        region.write_pattern(4096, 7);
-        let addr = region.addr() as usize;
-        drop(region);
+        let mmap = Mmap::anonymous(
+            size,
+            AnonMapOptions {
+                shared: false,
+                align: 4096,
+            },
+        )
+        .unwrap();
+        mmap.region().write_pattern(4096, 7);
+        let addr = mmap.region().addr() as usize;
         let ((), kept) = with_placeholders(|| mmap.unmap().unwrap());
         assert_eq!(kept.len(), 1);
         assert_eq!((kept[0].addr(), kept[0].len()), (addr, 8 << 20));
@@ -589,7 +594,14 @@ mod tests {
         drop(kept);
         assert!(!mapped_at(addr), "dropping the placeholder unmaps it");
         // Outside the scope, release unmaps as always.
-        let mmap = Mmap::anonymous(size, AnonMapOptions { shared: false, align: 4096 }).unwrap();
+        let mmap = Mmap::anonymous(
+            size,
+            AnonMapOptions {
+                shared: false,
+                align: 4096,
+            },
+        )
+        .unwrap();
         let addr = mmap.region().addr() as usize;
         mmap.unmap().unwrap();
         assert!(!mapped_at(addr));

@@ -408,7 +408,11 @@ impl Drop for Placeholder {
         // SAFETY: the placeholder mapping this value owns; nothing in this
         // process uses it through safe references.
         if let Err(e) = unsafe { super::unmap(self.base.as_ptr(), self.len) } {
-            tracing::warn!("munmap of the placeholder {:p}+{} failed: {e}", self.base, self.len);
+            tracing::warn!(
+                "munmap of the placeholder {:p}+{} failed: {e}",
+                self.base,
+                self.len
+            );
         }
     }
 }

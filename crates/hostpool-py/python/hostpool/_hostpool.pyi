@@ -1,0 +1,144 @@
+"""Type stubs of the compiled extension `hostpool._hostpool` (re-exported by `hostpool`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Literal, Self
+
+__version__: str
+
+Progress = Callable[[str, int, int], object]
+"""`progress(phase, done_bytes, total_bytes)`: phase is "map", "prefault", "attach", "pin" or "register"."""
+
+def plugins() -> dict[str, list[dict[str, str]]]:
+    """The registered plugins, as `hostpool plugins --json`: backings, pinners, registrars."""
+
+class Shared:
+    """How the ranks of one engine share a pool: the same `name` and `world` on every rank."""
+
+    name: str
+    world: int
+    rank: int
+    attach_timeout: float
+    barrier_timeout: float
+    rendezvous: Literal["socket", "file"]
+
+    def __init__(
+        self,
+        name: str,
+        world: int,
+        rank: int,
+        attach_timeout: float = 30.0,
+        barrier_timeout: float = 600.0,
+        rendezvous: Literal["socket", "file"] = "socket",
+    ) -> None:
+        """Raises `ConfigError` for a bad name, world, rank, timeout or rendezvous."""
+
+class Pool:
+    """A host-memory pool: mapped, prefaulted (in parallel), pinned and registered as asked.
+
+    The pool exports its memory with zero copies: the buffer protocol
+    (writable, format "B", `nbytes` long: `memoryview`, `numpy.frombuffer`,
+    `torch.frombuffer`) and DLPack (`numpy.from_dlpack`, `torch.from_dlpack`,
+    device kDLCPU). The build runs without the GIL; Ctrl-C cancels it, leaving
+    nothing, and raises `KeyboardInterrupt`.
+
+    Raises `ConfigError` (bad input), `CapacityError` (the node cannot hold
+    it), `PeerError` (a rank of a shared pool failed, died or never came),
+    `NotAvailableError` (no driver, device or huge pages of that size),
+    `PinError` (required pinning failed) or `Error`.
+    """
+
+    def __init__(
+        self,
+        size: int | str | None = None,
+        *,
+        backing: str = "auto",
+        dir: str | os.PathLike[str] | None = None,
+        page_size: int | str | None = None,
+        numa_node: int | None = None,
+        threads: int | None = None,
+        prefault: Literal["auto", "populate-write", "touch", "none"] = "auto",
+        block_size: int | str | None = None,
+        shared: Shared | None = None,
+        pin: str | None = None,
+        pin_required: bool = False,
+        register: Sequence[str] | None = (),
+        pin_scope: Literal["pool", "shard"] = "pool",
+        memlock_bound: Literal["check", "ignore"] = "check",
+        progress: Progress | None = None,
+    ) -> None:
+        """Build the pool. `size` is bytes or an IEC string ("64GiB"; default 1 GiB)."""
+
+    @staticmethod
+    def from_config(source: str | os.PathLike[str] | dict[str, Any], *, progress: Progress | None = None) -> Pool:
+        """A pool from a config file (TOML or JSON) or a dict of its keys, as `hostpool alloc --config`."""
+
+    @property
+    def addr(self) -> int:
+        """The base address."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes asked for: the length of the buffer and of every export."""
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes mapped: `nbytes` rounded up to the page."""
+    @property
+    def page_size(self) -> int:
+        """Page size in bytes (4096, 2 MiB or 1 GiB)."""
+    @property
+    def backing(self) -> str:
+        """The backing's name: "anon", "shm-segmented" or "hugetlbfs"."""
+    @property
+    def pinned(self) -> bool:
+        """Whether the pool is pinned."""
+    @property
+    def pin_reason(self) -> str | None:
+        """Why a best-effort pin was skipped."""
+    @property
+    def shard(self) -> tuple[int, int]:
+        """`(offset, nbytes)` this rank prefaulted: the whole pool when private."""
+    @property
+    def report(self) -> dict[str, Any] | None:
+        """The report, with the fields of `hostpool alloc --json` (with teardown once closed)."""
+    @property
+    def block_size(self) -> int | None:
+        """The block size given at build (`None` when not given): chunks never split a block."""
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` ran."""
+
+    def close(self) -> list[dict[str, str]]:
+        """Tear down; returns what could not be undone (`{"step", "detail"}` each; empty when clean).
+
+        Idempotent. Raises `PoolBusyError`, leaving the pool intact, while
+        exports of its memory (memoryviews, arrays, DLPack tensors) are alive.
+        A `torch.frombuffer` tensor holds no export: after `close()` it reads
+        zeros from a placeholder that keeps the range until the pool object
+        is collected, never memory reused by anything else.
+        """
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        """A writable memoryview of `nbytes` bytes at `offset` (zero copy); `ValueError` outside the pool."""
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, view: memoryview, /) -> None: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """A DLPack capsule of the pool as a 1-D uint8 CPU tensor (versioned when max_version >= (1, 0))."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(1, 0): kDLCPU."""
+    def __len__(self) -> int: ...

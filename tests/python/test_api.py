@@ -1,0 +1,58 @@
+"""The package's public names: each documented, each in the type stubs."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import hostpool
+import hostpool._hostpool as ext
+
+STUBS = pathlib.Path(hostpool.__file__).with_name("_hostpool.pyi")
+
+
+def _stub_names() -> dict[str, set[str]]:
+    tree = ast.parse(STUBS.read_text())
+    names: dict[str, set[str]] = {"": set()}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names[node.name] = {
+                n.name if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) else n.target.id
+                for n in node.body
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                or (isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
+            }
+            names[""].add(node.name)
+        elif isinstance(node, ast.FunctionDef):
+            names[""].add(node.name)
+        elif isinstance(node, (ast.AnnAssign, ast.Assign)):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            names[""].update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_every_public_name_of_the_extension_is_in_the_stubs():
+    stubs = _stub_names()
+    public = {n for n in dir(ext) if not n.startswith("_")} | {"__version__"}
+    assert public <= stubs[""], public - stubs[""]
+    for cls in (ext.Pool, ext.Shared):
+        members = {n for n in dir(cls) if not n.startswith("_")}
+        assert members <= stubs[cls.__name__], (cls.__name__, members - stubs[cls.__name__])
+
+
+def test_every_public_name_has_a_docstring():
+    for name in hostpool.__all__:
+        obj = getattr(hostpool, name)
+        if name != "__version__":
+            assert (obj.__doc__ or "").strip(), name
+    for cls in (hostpool.Pool, hostpool.Shared):
+        for member in (n for n in dir(cls) if not n.startswith("_")):
+            assert (getattr(cls, member).__doc__ or "").strip(), f"{cls.__name__}.{member}"
+
+
+def test_the_exceptions_form_the_documented_hierarchy():
+    assert issubclass(hostpool.Error, RuntimeError)
+    assert issubclass(hostpool.ConfigError, ValueError)
+    for cls in (hostpool.ConfigError, hostpool.CapacityError, hostpool.PeerError,
+                hostpool.NotAvailableError, hostpool.PinError, hostpool.PoolBusyError):
+        assert issubclass(cls, hostpool.Error), cls

@@ -1,0 +1,153 @@
+//! The Python half of the test suite: a virtual environment with the
+//! pinned versions of `crates/hostpool-py/requirements-test.txt`, cached
+//! outside the clone (`$HOSTPOOL_PY_VENV`, else
+//! `${XDG_CACHE_HOME:-~/.cache}/hostpool/py-<hash of that file>`), the
+//! `hostpool` package built into it (`maturin develop --release`), and
+//! `pytest tests/python` run with the huge page session's variables.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::cmd;
+
+/// The pinned requirements, relative to the workspace root.
+const REQUIREMENTS: &str = "crates/hostpool-py/requirements-test.txt";
+/// Written into the environment once every requirement is installed.
+const READY: &str = ".hostpool-ready";
+
+/// FNV-1a of the requirements: a new pin makes a new environment.
+fn hash(text: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{:012x}", h >> 16)
+}
+
+fn venv_dir(requirements: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("HOSTPOOL_PY_VENV") {
+        return PathBuf::from(dir);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    cache
+        .join("hostpool")
+        .join(format!("py-{}", hash(requirements)))
+}
+
+fn run(command: &mut Command, what: &str) -> Result<(), String> {
+    match cmd::run_step(command, what)? {
+        0 => Ok(()),
+        code => Err(format!("{what} exited with status {code}")),
+    }
+}
+
+/// The environment's python, created and filled when missing.
+fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
+    let requirements = std::fs::read_to_string(root.join(REQUIREMENTS))
+        .map_err(|e| format!("cannot read {REQUIREMENTS}: {e}"))?;
+    let venv = venv_dir(&requirements);
+    let python = venv.join("bin/python");
+    if venv.join(READY).exists() && python.exists() {
+        eprintln!("xtask: python: using {}", venv.display());
+        return Ok(python);
+    }
+    eprintln!(
+        "xtask: python: creating {} with {REQUIREMENTS} (torch is large: this takes minutes, once)",
+        venv.display()
+    );
+    let system = std::env::var_os("PYTHON").unwrap_or_else(|| "python3".into());
+    run(
+        Command::new(&system)
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv),
+        "python3 -m venv",
+    )?;
+    run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(root.join(REQUIREMENTS)),
+        "pip install -r requirements-test.txt",
+    )?;
+    std::fs::write(venv.join(READY), requirements)
+        .map_err(|e| format!("cannot write {}: {e}", venv.join(READY).display()))?;
+    Ok(python)
+}
+
+/// Build the package into the environment and run the Python tests with
+/// `env`; returns pytest's exit status.
+pub fn test(env: &[(String, String)]) -> Result<i32, String> {
+    let root = cmd::workspace_root();
+    let python = ensure_venv(&root)?;
+    let venv = python
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("the virtual environment has no root")?
+        .to_path_buf();
+    let mut path = std::ffi::OsString::from(venv.join("bin"));
+    if let Some(old) = std::env::var_os("PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    eprintln!("xtask: python: maturin develop --release (the hostpool package)");
+    run(
+        Command::new(venv.join("bin/maturin"))
+            .current_dir(&root)
+            .args([
+                "develop",
+                "--release",
+                "--quiet",
+                "-m",
+                "crates/hostpool-py/Cargo.toml",
+            ])
+            .env("VIRTUAL_ENV", &venv)
+            .env("PATH", &path),
+        "maturin develop",
+    )?;
+    // The CLI and the CUDA double the tests use: built by `cargo test`.
+    run(
+        cmd::cargo().args(["build", "--quiet", "-p", "hostpool", "-p", "fake-cuda"]),
+        "cargo build -p hostpool -p fake-cuda",
+    )?;
+    let target = root.join("target/debug");
+    let mut pytest = Command::new(&python);
+    pytest
+        .current_dir(&root)
+        .args([
+            "-m",
+            "pytest",
+            "tests/python",
+            "-q",
+            "-ra",
+            "-p",
+            "no:cacheprovider",
+        ])
+        .env("PATH", &path)
+        .env("HOSTPOOL_BIN", target.join("hostpool"))
+        .env("HOSTPOOL_FAKE_CUDA", target.join("libfake_cuda.so"))
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    eprintln!("xtask: python: pytest tests/python");
+    cmd::run_step(&mut pytest, "pytest tests/python")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_pin_names_a_new_environment() {
+        assert_eq!(hash("torch==2.15.0\n"), hash("torch==2.15.0\n"));
+        assert_ne!(hash("torch==2.15.0\n"), hash("torch==2.15.1\n"));
+        assert!(venv_dir("x").to_string_lossy().contains("hostpool"));
+    }
+}
