@@ -253,7 +253,7 @@ def test_logs_go_to_the_hostpool_logger_not_to_stderr(caplog, capfd):
     assert "collected" not in err and "hostpool" not in err
 
 
-def test_other_threads_run_while_a_pool_is_built():
+def test_other_threads_run_while_a_pool_is_built_and_torn_down():
     ticks = []
     stop = threading.Event()
 
@@ -266,14 +266,21 @@ def test_other_threads_run_while_a_pool_is_built():
     t.start()
     time.sleep(0.01)
     start = time.monotonic()
-    with hostpool.Pool(size=512 * MiB, threads=1, prefault="touch"):
-        end = time.monotonic()
+    pool = hostpool.Pool(size=1 << 30, threads=1, prefault="touch")
+    end = time.monotonic()
+    # Teardown (releasing 262144 pages) is slow enough to tell too.
+    close_start = time.monotonic()
+    pool.close()
+    close_end = time.monotonic()
     stop.set()
     t.join()
     during = [x for x in ticks if start < x < end]
     # With the GIL held for the whole build, the other thread would not run.
     assert end - start > 0.05, "the build is long enough to tell"
     assert len(during) >= 5, f"{len(during)} ticks during a {end - start:.3f} s build"
+    during_close = [x for x in ticks if close_start < x < close_end]
+    assert close_end - close_start > 0.02, "teardown is long enough to tell"
+    assert len(during_close) >= 2, f"{len(during_close)} ticks during a {close_end - close_start:.3f} s teardown"
 
 
 CTRL_C = """

@@ -2,7 +2,8 @@
 //! pinned versions of `crates/hostpool-py/requirements-test.txt`, cached
 //! outside the clone (`$HOSTPOOL_PY_VENV`, else
 //! `${XDG_CACHE_HOME:-~/.cache}/hostpool/py-<hash of that file>`), the
-//! `hostpool` package built into it (`maturin develop --release`), and
+//! `hostpool` package installed into it as the README says
+//! (`pip install ./crates/hostpool-py`), and
 //! `pytest tests/python` run with the huge page session's variables.
 
 use std::path::{Path, PathBuf};
@@ -99,20 +100,23 @@ pub fn test(env: &[(String, String)]) -> Result<i32, String> {
         path.push(":");
         path.push(old);
     }
-    eprintln!("xtask: python: maturin develop --release (the hostpool package)");
+    // The README's install command, so the tests check it too.
+    eprintln!("xtask: python: pip install ./crates/hostpool-py");
     run(
-        Command::new(venv.join("bin/maturin"))
+        Command::new(&python)
             .current_dir(&root)
             .args([
-                "develop",
-                "--release",
-                "--quiet",
                 "-m",
-                "crates/hostpool-py/Cargo.toml",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--force-reinstall",
+                "--no-deps",
+                "./crates/hostpool-py",
             ])
-            .env("VIRTUAL_ENV", &venv)
             .env("PATH", &path),
-        "maturin develop",
+        "pip install ./crates/hostpool-py",
     )?;
     // The CLI and the CUDA double the tests use: built by `cargo test`.
     run(
