@@ -2,13 +2,13 @@
 //! Python 3.11+). The `hostpool` package re-exports it; see
 //! `python/hostpool/_hostpool.pyi` for the API as Python sees it.
 //!
-//! - [`pool`]: `Pool` (build, attributes, zero-copy exports, close) and `Shared`;
-//! - [`config`]: keyword arguments and `from_config` into a [`PoolConfig`](pool_core::PoolConfig);
-//! - [`build`]: the build on a thread of its own while the caller waits
+//! - `pool`: `Pool` (build, attributes, zero-copy exports, close) and `Shared`;
+//! - `config`: keyword arguments and `from_config` into a [`PoolConfig`](pool_core::PoolConfig);
+//! - `build`: the build on a thread of its own while the caller waits
 //!   without the GIL, delivering progress and Ctrl-C;
-//! - [`errors`]: each [`pool_core::Error`] as its `hostpool` exception;
-//! - [`logs`]: `tracing` events to Python's `logging` (logger `hostpool`);
-//! - [`sys`]: the buffer protocol and DLPack, the crate's only `unsafe`.
+//! - `errors`: each [`pool_core::Error`] as its `hostpool` exception;
+//! - `logs`: `tracing` events to Python's `logging` (logger `hostpool`);
+//! - `sys`: the buffer protocol and DLPack, the crate's only `unsafe`.
 
 mod build;
 mod config;
