@@ -89,7 +89,7 @@ fn the_binary_registers_exactly_the_built_in_plugins() {
     // being linked fails here.
     assert_eq!(names("backings"), ["anon", "hugetlbfs", "shm-segmented"]);
     assert_eq!(names("pinners"), ["cuda", "mlock"]);
-    assert_eq!(names("registrars"), ["rdma"]);
+    assert_eq!(names("registrars"), ["nixl", "rdma"]);
     assert_eq!(v["backings"][0]["origin"], "backing-anon");
     let human = hostpool(&["plugins"]);
     assert_exit(&human, 0);

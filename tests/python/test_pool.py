@@ -284,18 +284,23 @@ def test_other_threads_run_while_a_pool_is_built_and_torn_down():
 
 
 CTRL_C = """
-import os, sys, hostpool
+import os, sys, time, hostpool
 def progress(phase, done, total):
-    if phase == "prefault" and done == 0:
-        print("PREFAULT", flush=True)
+    if phase == "map" and done == 0:  # a shared pool's map waits for its ranks
+        print("MAPPING", flush=True)
+started = time.monotonic()
 try:
-    hostpool.Pool(size="3GiB", threads=1, prefault="touch", progress=progress)
+    # Rank 1 never comes: the build waits up to 30 s for it, unless stopped.
+    # (Set the default handler: a shell ignores SIGINT in background jobs.)
+    import signal; signal.signal(signal.SIGINT, signal.default_int_handler)
+    hostpool.Pool(size="512MiB", shared=hostpool.Shared(f"py-ctrlc-{os.getpid()}", 2, 0, attach_timeout=30.0),
+                  progress=progress)
     print("BUILT", flush=True)
 except KeyboardInterrupt:
     maps = open("/proc/self/maps").read().splitlines()
-    big = [m for m in maps if int(m.split()[0].split("-")[1], 16) - int(m.split()[0].split("-")[0], 16) >= 1 << 30]
-    rss = [l for l in open("/proc/self/status") if l.startswith("RssAnon")][0].split()[1]
-    print("INTERRUPTED", len(big), rss, flush=True)
+    big = [m for m in maps if int(m.split()[0].split("-")[1], 16) - int(m.split()[0].split("-")[0], 16) >= 256 << 20]
+    status = {l.split(":")[0]: l.split()[1] for l in open("/proc/self/status") if l.startswith(("RssAnon", "RssShmem"))}
+    print("INTERRUPTED", len(big), status["RssAnon"], status["RssShmem"], round(time.monotonic() - started, 1), flush=True)
     with hostpool.Pool(size="1MiB"):   # the next build is not interrupted
         print("AGAIN", flush=True)
 """
@@ -303,14 +308,16 @@ except KeyboardInterrupt:
 
 def test_ctrl_c_cancels_a_build_cleanly_and_raises_keyboard_interrupt():
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "PREFAULT"
-    time.sleep(0.2)
+    assert proc.stdout.readline().strip() == "MAPPING"
+    time.sleep(0.3)  # now waiting for the rank that never comes
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    line = out.split("INTERRUPTED", 1)[1].split()
-    assert line[0] == "0", "no mapping of the pool remains"
-    assert int(line[1]) < 512 * 1024, f"RssAnon {line[1]} kB: the pool's pages were given back"
+    assert "INTERRUPTED" in out, out + err
+    big, rss_anon, rss_shmem, seconds = out.split("INTERRUPTED", 1)[1].split()[:4]
+    assert big == "0", "no mapping of the pool remains"
+    assert int(rss_anon) + int(rss_shmem) < 256 * 1024, f"{rss_anon} + {rss_shmem} kB: the pool's pages were given back"
+    assert float(seconds) < 10, f"stopped after {seconds} s, not at the 30 s attach timeout"
     assert "AGAIN" in out
 
 

@@ -85,6 +85,40 @@ fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// What the tests need from the environment, for `cargo test` and pytest
+/// alike: the NIXL C API of its `nixl-cu12` wheel (`HOSTPOOL_NIXL_LIB`, with
+/// `HOSTPOOL_REQUIRE_NIXL=1` so the NIXL tests fail rather than skip) and
+/// loopback-only UCX. Creates the environment when missing.
+pub fn nixl_env() -> Result<Vec<(String, String)>, String> {
+    let python = ensure_venv(&cmd::workspace_root())?;
+    let venv = python
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("the virtual environment has no root")?;
+    let lib = std::fs::read_dir(venv.join("lib"))
+        .map_err(|e| format!("cannot read {}: {e}", venv.join("lib").display()))?
+        .flatten()
+        .map(|d| {
+            d.path()
+                .join("site-packages/.nixl_cu12.mesonpy.libs/libnixl_capi.so")
+        })
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            format!(
+                "{} has no nixl-cu12 wheel (libnixl_capi.so)",
+                venv.display()
+            )
+        })?;
+    Ok(vec![
+        (
+            "HOSTPOOL_NIXL_LIB".into(),
+            lib.to_string_lossy().into_owned(),
+        ),
+        ("HOSTPOOL_REQUIRE_NIXL".into(), "1".into()),
+        ("UCX_NET_DEVICES".into(), "lo".into()),
+    ])
+}
+
 /// Build the package into the environment and run the Python tests with
 /// `env`; returns pytest's exit status.
 pub fn test(env: &[(String, String)]) -> Result<i32, String> {

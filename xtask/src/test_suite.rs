@@ -176,6 +176,24 @@ fn suite(args: &[String]) -> Result<i32, String> {
     if let Some(session) = &session {
         command.envs(session.env());
     }
+    // The Python environment (with NIXL's wheel) before the Rust tests,
+    // whose NIXL tests load its library.
+    let mut env = session.as_ref().map(Session::env).unwrap_or_default();
+    if std::env::var_os(TEST_CMD_VAR).is_none() {
+        match python::nixl_env() {
+            Ok(vars) => {
+                command.envs(vars.iter().map(|(k, v)| (k, v)));
+                env.extend(vars);
+            }
+            Err(e) => {
+                eprintln!("xtask: the Python environment could not be made: {e}");
+                if let Some(session) = session {
+                    session.finish();
+                }
+                return Ok(1);
+            }
+        }
+    }
     command.env("RUST_BACKTRACE", "1");
     eprintln!("xtask: running {what}");
     let code = cmd::run_step(&mut command, &what);
@@ -184,7 +202,6 @@ fn suite(args: &[String]) -> Result<i32, String> {
     let code = match code {
         Ok(0) if std::env::var_os(TEST_CMD_VAR).is_none() && signals::received().is_none() => {
             eprintln!("xtask: {what} exited with status 0");
-            let env = session.as_ref().map(Session::env).unwrap_or_default();
             match python::test(&env) {
                 Ok(code) => {
                     eprintln!("xtask: pytest tests/python exited with status {code}");

@@ -24,6 +24,7 @@ use backing_hugetlbfs as _;
 use backing_shm_segmented as _;
 use pinner_cuda as _;
 use pinner_mlock as _;
+use registrar_nixl as _;
 use registrar_rdma as _;
 
 pub mod cli;

@@ -26,6 +26,10 @@ pub struct AllocArgs {
     /// pool, check the data, and report both bandwidths (`verify_copy`).
     #[arg(long)]
     pub verify_copy: bool,
+    /// With --register nixl: write the agent's metadata (base64) to FILE, for
+    /// a peer to load; removed when the pool is released.
+    #[arg(long, value_name = "FILE")]
+    pub nixl_metadata_out: Option<std::path::PathBuf>,
 }
 
 /// Run `hostpool alloc`.
@@ -49,7 +53,30 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
             "--verify-copy needs --pin cuda: it copies through the GPU from the pinned pool",
         ));
     }
+    if args.nixl_metadata_out.is_some()
+        && !plan
+            .config
+            .register
+            .iter()
+            .any(|r| r == registrar_nixl::NAME)
+    {
+        return Err(Error::config(
+            "--nixl-metadata-out needs --register nixl: it writes the NIXL agent's metadata",
+        ));
+    }
     let mut pool = Pool::build(&plan, &observer)?;
+    // Removed when this function returns, after the teardown.
+    let _metadata_file = match &args.nixl_metadata_out {
+        Some(path) => match write_nixl_metadata(pool.report(), path) {
+            Ok(()) => Some(MetadataFile(path.clone())),
+            Err(e) => {
+                let report = pool.teardown();
+                drop(report);
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     let mut extra = serde_json::Map::new();
     let mut copy_ok = true;
     if args.verify_copy {
@@ -72,12 +99,22 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
             args.json,
             "ready; holding until SIGINT or SIGTERM",
         )?;
+        let agent = nixl_agent(pool.report());
         let sig = loop {
             if let Some(sig) = pool_core::interrupt::requested() {
                 break sig;
             }
+            if let Some(agent) = &agent {
+                for (peer, msg) in agent.notifications().unwrap_or_default() {
+                    eprintln!(
+                        "hostpool: nixl: notification from `{peer}`: {}",
+                        String::from_utf8_lossy(&msg)
+                    );
+                }
+            }
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
+        drop(agent);
         let report = pool.teardown_observed(&observer);
         eprintln!(
             "hostpool: signal {sig} received; pool released in {:.3} s{}",
@@ -109,6 +146,58 @@ fn forward(signals: TerminationSignals) {
         }
     });
     let _ = running.recv();
+}
+
+/// The NIXL agent of the pool's `nixl` registration, if it has one.
+fn nixl_agent(report: &pool_core::PoolReport) -> Option<std::sync::Arc<registrar_nixl::Agent>> {
+    let reg = report
+        .registrations
+        .iter()
+        .find(|r| r.kind == registrar_nixl::NAME)?;
+    registrar_nixl::agent(reg.details["agent"].as_str()?)
+}
+
+/// `--nixl-metadata-out`: the agent's metadata, base64, written whole
+/// (a temporary file renamed over FILE) so a peer never reads half of it.
+fn write_nixl_metadata(
+    report: &pool_core::PoolReport,
+    path: &std::path::Path,
+) -> Result<(), Error> {
+    let reg = report
+        .registrations
+        .iter()
+        .find(|r| r.kind == registrar_nixl::NAME);
+    let Some(text) = reg.and_then(|r| r.details["metadata"]["base64"].as_str()) else {
+        return Err(Error::Plugin {
+            what: "--nixl-metadata-out".into(),
+            message: "the nixl registration was skipped ([nixl] required = false): there is no \
+                      metadata to write"
+                .into(),
+            source: None,
+        });
+    };
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, format!("{text}\n"))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::os(
+                "write",
+                e,
+                pool_core::Context::file(path).remedy(
+                    "check that the directory of --nixl-metadata-out exists and is writable",
+                ),
+            )
+        })
+}
+
+/// The metadata file, removed when the pool goes.
+struct MetadataFile(std::path::PathBuf);
+
+impl Drop for MetadataFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn teardown_note(report: &pool_core::PoolReport) -> String {
