@@ -119,6 +119,8 @@ class Pool:
         zeros from a placeholder that keeps the range until the pool object
         is collected, never memory reused by anything else.
         """
+    def nixl_descs(self, dev_id: int = 0, max_region: int | str | None = None) -> list[tuple[int, int, int]]:
+        """`(addr, len, dev_id)` of the pool split at `max_region` on block boundaries, for `register_memory`."""
     def view(self, offset: int, nbytes: int) -> memoryview:
         """A writable memoryview of `nbytes` bytes at `offset` (zero copy); `ValueError` outside the pool."""
     def __enter__(self) -> Self: ...
