@@ -472,18 +472,35 @@ impl PyPool {
     /// `nixl` registrar splits it: what an engine's own
     /// `nixl_agent.register_memory(descs, "DRAM")` takes.
     #[pyo3(signature = (dev_id = 0, max_region = None))]
-    fn nixl_descs(&self, py: Python<'_>, dev_id: u64, max_region: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(u64, u64, u64)>> {
+    fn nixl_descs(
+        &self,
+        py: Python<'_>,
+        dev_id: u64,
+        max_region: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<(u64, u64, u64)>> {
         if self.closed() {
-            return Err(errors::raise(py, "Error", "the pool is closed: it has no memory to describe".into()));
+            return Err(errors::raise(
+                py,
+                "Error",
+                "the pool is closed: it has no memory to describe".into(),
+            ));
         }
         let regions = (|| {
             let max = opt_size("max_region", max_region)?.map(pool_core::ByteSize::get);
             let page = pool_core::PageSize::new(self.info.page)?;
-            registrar_nixl::regions(self.info.mapped, page, self.info.block_size.unwrap_or(self.info.page), max)
+            registrar_nixl::regions(
+                self.info.mapped,
+                page,
+                self.info.block_size.unwrap_or(self.info.page),
+                max,
+            )
         })()
         .map_err(|e| errors::to_py(py, &e, None))?;
         let base = self.info.addr as u64;
-        Ok(regions.iter().map(|r| (base + r.offset, r.len, dev_id)).collect())
+        Ok(regions
+            .iter()
+            .map(|r| (base + r.offset, r.len, dev_id))
+            .collect())
     }
 
     /// A writable memoryview of `nbytes` bytes at `offset` (zero copy).
