@@ -323,8 +323,11 @@ fn doctor_says_whether_the_library_and_its_backend_load() {
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
     let nixl: Vec<&Value> = find_all(&r, "nixl");
     assert!(
-        nixl.iter()
-            .any(|f| f["item"] == "library" && f["value"].as_str().unwrap().contains("loads")),
+        nixl.iter().any(|f| f["item"] == "library"
+            && f["value"]
+                .as_str()
+                .unwrap()
+                .contains("loads: NIXL 1.5 C API, version unknown (not a wheel)")),
         "{r}"
     );
     assert!(
@@ -565,4 +568,26 @@ fn two_processes_exchange_data_through_nixl_on_loopback_with_2m_huge_pages() {
     };
     let mount = mount.to_string_lossy().into_owned();
     exchange("nixl-real-2m", &["--backing", "hugetlbfs", "--dir", &mount]);
+}
+
+#[test]
+fn doctor_names_the_real_wheels_version_and_its_ucx_backend() {
+    let Some(lib) = real_nixl() else { return };
+    let o = hostpool(
+        &["doctor", "--register", "nixl", "--json"],
+        &[("HOSTPOOL_NIXL_LIB", &lib), LOOPBACK[0]],
+    );
+    let r: Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    let nixl = find_all(&r, "nixl");
+    assert!(
+        nixl.iter()
+            .any(|f| f["details"]["version"] == "nixl_cu12 1.5.1"),
+        "{r}"
+    );
+    assert!(
+        nixl.iter()
+            .any(|f| f["item"] == "backends" && f["value"].as_str().unwrap().contains("UCX")),
+        "{r}"
+    );
 }

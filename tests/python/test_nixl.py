@@ -167,3 +167,48 @@ def test_hostpools_registrar_uses_the_nixl_the_engine_imported():
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["lib"].endswith("libnixl_capi.so") and r["used"] == r["lib"]
     assert (r["status"], r["regions"], r["issues"]) == ("registered", 1, [])
+
+
+FETCH = """
+import os, sys, time
+from nixl_cu12 import nixl_agent, nixl_agent_config
+name, port, own_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# NIXL's metadata exchange runs on each side's listener thread.
+b = nixl_agent("fetcher", nixl_agent_config(enable_listen_thread=True, listen_port=own_port, backends=["UCX"]))
+b.fetch_remote_metadata(name, "127.0.0.1", port)
+for _ in range(200):
+    if b.check_remote_metadata(name):
+        print("FETCHED", flush=True)
+        break
+    time.sleep(0.05)
+os._exit(0)
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_peer_fetches_the_pools_metadata_from_its_listener(tmp_path, hostpool_bin):
+    port = _free_port()
+    cfg = tmp_path / "pool.toml"
+    cfg.write_text(f'size = "64MiB"\nregister = ["nixl"]\n[nixl]\nagent = "listener-a"\nlisten_port = {port}\n')
+    a = subprocess.Popen([hostpool_bin, "alloc", "--config", cfg, "--hold", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **LOOPBACK})
+    try:
+        lines = []
+        while (line := a.stdout.readline()) != "}\n":
+            assert line, a.stderr.read()
+            lines.append(line)
+        assert json.loads("".join(lines) + "}")["registrations"][0]["details"]["listen_port"] == port
+        out = subprocess.run([sys.executable, "-c", FETCH, "listener-a", str(port), str(_free_port())],
+                             capture_output=True, text=True, timeout=60, env={**os.environ, **LOOPBACK})
+        assert "FETCHED" in out.stdout, out.stderr
+    finally:
+        a.send_signal(signal.SIGTERM)
+        a.communicate(timeout=30)
+    assert a.returncode == 0

@@ -28,11 +28,20 @@ pub(crate) fn findings(ctx: &DoctorContext<'_>) -> Vec<Finding> {
             }];
         }
     };
-    let mut out = vec![Finding::new(
-        NAME,
-        "library",
-        format!("{lib} (from {source}) loads: NIXL 1.5 C API"),
-    )];
+    let version = crate::version(&lib);
+    let mut out = vec![
+        Finding::new(
+            NAME,
+            "library",
+            format!(
+                "{lib} (from {source}) loads: NIXL 1.5 C API, {}",
+                version
+                    .as_deref()
+                    .unwrap_or("version unknown (not a wheel)")
+            ),
+        )
+        .details(serde_json::json!({ "library": lib, "version": version })),
+    ];
     let name = format!("hostpool-doctor-{}", std::process::id());
     let backend = options.backend();
     match crate::Agent::new(api, &name, None, backend, &[]) {

@@ -195,6 +195,29 @@ fn python_package_library() -> Option<String> {
     None
 }
 
+/// NIXL's version, when the library is a wheel's (`Version:` of the
+/// `nixl_cu12-*.dist-info` next to its `.nixl_cu12.mesonpy.libs`); `None`
+/// for a source build, whose C API says no version.
+pub fn version(library: &str) -> Option<String> {
+    let dir = std::path::Path::new(library).parent()?;
+    let pkg = dir
+        .file_name()?
+        .to_str()?
+        .strip_prefix('.')?
+        .strip_suffix(".mesonpy.libs")?;
+    let site = dir.parent()?;
+    std::fs::read_dir(site).ok()?.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with(&format!("{pkg}-")) && name.ends_with(".dist-info")) {
+            return None;
+        }
+        let meta = std::fs::read_to_string(e.path().join("METADATA")).ok()?;
+        meta.lines()
+            .find_map(|l| l.strip_prefix("Version: "))
+            .map(|v| format!("{pkg} {}", v.trim()))
+    })
+}
+
 /// Load the C API of `options`.
 ///
 /// # Errors
@@ -554,6 +577,27 @@ mod tests {
         assert_eq!(regions(10 << 20, page, 1 << 20, None).unwrap().len(), 1);
         // A block larger than max_region cannot be honoured.
         assert!(regions(10 << 20, page, 4 << 20, Some(3 << 20)).is_err());
+    }
+
+    #[test]
+    fn the_version_is_read_from_the_wheels_metadata() {
+        let site = std::env::temp_dir().join(format!("nixl-version-{}", std::process::id()));
+        let libs = site.join(".nixl_cu12.mesonpy.libs");
+        let info = site.join("nixl_cu12-1.5.1.dist-info");
+        std::fs::create_dir_all(&libs).unwrap();
+        std::fs::create_dir_all(&info).unwrap();
+        std::fs::write(
+            info.join("METADATA"),
+            "Metadata-Version: 2.1\nName: nixl-cu12\nVersion: 1.5.1\n",
+        )
+        .unwrap();
+        let lib = libs.join(LIBRARY);
+        assert_eq!(
+            version(lib.to_str().unwrap()).as_deref(),
+            Some("nixl_cu12 1.5.1")
+        );
+        assert_eq!(version("/usr/local/nixl/lib/libnixl_capi.so"), None);
+        std::fs::remove_dir_all(&site).unwrap();
     }
 
     #[test]
