@@ -29,6 +29,42 @@ fn deps_file(name: &str) -> PathBuf {
         })
 }
 
+/// The `nixl_peer` example of registrar-nixl: `cargo test` builds it as
+/// `target/<profile>/examples/nixl_peer-<hash>` (and `cargo build
+/// --examples` as `nixl_peer`); the newest is taken.
+fn nixl_peer() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let examples = exe.parent().unwrap().parent().unwrap().join("examples");
+    std::fs::read_dir(&examples)
+        .unwrap_or_else(|e| panic!("{}: {e}", examples.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name == "nixl_peer" || name.starts_with("nixl_peer-")) && p.extension().is_none()
+        })
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no nixl_peer in {}: `cargo test` builds the examples",
+                examples.display()
+            )
+        })
+}
+
+/// A child process killed (and reaped) when the test ends, also by a panic:
+/// a holder left behind would keep its pool, and its huge pages.
+struct Holder(std::process::Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 fn hostpool(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
     c.args(args).env_remove("RUST_LOG");
@@ -465,7 +501,7 @@ fn exchange(tag: &str, extra: &[&str]) {
         md.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let mut a = Command::new(env!("CARGO_BIN_EXE_hostpool"))
+    let a = Command::new(env!("CARGO_BIN_EXE_hostpool"))
         .args(&args)
         .env("HOSTPOOL_NIXL_LIB", &lib)
         .envs(LOOPBACK)
@@ -473,14 +509,15 @@ fn exchange(tag: &str, extra: &[&str]) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut a = Holder(a);
     // The report comes first, a JSON object ending with a `}` line.
-    let mut stdout = BufReader::new(a.stdout.take().unwrap());
+    let mut stdout = BufReader::new(a.0.stdout.take().unwrap());
     let mut report = String::new();
     loop {
         let mut line = String::new();
         if stdout.read_line(&mut line).unwrap() == 0 {
             let mut err = String::new();
-            a.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            a.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
             panic!("A ended before its report: {err}");
         }
         report.push_str(&line);
@@ -494,8 +531,12 @@ fn exchange(tag: &str, extra: &[&str]) {
         md.exists(),
         "the metadata file is written once the pool is ready"
     );
+    assert_eq!(
+        d["progress_thread"], false,
+        "a held pool progresses on its poll, not on a spinning thread"
+    );
     let addr = d["regions"][0]["addr"].as_str().unwrap().to_string();
-    let peer = Command::new(deps_file("../examples/nixl_peer"))
+    let peer = Command::new(nixl_peer())
         .args([
             md.to_str().unwrap(),
             &addr,
@@ -514,7 +555,7 @@ fn exchange(tag: &str, extra: &[&str]) {
     );
     assert_eq!(result["peer"], d["agent"]);
     // A prints the notification the READ carried.
-    let stderr = a.stderr.take().unwrap();
+    let stderr = a.0.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -539,11 +580,11 @@ fn exchange(tag: &str, extra: &[&str]) {
         "{seen:?}"
     );
     rustix::process::kill_process(
-        rustix::process::Pid::from_child(&a),
+        rustix::process::Pid::from_child(&a.0),
         rustix::process::Signal::TERM,
     )
     .unwrap();
-    let status = a.wait().unwrap();
+    let status = a.0.wait().unwrap();
     assert_eq!(
         status.code(),
         Some(0),

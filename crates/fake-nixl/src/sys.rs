@@ -164,31 +164,9 @@ pub unsafe extern "C" fn nixl_capi_destroy_string_list(list: *mut c_void) -> Sta
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nixl_capi_get_plugin_params(
-    _agent: *mut c_void,
-    plugin: *const c_char,
-    mems: *mut *mut c_void,
-    params: *mut *mut c_void,
-) -> Status {
-    // SAFETY: as the C API.
-    let plugin = unsafe { name_of(plugin) };
-    if plugin != "UCX" && plugin != "POSIX" {
-        log(&format!(
-            "get_plugin_params plugin={plugin} result={NOT_FOUND}"
-        ));
-        return NOT_FOUND;
-    }
-    // SAFETY: out-pointers.
-    unsafe {
-        out(mems, 0u8);
-        out(params, Vec::<(String, String)>::new())
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nixl_capi_destroy_mem_list(list: *mut c_void) -> Status {
-    // SAFETY: freed once.
-    unsafe { free::<u8>(list) }
+pub unsafe extern "C" fn nixl_capi_create_params(params: *mut *mut c_void) -> Status {
+    // SAFETY: an out-pointer.
+    unsafe { out(params, Vec::<(String, String)>::new()) }
 }
 
 #[unsafe(no_mangle)]
@@ -220,7 +198,8 @@ pub unsafe extern "C" fn nixl_capi_create_backend(
     // SAFETY: live params.
     let p = unsafe { &*params.cast::<Vec<(String, String)>>() };
     let shown: Vec<String> = p.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    if std::env::var("FAKE_NIXL_NO_BACKEND").is_ok_and(|v| v.trim() == "1") {
+    let known = plugin == "UCX" || plugin == "POSIX";
+    if !known || std::env::var("FAKE_NIXL_NO_BACKEND").is_ok_and(|v| v.trim() == "1") {
         log(&format!(
             "create_backend plugin={plugin} params={} result={NOT_FOUND}",
             shown.join(",")

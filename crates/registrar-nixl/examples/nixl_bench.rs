@@ -64,8 +64,9 @@ fn run() -> Result<String, Box<dyn std::error::Error>> {
         b_pool.region().ok_or("no region")?,
     );
     let (api, _) = registrar_nixl::load(&NixlOptions::default())?;
-    let a = Agent::new(api, "bench-a", None, "UCX", &[])?;
-    let b = Agent::new(api, "bench-b", None, "UCX", &[])?;
+    let a = Agent::new(api, "bench-a", None, false, "UCX", &[])?;
+    // The target progresses on NIXL's thread: nothing else polls it here.
+    let b = Agent::new(api, "bench-b", None, true, "UCX", &[])?;
     let whole = Extent {
         offset: 0,
         len: a_region.mapped_len(),

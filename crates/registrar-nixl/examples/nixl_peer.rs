@@ -58,6 +58,7 @@ fn run() -> Result<String, Box<dyn std::error::Error>> {
         api,
         &format!("nixl-peer-{}", std::process::id()),
         None,
+        false, // the initiator progresses as it polls its transfers
         "UCX",
         &[],
     )?;

@@ -44,7 +44,7 @@ pub(crate) fn findings(ctx: &DoctorContext<'_>) -> Vec<Finding> {
     ];
     let name = format!("hostpool-doctor-{}", std::process::id());
     let backend = options.backend();
-    match crate::Agent::new(api, &name, None, backend, &[]) {
+    match crate::Agent::new(api, &name, None, false, backend, &[]) {
         Ok(agent) => {
             let plugins = agent.plugins().unwrap_or_default();
             out.push(

@@ -19,6 +19,7 @@
 //! backend_params = { num_workers = "2" }
 //! max_region = "64GiB"           # split size; default the whole pool
 //! listen_port = 5555             # serve this agent's metadata over TCP
+//! progress_thread = true         # default; NIXL's thread polls a core away (see NixlOptions)
 //! required = true                # default; false: skip (with the reason) without NIXL
 //! ```
 //!
@@ -80,6 +81,13 @@ pub struct NixlOptions {
     /// Serve this agent's metadata on this TCP port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen_port: Option<u16>,
+    /// Give the agent NIXL's progress thread (default true). The thread
+    /// polls without pause: a core for as long as the pool is held. Without
+    /// it, transfers from peers progress only when the holder calls the
+    /// agent (`hostpool alloc --hold` polls for notifications every 20 ms,
+    /// and turns the thread off unless this key is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_thread: Option<bool>,
     /// Fail the pool when NIXL is not available (default); `false` skips
     /// the registration with the reason in the report, and a warning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -272,7 +280,7 @@ inventory::submit! {
         NAME,
         "a NIXL agent (UCX, libfabric, ...) through NIXL's C API, loaded at run time: DRAM \
          regions split at max_region on block boundaries, with the agent's metadata for peers; \
-         [nixl] lib, agent, backend, backend_params, max_region, listen_port, required",
+         [nixl] lib, agent, backend, backend_params, max_region, listen_port, progress_thread, required",
         env!("CARGO_PKG_NAME"),
         build,
     )
@@ -364,7 +372,7 @@ impl Registrar for NixlRegistrar {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let backend = self.options.backend();
-        let agent = Agent::new(api, &name, self.options.listen_port, backend, &params).map_err(|f| Error::Plugin {
+        let agent = Agent::new(api, &name, self.options.listen_port, self.options.progress_thread.unwrap_or(true), backend, &params).map_err(|f| Error::Plugin {
             what: format!("{NAME} registrar"),
             message: format!(
                 "cannot create agent `{name}` with backend {backend}: {f}; check that NIXL finds its \
@@ -411,6 +419,7 @@ impl Registrar for NixlRegistrar {
             "backend": backend,
             "block_size": block,
             "listen_port": self.options.listen_port,
+            "progress_thread": self.options.progress_thread.unwrap_or(true),
             "seconds": started.elapsed().as_secs_f64(),
             "regions": done.iter().map(|&(a, l)| json!({"addr": format!("{a:#x}"), "addr_u64": a, "len": l, "dev_id": 0})).collect::<Vec<_>>(),
             "metadata": { "bytes": metadata.len(), "base64": base64(&metadata) },

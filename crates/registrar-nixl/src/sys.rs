@@ -124,15 +124,13 @@ macro_rules! api {
 
 api! {
     is_stub: fn() -> bool;
-    create_agent: fn(*const c_char, *mut Raw) -> Status;
     create_configured_agent: fn(*const c_char, *const AgentConfig, *mut Raw) -> Status;
     destroy_agent: fn(Raw) -> Status;
     get_available_plugins: fn(Raw, *mut Raw) -> Status;
     string_list_size: fn(Raw, *mut usize) -> Status;
     string_list_get: fn(Raw, usize, *mut *const c_char) -> Status;
     destroy_string_list: fn(Raw) -> Status;
-    get_plugin_params: fn(Raw, *const c_char, *mut Raw, *mut Raw) -> Status;
-    destroy_mem_list: fn(Raw) -> Status;
+    create_params: fn(*mut Raw) -> Status;
     params_add: fn(Raw, *const c_char, *const c_char) -> Status;
     destroy_params: fn(Raw) -> Status;
     create_backend: fn(Raw, *const c_char, Raw, *mut Raw) -> Status;
@@ -248,7 +246,10 @@ unsafe impl Sync for Agent {}
 impl Agent {
     /// Create the agent `name` (with a metadata listener on `listen_port`
     /// when given) and its backend `plugin` with its default parameters
-    /// overridden by `params`.
+    /// overridden by `params`. With `progress_thread` NIXL progresses
+    /// transfers on a thread of its own, which polls without pause (a whole
+    /// core, idle or not, with the nixl-cu12 1.5.1 wheel); without it they
+    /// progress when this agent is called (`transfer`, `notifications`).
     ///
     /// # Errors
     /// The failing call; what was made is destroyed.
@@ -256,29 +257,24 @@ impl Agent {
         api: &'static Api,
         name: &str,
         listen_port: Option<u16>,
+        progress_thread: bool,
         plugin: &str,
         params: &[(String, String)],
     ) -> Result<Agent, Failure> {
         let c_name = cstring("nixl_capi_create_agent", name)?;
         let mut raw: Raw = std::ptr::null_mut();
-        let status = match listen_port {
-            // SAFETY: a valid name and out-pointer.
-            None => unsafe { (api.create_agent)(c_name.as_ptr(), &mut raw) },
-            Some(port) => {
-                let cfg = AgentConfig {
-                    enable_prog_thread: true,
-                    enable_listen_thread: true,
-                    listen_port: c_int::from(port),
-                    thread_sync: 0,
-                    num_workers: 1,
-                    pthr_delay_us: 0,
-                    lthr_delay_us: 100_000,
-                    capture_telemetry: false,
-                };
-                // SAFETY: a valid name, config and out-pointer.
-                unsafe { (api.create_configured_agent)(c_name.as_ptr(), &cfg, &mut raw) }
-            }
+        let cfg = AgentConfig {
+            enable_prog_thread: progress_thread,
+            enable_listen_thread: listen_port.is_some(),
+            listen_port: c_int::from(listen_port.unwrap_or(0)),
+            thread_sync: 0,
+            num_workers: 1,
+            pthr_delay_us: 0,
+            lthr_delay_us: 100_000,
+            capture_telemetry: false,
         };
+        // SAFETY: a valid name, config and out-pointer.
+        let status = unsafe { (api.create_configured_agent)(c_name.as_ptr(), &cfg, &mut raw) };
         check("nixl_capi_create_agent", status)?;
         let mut agent = Agent {
             api,
@@ -294,14 +290,13 @@ impl Agent {
     fn create_backend(&mut self, plugin: &str, params: &[(String, String)]) -> Result<(), Failure> {
         let api = self.api;
         let c_plugin = cstring("nixl_capi_create_backend", plugin)?;
-        let (mut mems, mut defaults): (Raw, Raw) = (std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: a live agent, a valid name and out-pointers.
-        let got = unsafe {
-            (api.get_plugin_params)(self.raw, c_plugin.as_ptr(), &mut mems, &mut defaults)
-        };
-        check("nixl_capi_get_plugin_params", got)?;
-        // SAFETY: `mems` came from get_plugin_params and is destroyed once.
-        unsafe { (api.destroy_mem_list)(mems) };
+        // Only the caller's parameters, as NIXL's own Python binding passes
+        // them: the plugin fills in its defaults.
+        let mut defaults: Raw = std::ptr::null_mut();
+        // SAFETY: an out-pointer.
+        check("nixl_capi_create_params", unsafe {
+            (api.create_params)(&mut defaults)
+        })?;
         let added = params.iter().try_for_each(|(k, v)| {
             let (k, v) = (
                 cstring("nixl_capi_params_add", k)?,
@@ -318,7 +313,7 @@ impl Agent {
                 (api.create_backend)(self.raw, c_plugin.as_ptr(), defaults, &mut self.backend)
             })
         });
-        // SAFETY: `defaults` came from get_plugin_params and is destroyed once.
+        // SAFETY: made above, destroyed once.
         unsafe { (api.destroy_params)(defaults) };
         made?;
         // SAFETY: an out-pointer.

@@ -45,7 +45,11 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
         source: Some(Box::new(e)),
     })?;
     forward(signals);
-    let plan = PoolPlan::new(resolve_config(&args.pool)?)?;
+    let mut config = resolve_config(&args.pool)?;
+    if args.hold {
+        quiet_nixl_progress(&mut config);
+    }
+    let plan = PoolPlan::new(config)?;
     let show_progress = !args.json && std::io::stderr().is_terminal();
     let observer = progress::Bars::new(show_progress);
     if args.verify_copy && plan.config.pin.kind != "cuda" {
@@ -146,6 +150,23 @@ fn forward(signals: TerminationSignals) {
         }
     });
     let _ = running.recv();
+}
+
+/// A held pool's NIXL agent progresses on the hold loop's poll (every
+/// 20 ms) instead of NIXL's progress thread, which would spin a core for as
+/// long as the pool is held; `[nixl] progress_thread` set either way wins.
+fn quiet_nixl_progress(config: &mut pool_core::PoolConfig) {
+    if !config.register.iter().any(|r| r == registrar_nixl::NAME) {
+        return;
+    }
+    let table = config
+        .plugins
+        .entry(registrar_nixl::NAME.to_string())
+        .or_insert_with(|| serde_json::json!({}));
+    if let Some(t) = table.as_object_mut() {
+        t.entry("progress_thread")
+            .or_insert(serde_json::Value::Bool(false));
+    }
 }
 
 /// The NIXL agent of the pool's `nixl` registration, if it has one.
