@@ -29,27 +29,52 @@ fn deps_file(name: &str) -> PathBuf {
         })
 }
 
-/// The `nixl_peer` example of registrar-nixl: `cargo test` builds it as
-/// `target/<profile>/examples/nixl_peer-<hash>` (and `cargo build
-/// --examples` as `nixl_peer`); the newest is taken.
+/// The `nixl_peer` example of registrar-nixl, built for this run with
+/// `cargo build --example` into a target directory of its own (`cargo test
+/// --all-targets` builds examples as test harnesses, and a directory of its
+/// own never waits on the outer cargo's lock); `HOSTPOOL_NIXL_PEER` names a
+/// built one instead.
 fn nixl_peer() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let examples = exe.parent().unwrap().parent().unwrap().join("examples");
-    std::fs::read_dir(&examples)
-        .unwrap_or_else(|e| panic!("{}: {e}", examples.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            (name == "nixl_peer" || name.starts_with("nixl_peer-")) && p.extension().is_none()
-        })
-        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "no nixl_peer in {}: `cargo test` builds the examples",
-                examples.display()
-            )
-        })
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        if let Some(p) = std::env::var_os("HOSTPOOL_NIXL_PEER") {
+            return PathBuf::from(p);
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let exe = std::env::current_exe().unwrap();
+        let target = exe
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("nixl-peer");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let out = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "registrar-nixl",
+                "--example",
+                "nixl_peer",
+                "--manifest-path",
+            ])
+            .arg(root.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target)
+            .env_remove("CARGO_TARGET_DIR")
+            .output()
+            .expect("run cargo to build the nixl_peer example");
+        assert!(
+            out.status.success(),
+            "cargo build --example nixl_peer: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        target.join("debug/examples/nixl_peer")
+    })
+    .clone()
 }
 
 /// A child process killed (and reaped) when the test ends, also by a panic:

@@ -257,3 +257,177 @@ fn verify_copy_of_a_shared_pool_stays_inside_each_ranks_shard() {
     }
     assert_eq!(empty, 4, "four of eight ranks get no page");
 }
+
+/// Reads a pretty-printed JSON report (ending with a `}` line) from `r`.
+fn read_report(r: &mut impl std::io::BufRead) -> Value {
+    let mut text = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "stdout ended before the report: {text}"
+        );
+        text.push_str(&line);
+        if line == "}\n" {
+            return serde_json::from_str(&text).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_held_pool_reports_when_usable_then_a_line_when_pinned_in_the_background() {
+    use std::io::BufRead;
+    let dir = fake_driver_dir("bg-hold");
+    let log = dir.0.join("calls.log");
+    let cfg = dir.0.join("pool.toml");
+    std::fs::write(
+        &cfg,
+        "size = \"64MiB\"\nblock_size = \"4MiB\"\n[cuda]\nchunk_size = \"8MiB\"\n",
+    )
+    .unwrap();
+    let mut a = Command::new(env!("CARGO_BIN_EXE_hostpool"))
+        .args([
+            "alloc",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--pin",
+            "cuda",
+            "--pin-required",
+        ])
+        .args([
+            "--pin-background",
+            "--pin-background-chunk",
+            "16MiB",
+            "--hold",
+            "--json",
+        ])
+        .env("LD_LIBRARY_PATH", &dir.0)
+        .env("FAKE_CUDA_LOG", &log)
+        .env("FAKE_CUDA_REGISTER_DELAY_MS", "100")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(a.stdout.take().unwrap());
+    let ready = read_report(&mut out);
+    assert_eq!(
+        ready["pin"]["status"], "pinning",
+        "the pool is ready before it is pinned: {ready}"
+    );
+    assert!(
+        ready["phases"]["pin"].is_null(),
+        "no pin phase in the time to usable"
+    );
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let end: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(end["pin"]["state"], "pinned", "{end}");
+    assert_eq!(end["pin"]["pinned_bytes"], 64 << 20);
+    assert_eq!(end["pin"]["chunks"], 4);
+    assert!(
+        end["pin"]["seconds"].as_f64().unwrap() >= 0.7,
+        "8 slowed calls: {end}"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&a),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert_eq!(a.wait().unwrap().code(), Some(0));
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let count = |name: &str| calls.lines().filter(|l| l.starts_with(name)).count();
+    assert_eq!(
+        (count("cuMemHostRegister"), count("cuMemHostUnregister")),
+        (8, 8),
+        "{calls}"
+    );
+}
+
+#[test]
+fn without_hold_alloc_waits_for_a_background_pin_and_sigterm_mid_pin_unpins_everything() {
+    let dir = fake_driver_dir("bg-wait");
+    let log = dir.0.join("calls.log");
+    let args = [
+        "alloc",
+        "--size",
+        "64MiB",
+        "--pin",
+        "cuda",
+        "--pin-background",
+        "--pin-background-chunk",
+        "8MiB",
+        "--json",
+    ];
+    let env = [
+        ("FAKE_CUDA_LOG", log.to_str().unwrap()),
+        ("FAKE_CUDA_REGISTER_DELAY_MS", "20"),
+    ];
+    let o = hostpool(&dir.0, &args, &env);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["pin"]["status"], "pinned", "{r}");
+    assert_eq!(r["pin"]["details"]["pinned_bytes"], 64 << 20);
+    // SIGTERM while the pin runs: teardown stops it after the current chunk
+    // and unregisters every chunk before it unmaps.
+    let _ = std::fs::remove_file(&log);
+    let mut a = Command::new(env!("CARGO_BIN_EXE_hostpool"))
+        .args([
+            "alloc",
+            "--size",
+            "64MiB",
+            "--pin",
+            "cuda",
+            "--pin-background",
+            "--pin-background-chunk",
+            "4MiB",
+            "--hold",
+        ])
+        .env("LD_LIBRARY_PATH", &dir.0)
+        .env("FAKE_CUDA_LOG", &log)
+        .env("FAKE_CUDA_REGISTER_DELAY_MS", "100")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .matches("cuMemHostRegister")
+        .count()
+        < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pinning never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&a),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert_eq!(a.wait().unwrap().code(), Some(0));
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = calls
+        .lines()
+        .filter(|l| l.starts_with("cuMemHost"))
+        .collect();
+    let reg = lines
+        .iter()
+        .filter(|l| l.starts_with("cuMemHostRegister"))
+        .count();
+    let unreg = lines
+        .iter()
+        .filter(|l| l.starts_with("cuMemHostUnregister"))
+        .count();
+    assert!((2..16).contains(&reg), "stopped part way: {calls}");
+    assert_eq!(
+        unreg, reg,
+        "every chunk registered was unregistered: {calls}"
+    );
+    assert!(
+        lines.last().unwrap().starts_with("cuMemHostUnregister"),
+        "nothing registered after teardown began: {calls}"
+    );
+}

@@ -17,6 +17,7 @@
 //! | `FAKE_CUDA_MAX_REGISTER_BYTES` | a registration of more bytes returns `CUDA_ERROR_INVALID_VALUE` (1) |
 //! | `FAKE_CUDA_CORRUPT_COPY` | `1`: `cuMemcpyDtoH_v2` flips one byte of what it copies |
 //! | `FAKE_CUDA_LOG` | a file that gets one line appended per call |
+//! | `FAKE_CUDA_REGISTER_DELAY_MS` | every `cuMemHostRegister_v2` sleeps this long first: a slow driver, for background pinning |
 //!
 //! Like the real driver it refuses:
 //! - any call but `cuInit`, `cuDriverGetVersion` and `cuGetError*` before a
@@ -67,6 +68,9 @@ pub const ENV_MAX_REGISTER_BYTES: &str = "FAKE_CUDA_MAX_REGISTER_BYTES";
 pub const ENV_CORRUPT_COPY: &str = "FAKE_CUDA_CORRUPT_COPY";
 /// The call log file.
 pub const ENV_LOG: &str = "FAKE_CUDA_LOG";
+/// Milliseconds every `cuMemHostRegister_v2` takes (default 0): a slow
+/// driver, for background pinning.
+pub const ENV_REGISTER_DELAY_MS: &str = "FAKE_CUDA_REGISTER_DELAY_MS";
 
 /// The driver version `cuDriverGetVersion` reports (CUDA 12.8).
 pub const DRIVER_VERSION: i32 = 12080;
@@ -329,6 +333,9 @@ pub(crate) fn ctx_synchronize() -> u32 {
 }
 
 pub(crate) fn host_register(addr: usize, len: usize, _flags: u32) -> u32 {
+    if let Some(ms) = env_u64(ENV_REGISTER_DELAY_MS) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     let mut s = state();
     let device = match current_device(&s) {
         Ok(d) => d,

@@ -135,6 +135,8 @@ pub struct Args {
     pub pin: Option<String>,
     pub pin_required: bool,
     pub pin_scope: PinScope,
+    pub pin_background: bool,
+    pub background_chunk: Option<ByteSize>,
     pub memlock_bound: MemlockPolicy,
     pub register: Vec<String>,
 }
@@ -170,6 +172,8 @@ impl Args {
         }
         config.pin.required = self.pin_required;
         config.pin.scope = self.pin_scope;
+        config.pin.background = self.pin_background;
+        config.pin.background_chunk = self.background_chunk;
         config.pin.memlock_bound = self.memlock_bound;
         Ok(config)
     }

@@ -232,6 +232,12 @@ fn opt_size(key: &str, v: Option<&Bound<'_, PyAny>>) -> Result<Option<pool_core:
     }
 }
 
+fn json_dict<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyAny>> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| errors::raise(py, "Error", format!("could not be written as JSON: {e}")))?;
+    py.import("json")?.call_method1("loads", (text,))
+}
+
 fn report_dict<'py>(py: Python<'py>, report: &PoolReport) -> PyResult<Bound<'py, PyAny>> {
     let text = serde_json::to_string(report).map_err(|e| {
         errors::raise(
@@ -250,7 +256,7 @@ impl PyPool {
         size = None, *, backing = "auto", dir = None, page_size = None, numa_node = None,
         threads = None, prefault = "auto", block_size = None, shared = None, pin = None,
         pin_required = false, register = None, pin_scope = "pool", memlock_bound = "check",
-        progress = None,
+        pin_background = false, background_chunk = None, progress = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -269,6 +275,8 @@ impl PyPool {
         register: Option<&Bound<'_, PyAny>>,
         pin_scope: &str,
         memlock_bound: &str,
+        pin_background: bool,
+        background_chunk: Option<&Bound<'_, PyAny>>,
         progress: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyPool> {
         let config = (|| {
@@ -294,6 +302,8 @@ impl PyPool {
                 pin,
                 pin_required,
                 pin_scope: config::pin_scope(pin_scope)?,
+                pin_background,
+                background_chunk: opt_size("background_chunk", background_chunk)?,
                 memlock_bound: config::memlock_bound(memlock_bound)?,
                 register: match register {
                     Some(r) if !r.is_none() => config::register(r)?,
@@ -357,10 +367,79 @@ impl PyPool {
         &self.info.backing
     }
 
-    /// Whether the pool is pinned.
+    /// Whether the pool is pinned (all of it: a background pin is pinned
+    /// once it has finished).
     #[getter]
     fn pinned(&self) -> bool {
-        self.info.pinned
+        let state = self.lock();
+        match &state.pool {
+            Some(pool) => pool.pin_status().state == pool_core::PinState::Pinned,
+            None => self.info.pinned,
+        }
+    }
+
+    /// Where the pin stands, as a dict: `state` (`off`, `pinning`,
+    /// `pinned`, `failed`, `skipped`), `pinned_bytes`, `total_bytes`,
+    /// `ranges` (pinned `{offset, len}`, in address order), `chunks`,
+    /// `error`, `background`, `seconds`.
+    fn pin_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let progress = {
+            let state = self.lock();
+            match (&state.pool, &state.closed) {
+                (Some(pool), _) => pool.pin_status(),
+                (None, _) => pool_core::PinProgress::settled(
+                    pool_core::PinState::Off,
+                    None,
+                    Some("the pool is closed".into()),
+                    0.0,
+                ),
+            }
+        };
+        json_dict(py, &progress)
+    }
+
+    /// Wait (without the GIL) until the pin is settled, at most `timeout`
+    /// seconds (`None`: as long as it takes); returns `pin_status()`.
+    /// Raises `PinError` when a required background pin failed (nothing
+    /// stays pinned); Ctrl-C raises `KeyboardInterrupt`.
+    #[pyo3(signature = (timeout = None))]
+    fn wait_pinned<'py>(
+        slf: &Bound<'py, Self>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        if timeout.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
+            return Err(PyValueError::new_err(
+                "timeout must be a number of seconds, 0 or more, or None",
+            ));
+        }
+        let deadline = timeout
+            .map(|t| std::time::Instant::now() + std::time::Duration::from_secs_f64(t.min(1e9)));
+        loop {
+            let slice = std::time::Duration::from_millis(50);
+            let wait = match deadline {
+                Some(d) => d
+                    .saturating_duration_since(std::time::Instant::now())
+                    .min(slice),
+                None => slice,
+            };
+            let outcome = py.detach(|| {
+                let state = this.lock();
+                state.pool.as_ref().map(|p| p.wait_pinned(Some(wait)))
+            });
+            logs::flush(py);
+            let progress = match outcome {
+                None => return this.pin_status(py),
+                Some(Err(e)) => return Err(errors::to_py(py, &e, Some(pool_core::Phase::Pin))),
+                Some(Ok(p)) => p,
+            };
+            let over = deadline.is_some_and(|d| std::time::Instant::now() >= d);
+            if progress.state != pool_core::PinState::Pinning || over {
+                return json_dict(py, &progress);
+            }
+            py.check_signals()?;
+        }
     }
 
     /// Why a best-effort pin was skipped (`None` when pinned or not asked for).

@@ -74,6 +74,14 @@ pub struct PinConfig {
     /// Pin the whole pool (`pool`), or in a shared pool only this rank's shard (`shard`).
     #[serde(default)]
     pub scope: PinScope,
+    /// Pin on a background thread: the pool is usable once prefaulted (and,
+    /// shared, past the barrier), and pinned chunk by chunk in address order.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub background: bool,
+    /// The chunk a background pin takes at a time (default 256 MiB, rounded
+    /// down to whole blocks): a transfer waiting for a range waits at most one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_chunk: Option<crate::ByteSize>,
 }
 
 /// What a pinner pins.
@@ -98,6 +106,8 @@ impl Default for PinConfig {
             required: false,
             memlock_bound: crate::host::memlock::MemlockPolicy::Check,
             scope: PinScope::Pool,
+            background: false,
+            background_chunk: None,
         }
     }
 }

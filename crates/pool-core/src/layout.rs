@@ -119,7 +119,7 @@ impl fmt::Display for PageSize {
 }
 
 /// A half-open byte range `[offset, offset + len)` inside a mapping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Extent {
     /// First byte of the range, from the start of the mapping.
     pub offset: u64,

@@ -21,6 +21,7 @@
 //!   [`Region`], the borrowed view of live pool memory;
 //! - `conformance` (feature `conformance`): the suite every backing runs.
 
+mod background;
 mod config;
 mod error;
 mod pool;
@@ -39,6 +40,7 @@ pub mod prefault;
 pub mod shared;
 pub mod sys;
 
+pub use background::{DEFAULT_CHUNK as DEFAULT_BACKGROUND_CHUNK, PinProgress, PinState};
 pub use config::{
     DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS, MAX_ATTACH_TIMEOUT_SECS, POOL_KEYS,
     PinConfig, PinScope, PoolConfig, PrefaultChoice, Rendezvous, SharingConfig,

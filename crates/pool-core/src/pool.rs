@@ -87,8 +87,8 @@ pub struct PoolPlan {
     pub backing_plan: BackingPlan,
     /// How it will be prefaulted.
     pub prefault: PrefaultPlan,
-    /// The pinner, when one is asked for.
-    pub pinner: Option<Box<dyn Pinner>>,
+    /// The pinner, when one is asked for (shared with a background pin).
+    pub pinner: Option<std::sync::Arc<dyn Pinner>>,
     /// The registrars, in order.
     pub registrars: Vec<Box<dyn Registrar>>,
 }
@@ -131,10 +131,22 @@ impl PoolPlan {
         )?;
         let pinner = if config.pin.is_on() {
             let p = plugin::lookup::<PinnerPlugin>(&config.pin.kind)?;
-            Some((p.build)(config.plugin_table(p.name))?)
+            Some(std::sync::Arc::from((p.build)(
+                config.plugin_table(p.name),
+            )?))
         } else {
+            if config.pin.background {
+                return Err(crate::Error::config(
+                    "background pinning needs a pinner: set pin.kind (--pin cuda or --pin mlock)",
+                ));
+            }
             None
         };
+        if config.pin.background_chunk.is_some_and(|c| c.get() == 0) {
+            return Err(crate::Error::config(
+                "pin.background_chunk is 0; give a size such as \"256MiB\", or leave it out",
+            ));
+        }
         let registrars = config
             .register
             .iter()
@@ -410,8 +422,12 @@ pub enum PinStatus {
     Off,
     /// Pinned.
     Pinned,
-    /// Best-effort pinning did not happen; see `reason`.
+    /// Best-effort pinning did not happen (or stopped part way); see `reason`.
     Skipped,
+    /// A background pin is running ([`Pool::pin_status`] has its progress).
+    Pinning,
+    /// A required background pin failed; nothing stays pinned.
+    Failed,
 }
 
 /// The `pin` object of the report.
@@ -504,6 +520,10 @@ pub struct PoolReport {
 pub struct Pool {
     mapping: Option<Box<dyn Mapping>>,
     pin: Option<Box<dyn Pin>>,
+    /// A background pin, while the pool has one.
+    background: Option<crate::background::Background>,
+    /// What the pin covers (offsets in the pool), when a pinner was asked for.
+    pin_extent: Option<Extent>,
     registrations: Vec<Box<dyn Registration>>,
     report: PoolReport,
 }
@@ -590,6 +610,8 @@ impl Pool {
         let mut pool = Pool {
             mapping: Some(mapping),
             pin: None,
+            background: None,
+            pin_extent: None,
             registrations: Vec::new(),
             report,
         };
@@ -667,16 +689,40 @@ impl Pool {
         crate::interrupt::check()?;
         // Pin the whole pool, or with scope = shard only this rank's shard;
         // an empty shard (more ranks than pages) pins nothing.
-        let pin_region = match (shared, plan.config.pin.scope) {
-            (true, crate::config::PinScope::Shard) => region.sub(plan.prefault.extent),
-            _ => Some(region),
+        let pin_extent = match (shared, plan.config.pin.scope) {
+            (true, crate::config::PinScope::Shard) => plan.prefault.extent,
+            _ => Extent {
+                offset: 0,
+                len: region.mapped_len(),
+            },
         };
+        let pin_region = region.sub(pin_extent).filter(|_| pin_extent.len > 0);
+        if plan.pinner.is_some() {
+            pool.pin_extent = Some(pin_extent);
+        }
         match (&plan.pinner, pin_region) {
             (Some(_), None) => {
                 pool.report.pin.status = PinStatus::Skipped;
                 pool.report.pin.reason = Some(
                     "this rank's shard is empty (more ranks than pages): nothing to pin".into(),
                 );
+            }
+            (Some(pinner), Some(_)) if plan.config.pin.background => {
+                // The pool stops (and joins) it in `release`, before it
+                // releases the mapping.
+                let started = crate::background::Background::start(
+                    region,
+                    pin_extent,
+                    std::sync::Arc::clone(pinner),
+                    &plan.config,
+                )?;
+                pool.report.pin.status = PinStatus::Pinning;
+                pool.report.pin.details = serde_json::json!({
+                    "background": true,
+                    "chunk": plan.config.pin.background_chunk.map_or(crate::background::DEFAULT_CHUNK, crate::ByteSize::get),
+                    "bytes": pin_extent.len,
+                });
+                pool.background = Some(started);
             }
             (Some(pinner), Some(pin_region)) => {
                 let (pinned, secs) = timed(observer, Phase::Pin, pin_region.mapped_len(), || {
@@ -733,6 +779,46 @@ impl Pool {
         &self.report
     }
 
+    /// Where the pin stands: for a background pin its progress so far, for
+    /// a foreground one its outcome.
+    pub fn pin_status(&self) -> crate::PinProgress {
+        if let Some(bg) = &self.background {
+            return bg.progress();
+        }
+        let pin = &self.report.pin;
+        let state = match pin.status {
+            PinStatus::Off => crate::PinState::Off,
+            PinStatus::Pinned => crate::PinState::Pinned,
+            PinStatus::Skipped => crate::PinState::Skipped,
+            PinStatus::Pinning => crate::PinState::Pinning,
+            PinStatus::Failed => crate::PinState::Failed,
+        };
+        crate::PinProgress::settled(
+            state,
+            self.pin_extent,
+            pin.reason.clone(),
+            self.report.phases.pin.unwrap_or(0.0),
+        )
+    }
+
+    /// Wait until the pin is settled (`pinned`, `skipped` or `failed`), at
+    /// most `timeout` (`None`: as long as it takes), and return where it
+    /// stands; still `pinning` after a timeout or a stop request.
+    ///
+    /// # Errors
+    /// The error of a required background pin that failed (nothing stays
+    /// pinned).
+    pub fn wait_pinned(&self, timeout: Option<std::time::Duration>) -> Result<crate::PinProgress> {
+        let progress = match &self.background {
+            Some(bg) => bg.wait(timeout),
+            None => self.pin_status(),
+        };
+        if progress.state == crate::PinState::Failed {
+            return Err(crate::background::failure(&progress, &self.report.pin.kind));
+        }
+        Ok(progress)
+    }
+
     /// Files backing the pool that exist right now.
     pub fn files(&self) -> Vec<std::path::PathBuf> {
         self.mapping.as_ref().map(|m| m.files()).unwrap_or_default()
@@ -757,6 +843,24 @@ impl Pool {
         }
         let (issues, secs) = timed(observer, Phase::Teardown, self.report.mapped_bytes, || {
             let mut issues = Vec::new();
+            // A background pin stops after its current chunk and unpins, so
+            // nothing is unmapped under a pinning call.
+            if let Some(bg) = self.background.take() {
+                let (progress, undone) = bg.stop();
+                issues.extend(undone);
+                self.report.pin.status = match progress.state {
+                    crate::PinState::Pinned => PinStatus::Pinned,
+                    crate::PinState::Failed => PinStatus::Failed,
+                    crate::PinState::Off => PinStatus::Off,
+                    crate::PinState::Skipped | crate::PinState::Pinning => PinStatus::Skipped,
+                };
+                self.report.pin.reason = progress.error.clone();
+                if let Some(d) = self.report.pin.details.as_object_mut() {
+                    d.insert("pinned_bytes".into(), progress.pinned_bytes.into());
+                    d.insert("chunks".into(), progress.chunks.into());
+                    d.insert("seconds".into(), progress.seconds.into());
+                }
+            }
             while let Some(reg) = self.registrations.pop() {
                 issues.extend(reg.deregister());
             }

@@ -68,6 +68,8 @@ class Pool:
         register: Sequence[str] | None = (),
         pin_scope: Literal["pool", "shard"] = "pool",
         memlock_bound: Literal["check", "ignore"] = "check",
+        pin_background: bool = False,
+        background_chunk: int | str | None = None,
         progress: Progress | None = None,
     ) -> None:
         """Build the pool. `size` is bytes or an IEC string ("64GiB"; default 1 GiB)."""
@@ -110,6 +112,13 @@ class Pool:
     def closed(self) -> bool:
         """Whether `close()` ran."""
 
+    def pin_status(self) -> dict[str, Any]:
+        """Where the pin stands: `state` ("off", "pinning", "pinned", "failed", "skipped"),
+        `pinned_bytes`, `total_bytes`, `ranges` (pinned `{offset, len}` in address order),
+        `chunks`, `error`, `background`, `seconds`."""
+    def wait_pinned(self, timeout: float | None = None) -> dict[str, Any]:
+        """Wait (without the GIL) until the pin is settled or `timeout` seconds pass; returns
+        `pin_status()`. `PinError` when a required background pin failed."""
     def close(self) -> list[dict[str, str]]:
         """Tear down; returns what could not be undone (`{"step", "detail"}` each; empty when clean).
 

@@ -69,6 +69,17 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
         ));
     }
     let mut pool = Pool::build(&plan, &observer)?;
+    let background =
+        plan.config.pin.background && pool.report().pin.status == pool_core::PinStatus::Pinning;
+    if background && (!args.hold || args.verify_copy) {
+        // Without --hold the report waits for the pin (and so does the copy check).
+        if let Err(e) = pool.wait_pinned(None) {
+            let report = pool.teardown();
+            drop(report);
+            return Err(e);
+        }
+        pool_core::interrupt::check()?;
+    }
     // Removed when this function returns, after the teardown.
     let _metadata_file = match &args.nixl_metadata_out {
         Some(path) => match write_nixl_metadata(pool.report(), path) {
@@ -104,9 +115,17 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
             "ready; holding until SIGINT or SIGTERM",
         )?;
         let agent = nixl_agent(pool.report());
+        let mut pinning = background && !args.verify_copy;
         let sig = loop {
             if let Some(sig) = pool_core::interrupt::requested() {
                 break sig;
+            }
+            if pinning {
+                let progress = pool.pin_status();
+                if progress.state != pool_core::PinState::Pinning {
+                    pinning = false;
+                    print_pin_end(&progress, args.json)?;
+                }
             }
             if let Some(agent) = &agent {
                 for (peer, msg) in agent.notifications().unwrap_or_default() {
@@ -150,6 +169,38 @@ fn forward(signals: TerminationSignals) {
         }
     });
     let _ = running.recv();
+}
+
+/// `--hold` with a background pin: the second report, when pinning ends.
+fn print_pin_end(progress: &pool_core::PinProgress, json: bool) -> Result<(), Error> {
+    let text = if json {
+        // One line, so that scripts read the two reports line by line.
+        serde_json::to_string(&serde_json::json!({ "pin": progress })).map_err(|e| {
+            Error::Plugin {
+                what: "the pin report".into(),
+                message: "could not be written as JSON".into(),
+                source: Some(Box::new(e)),
+            }
+        })?
+    } else {
+        format!(
+            "hostpool: background pin {}: {} of {} in {} chunk(s), {:.3} s{}",
+            serde_json::to_value(progress.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            pool_core::layout::format_bytes(progress.pinned_bytes),
+            pool_core::layout::format_bytes(progress.total_bytes),
+            progress.chunks,
+            progress.seconds,
+            progress
+                .error
+                .as_ref()
+                .map(|e| format!("; {e}"))
+                .unwrap_or_default()
+        )
+    };
+    write_stdout(&text)
 }
 
 /// A held pool's NIXL agent progresses on the hold loop's poll (every

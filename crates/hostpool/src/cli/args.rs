@@ -43,6 +43,13 @@ pub struct PoolArgs {
     /// Pin the whole pool, or in a shared pool only this rank's shard.
     #[arg(long, value_enum, value_name = "SCOPE")]
     pub pin_scope: Option<ScopeArg>,
+    /// Pin in the background: the pool is usable once prefaulted, and pinned
+    /// chunk by chunk in address order (`pin.background`).
+    #[arg(long)]
+    pub pin_background: bool,
+    /// The chunk a background pin takes at a time (default 256MiB, whole blocks).
+    #[arg(long, value_name = "SIZE")]
+    pub pin_background_chunk: Option<ByteSize>,
     /// Register the pool with this registrar (repeatable).
     #[arg(long, value_name = "KIND")]
     pub register: Vec<String>,
@@ -164,6 +171,12 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
     }
     if args.pin_required {
         config.pin.required = true;
+    }
+    if args.pin_background {
+        config.pin.background = true;
+    }
+    if let Some(chunk) = args.pin_background_chunk {
+        config.pin.background_chunk = Some(chunk);
     }
     if let Some(m) = args.memlock_bound {
         config.pin.memlock_bound = match m {

@@ -115,13 +115,15 @@ fn mlock_once(memory: &Memory, size: u64) -> Result<Mlocked, Error> {
             Some(s) => Mlocked::Took(s, thp),
             None => Mlocked::Skipped("the mlock pinner reported no time".into()),
         },
-        PinStatus::Skipped | PinStatus::Off => Mlocked::Skipped(
-            report
-                .pin
-                .reason
-                .clone()
-                .unwrap_or_else(|| "pinning was skipped".into()),
-        ),
+        PinStatus::Skipped | PinStatus::Off | PinStatus::Pinning | PinStatus::Failed => {
+            Mlocked::Skipped(
+                report
+                    .pin
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| "pinning was skipped".into()),
+            )
+        }
     };
     let report = pool.teardown();
     if !report.teardown_issues.is_empty() {

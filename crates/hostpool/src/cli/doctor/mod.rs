@@ -101,6 +101,8 @@ fn pool_given(a: &PoolArgs) -> bool {
         pin_required,
         memlock_bound,
         pin_scope,
+        pin_background,
+        pin_background_chunk,
         register,
         shared,
         world,
@@ -121,6 +123,8 @@ fn pool_given(a: &PoolArgs) -> bool {
         || *pin_required
         || memlock_bound.is_some()
         || pin_scope.is_some()
+        || *pin_background
+        || pin_background_chunk.is_some()
         || !register.is_empty()
         || shared.is_some()
         || world.is_some()

@@ -1,0 +1,361 @@
+//! Pinning in the background: the pool is handed out once prefaulted, and a
+//! thread pins it chunk by chunk, in address order, on block boundaries.
+//!
+//! The thread calls the pool's pinner once per chunk of at most
+//! `background_chunk` bytes (whole blocks), keeping each chunk's pin, and
+//! publishes its progress ([`PinProgress`]) after every chunk. It stops at a
+//! failure: a required pin unpins what it pinned, last chunk first, and
+//! reports `failed` with the error; a best-effort one keeps the pinned prefix
+//! and reports `skipped` with the reason. Asked to stop (teardown), it ends
+//! after the current chunk and hands back its pins, which the pool unpins in
+//! reverse before it unmaps: memory is never unmapped under a running
+//! pinning call.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::config::PoolConfig;
+use crate::error::{Error, Result, TeardownIssue};
+use crate::layout::{self, Extent, format_bytes};
+use crate::plugin::{Pin, Pinner};
+use crate::sys::Region;
+
+/// The default chunk of a background pin.
+pub const DEFAULT_CHUNK: u64 = 256 << 20;
+
+/// Where a pin stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PinState {
+    /// No pinner asked for.
+    Off,
+    /// A background pin is running.
+    Pinning,
+    /// Everything asked for is pinned.
+    Pinned,
+    /// A required pin failed; nothing stays pinned.
+    Failed,
+    /// A best-effort pin did not (fully) happen; what is pinned stays.
+    Skipped,
+}
+
+/// A pin's progress (`Pool::pin_status`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PinProgress {
+    /// The state.
+    pub state: PinState,
+    /// Bytes pinned so far.
+    pub pinned_bytes: u64,
+    /// Bytes to pin in all.
+    pub total_bytes: u64,
+    /// The pinned ranges, as offsets in the pool, in address order (merged).
+    pub ranges: Vec<Extent>,
+    /// Chunks pinned.
+    pub chunks: usize,
+    /// Why it failed or was skipped.
+    pub error: Option<String>,
+    /// Whether the pin runs (ran) in the background.
+    pub background: bool,
+    /// Seconds from the start of pinning to its end (so far, while pinning).
+    pub seconds: f64,
+}
+
+impl PinProgress {
+    /// A pin that is over: `state`, with everything or nothing pinned.
+    pub fn settled(
+        state: PinState,
+        extent: Option<Extent>,
+        error: Option<String>,
+        seconds: f64,
+    ) -> PinProgress {
+        let ranges: Vec<Extent> = match (state, extent) {
+            (PinState::Pinned, Some(e)) if e.len > 0 => vec![e],
+            _ => Vec::new(),
+        };
+        PinProgress {
+            state,
+            pinned_bytes: ranges.iter().map(|r| r.len).sum(),
+            total_bytes: extent.map_or(0, |e| e.len),
+            chunks: ranges.len(),
+            ranges,
+            error,
+            background: false,
+            seconds,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    stop: AtomicBool,
+    progress: Mutex<PinProgress>,
+    changed: Condvar,
+    started: Instant,
+}
+
+impl Shared {
+    fn update(&self, f: impl FnOnce(&mut PinProgress)) {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut p);
+        p.seconds = self.started.elapsed().as_secs_f64();
+        drop(p);
+        self.changed.notify_all();
+    }
+}
+
+/// A running (or finished) background pin.
+#[derive(Debug)]
+pub(crate) struct Background {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<Vec<Box<dyn Pin>>>>,
+}
+
+/// The chunks of `extent` (offsets in the pool) a background pin takes.
+///
+/// # Errors
+/// [`Error::Layout`] when no whole block fits in `chunk`.
+pub fn chunks(
+    extent: Extent,
+    page: crate::layout::PageSize,
+    block: u64,
+    chunk: u64,
+) -> Result<Vec<Extent>> {
+    if extent.len == 0 {
+        return Ok(Vec::new());
+    }
+    let rel = layout::mr_regions(extent.len, page, block, chunk)?;
+    Ok(rel
+        .into_iter()
+        .map(|e| Extent {
+            offset: extent.offset + e.offset,
+            len: e.len,
+        })
+        .collect())
+}
+
+impl Background {
+    /// Start pinning `extent` of `region` with `pinner`. The pool stops it
+    /// (or drops it, which stops it too) before it releases the mapping.
+    pub(crate) fn start(
+        region: Region<'_>,
+        extent: Extent,
+        pinner: Arc<dyn Pinner>,
+        config: &PoolConfig,
+    ) -> Result<Background> {
+        let page = region.page();
+        let block = config.block_size.map_or(page.get(), crate::ByteSize::get);
+        let chunk = config
+            .pin
+            .background_chunk
+            .map_or(DEFAULT_CHUNK, crate::ByteSize::get);
+        let parts = chunks(extent, page, block, chunk)?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            progress: Mutex::new(PinProgress {
+                state: PinState::Pinning,
+                pinned_bytes: 0,
+                total_bytes: extent.len,
+                ranges: Vec::new(),
+                chunks: 0,
+                error: None,
+                background: true,
+                seconds: 0.0,
+            }),
+            changed: Condvar::new(),
+            started: Instant::now(),
+        });
+        let config = config.clone();
+        let required = config.pin.required;
+        let thread_shared = Arc::clone(&shared);
+        let name = format!("hostpool-pin-{}", pinner.name());
+        let thread = crate::sys::spawn_on_region(name, region, move |region| {
+            run(&thread_shared, region, &parts, &*pinner, &config, required)
+        })
+        .map_err(|e| Error::Plugin {
+            what: "background pinning".into(),
+            message: "cannot start the pinning thread".into(),
+            source: Some(Box::new(e)),
+        })?;
+        Ok(Background {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The progress so far.
+    pub(crate) fn progress(&self) -> PinProgress {
+        self.shared
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Wait until the pin is no longer `pinning`, or `timeout` passes, or a
+    /// stop is requested (`interrupt`); returns the progress then.
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> PinProgress {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut p = self
+            .shared
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        while p.state == PinState::Pinning && crate::interrupt::requested().is_none() {
+            let slice = Duration::from_millis(50);
+            let wait = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    left.min(slice)
+                }
+                None => slice,
+            };
+            p = self
+                .shared
+                .changed
+                .wait_timeout(p, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        p.clone()
+    }
+
+    /// Stop after the current chunk, join the thread, and unpin what it
+    /// pinned, last chunk first. Returns the final progress and what could
+    /// not be undone.
+    pub(crate) fn stop(mut self) -> (PinProgress, Vec<TeardownIssue>) {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> (PinProgress, Vec<TeardownIssue>) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let pins = match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(pins)) => pins,
+            Some(Err(_)) => {
+                return (
+                    self.progress(),
+                    vec![TeardownIssue::log(
+                        "unpin",
+                        "the background pinning thread panicked; what it pinned is released with the process",
+                    )],
+                );
+            }
+            None => Vec::new(),
+        };
+        let mut issues = Vec::new();
+        for pin in pins.into_iter().rev() {
+            issues.extend(pin.unpin());
+        }
+        (self.progress(), issues)
+    }
+}
+
+impl Drop for Background {
+    /// Never detach the thread: it uses the pool's memory until joined.
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.halt();
+        }
+    }
+}
+
+fn run(
+    shared: &Shared,
+    region: Region<'static>,
+    parts: &[Extent],
+    pinner: &dyn Pinner,
+    config: &PoolConfig,
+    required: bool,
+) -> Vec<Box<dyn Pin>> {
+    let mut pins: Vec<Box<dyn Pin>> = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        if shared.stop.load(Ordering::SeqCst) {
+            shared.update(|p| {
+                if p.state == PinState::Pinning {
+                    p.state = PinState::Skipped;
+                    p.error =
+                        Some("stopped: the pool was released while it was being pinned".into());
+                }
+            });
+            return pins;
+        }
+        let Some(sub) = region.sub(*part) else {
+            break;
+        };
+        match pinner.pin(sub, config) {
+            Ok(pin) => {
+                pins.push(pin);
+                shared.update(|p| {
+                    p.pinned_bytes += part.len;
+                    p.chunks += 1;
+                    match p.ranges.last_mut() {
+                        Some(last) if last.offset + last.len == part.offset => last.len += part.len,
+                        _ => p.ranges.push(*part),
+                    }
+                });
+            }
+            Err(e) => {
+                let what = format!(
+                    "background {} pin of chunk {i} of {} (offset {}, {}) failed: {e}",
+                    pinner.name(),
+                    parts.len(),
+                    format_bytes(part.offset),
+                    format_bytes(part.len)
+                );
+                if required {
+                    let n = pins.len();
+                    let mut issues = Vec::new();
+                    for pin in pins.drain(..).rev() {
+                        issues.extend(pin.unpin());
+                    }
+                    let undone = if issues.is_empty() {
+                        format!("the {n} chunk(s) before it were unpinned in reverse")
+                    } else {
+                        format!("{} step(s) could not be undone", issues.len())
+                    };
+                    shared.update(|p| {
+                        p.state = PinState::Failed;
+                        p.pinned_bytes = 0;
+                        p.ranges.clear();
+                        p.chunks = 0;
+                        p.error = Some(format!("{what}; {undone}"));
+                    });
+                } else {
+                    tracing::warn!("{what}; the pinned prefix stays pinned, the rest pageable");
+                    shared.update(|p| {
+                        p.state = PinState::Skipped;
+                        p.error = Some(format!(
+                            "{what}; the first {} stay pinned",
+                            format_bytes(p.pinned_bytes)
+                        ));
+                    });
+                }
+                return pins;
+            }
+        }
+    }
+    shared.update(|p| {
+        if p.state == PinState::Pinning {
+            p.state = PinState::Pinned;
+        }
+    });
+    pins
+}
+
+/// The error a failed required background pin reports at `wait_pinned`.
+pub(crate) fn failure(progress: &PinProgress, pinner: &str) -> Error {
+    Error::Plugin {
+        what: format!("{pinner} pinner"),
+        message: progress
+            .error
+            .clone()
+            .unwrap_or_else(|| "background pinning failed".into()),
+        source: None,
+    }
+}

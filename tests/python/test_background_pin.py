@@ -1,0 +1,147 @@
+"""Pinning in the background, through the CUDA test double slowed per call
+(`FAKE_CUDA_REGISTER_DELAY_MS`): the pool is usable while it is pinned,
+pinned bytes grow chunk by chunk in address order, teardown during pinning
+leaves nothing registered, and a failed chunk rolls back (required) or keeps
+the prefix (best effort)."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import run_python
+
+MiB = 1 << 20
+
+SCRIPT = """
+import json, time, hostpool
+pool = hostpool.Pool(size="64MiB", block_size="4MiB", pin="cuda", pin_required=REQUIRED,
+                     pin_background=True, background_chunk="8MiB")
+out = {"first": pool.pin_status()}
+mem = memoryview(pool)
+mem[0], mem[pool.nbytes - 1] = 7, 9           # usable while pinning
+out["usable"] = (mem[0], mem[pool.nbytes - 1]) == (7, 9)
+del mem
+seen = []
+while True:
+    s = pool.pin_status()
+    seen.append((s["pinned_bytes"], [(r["offset"], r["len"]) for r in s["ranges"]]))
+    if s["state"] != "pinning" or MODE == "close-early" and s["chunks"] >= 2:
+        break
+    time.sleep(0.02)
+out["seen"] = seen
+if MODE == "close-early":
+    out["state_at_close"] = pool.pin_status()["state"]
+    out["issues"] = pool.close()
+    out["after_close"] = pool.pin_status()
+else:
+    try:
+        out["waited"] = pool.wait_pinned(timeout=60)
+    except hostpool.PinError as e:
+        out["pin_error"] = str(e)
+    out["pinned"] = pool.pinned
+    out["issues"] = pool.close()
+print(json.dumps(out))
+"""
+
+
+def _run(fake_cuda_dir, tmp_path, mode, required=True, **env):
+    log = tmp_path / f"calls-{mode}.log"
+    code = SCRIPT.replace("REQUIRED", str(required)).replace("MODE", repr(mode))
+    out = run_python(code, {"LD_LIBRARY_PATH": str(fake_cuda_dir), "FAKE_CUDA_LOG": str(log),
+                            "FAKE_CUDA_REGISTER_DELAY_MS": "100", **env})
+    assert out.returncode == 0, out.stderr
+    calls = [line.split()[0] for line in log.read_text().splitlines() if "HostRegister" in line or "HostUnregister" in line]
+    return json.loads(out.stdout), calls
+
+
+def test_the_pool_is_usable_while_pinned_chunk_by_chunk_in_address_order(fake_cuda_dir, tmp_path):
+    r, calls = _run(fake_cuda_dir, tmp_path, "wait")
+    assert r["first"]["state"] == "pinning" and r["first"]["background"], r["first"]
+    assert r["usable"]
+    assert r["waited"]["state"] == "pinned" and r["waited"]["pinned_bytes"] == 64 * MiB and r["waited"]["chunks"] == 8
+    assert r["pinned"] is True
+    grown = [b for b, _ in r["seen"]]
+    assert grown == sorted(grown) and len(set(grown)) >= 3, f"pinned bytes grow chunk by chunk: {grown}"
+    for pinned, ranges in r["seen"]:
+        # Always one prefix from offset 0: address order.
+        assert ranges == ([] if pinned == 0 else [[0, pinned]]), (pinned, ranges)
+    assert calls.count("cuMemHostRegister_v2") == calls.count("cuMemHostUnregister") == 8
+    assert r["issues"] == []
+
+
+def test_teardown_during_pinning_leaves_nothing_registered(fake_cuda_dir, tmp_path):
+    r, calls = _run(fake_cuda_dir, tmp_path, "close-early")
+    assert r["state_at_close"] == "pinning"
+    assert r["issues"] == []
+    registered = calls.count("cuMemHostRegister_v2")
+    assert 2 <= registered < 8, calls
+    assert calls.count("cuMemHostUnregister") == registered, "every chunk unregistered"
+    assert calls[-1] == "cuMemHostUnregister", "no register after teardown began"
+
+
+def test_a_failed_chunk_rolls_back_a_required_pin(fake_cuda_dir, tmp_path):
+    r, calls = _run(fake_cuda_dir, tmp_path, "wait", FAKE_CUDA_FAIL_REGISTER_AT="5")
+    assert "chunk 4 of 8 (offset 32 MiB, 8 MiB)" in r["pin_error"], r
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in r["pin_error"]
+    assert "the 4 chunk(s) before it were unpinned in reverse" in r["pin_error"]
+    assert r["pinned"] is False
+    assert calls.count("cuMemHostRegister_v2") == 5 and calls.count("cuMemHostUnregister") == 4
+
+
+def test_a_failed_chunk_keeps_the_prefix_of_a_best_effort_pin(fake_cuda_dir, tmp_path):
+    r, calls = _run(fake_cuda_dir, tmp_path, "wait", required=False, FAKE_CUDA_FAIL_REGISTER_AT="5")
+    w = r["waited"]
+    assert w["state"] == "skipped" and w["pinned_bytes"] == 32 * MiB, w
+    assert [(x["offset"], x["len"]) for x in w["ranges"]] == [(0, 32 * MiB)]
+    assert "the first 32 MiB stay pinned" in w["error"]
+    assert r["issues"] == [] and calls.count("cuMemHostUnregister") == 4
+
+
+def test_bad_background_settings_are_config_errors():
+    import hostpool
+    import pytest
+
+    with pytest.raises(hostpool.ConfigError, match="background pinning needs a pinner"):
+        hostpool.Pool(size="4MiB", pin_background=True)
+    with pytest.raises(hostpool.ConfigError, match="background_chunk is 0"):
+        hostpool.Pool(size="4MiB", pin="mlock", pin_background=True, background_chunk=0)
+
+
+def test_mlock_pins_in_the_background_too():
+    import hostpool
+
+    with hostpool.Pool(size="32MiB", pin="mlock", memlock_bound="ignore", pin_background=True, background_chunk="4MiB") as pool:
+        s = pool.wait_pinned(timeout=60)
+        assert s["background"] and s["state"] == "pinned", s
+        assert s["pinned_bytes"] == 32 * MiB and s["chunks"] == 8
+
+
+def _shard_rank(name, rank, out):
+    import hostpool
+
+    try:
+        with hostpool.Pool(size="64MiB", shared=hostpool.Shared(name, 2, rank, attach_timeout=20.0),
+                           pin="mlock", memlock_bound="ignore", pin_scope="shard",
+                           pin_background=True, background_chunk="4MiB") as pool:
+            s = pool.wait_pinned(timeout=60)
+            out.put((rank, pool.shard, s["state"], [(r["offset"], r["len"]) for r in s["ranges"]]))
+    except Exception as e:  # reported to the parent
+        out.put((rank, None, f"{type(e).__name__}: {e}", []))
+
+
+def test_each_rank_of_a_shared_pool_pins_its_own_shard_in_the_background():
+    import multiprocessing as mp
+    import os
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_shard_rank, args=(f"py-bgpin-{os.getpid()}", r, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=90)
+    results = sorted(out.get(timeout=5) for _ in procs)
+    for rank, shard, state, ranges in results:
+        assert state == "pinned", (rank, state)
+        assert ranges == [tuple(shard)], f"rank {rank} pinned {ranges}, its shard is {shard}"
+    assert results[0][1] != results[1][1]
