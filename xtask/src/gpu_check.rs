@@ -347,6 +347,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         md,
         "\nRegistration: {ratio}. Seed 000 registered 8 GiB of 4 KiB pages in 3.6 s (0.45 s/GiB) and copied D2H at 54 GB/s (50.3 GiB/s).\n"
     );
+    background_section(&mut md, &hostpool, size);
     let _ = writeln!(md, "## Does registration count against RLIMIT_MEMLOCK?\n");
     let _ = writeln!(
         md,
@@ -392,6 +393,85 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     println!("{md}");
     eprintln!("xtask: gpu-check: wrote {}", out.display());
     Ok(i32::from(failures > 0))
+}
+
+/// Background pinning on the real driver: time to usable (the build's
+/// phases) and time to pinned (plus the background pin's seconds), 4 KiB
+/// against 1 GiB pages. `alloc` without `--hold` waits for the pin.
+fn background_section(md: &mut String, hostpool: &Path, size: u64) {
+    let _ = writeln!(md, "## Background pinning\n");
+    let _ = writeln!(
+        md,
+        "`alloc --pin cuda --pin-required --pin-background` (chunks of 256 MiB): the pool is usable after its build phases, pinned after the background pin.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| pages | time to usable s | time to pinned s | chunks |\n|---|---|---|---|"
+    );
+    let size = size.to_string();
+    for (label, extra, huge) in [
+        ("anon 4 KiB", vec!["--backing", "anon"], None),
+        (
+            "hugetlbfs 1 GiB",
+            vec!["--backing", "hugetlbfs", "--page-size", "1GiB"],
+            Some(PageSize::Huge1G),
+        ),
+    ] {
+        if huge.is_some_and(|p: PageSize| !p.supported()) {
+            let _ = writeln!(md, "| {label} | kernel has no such pages | | |");
+            continue;
+        }
+        let mut args: Vec<String> = [
+            "alloc",
+            "--size",
+            size.as_str(),
+            "--pin",
+            "cuda",
+            "--pin-required",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(
+            [
+                "--pin-background",
+                "--pin-background-chunk",
+                "256MiB",
+                "--json",
+            ]
+            .map(String::from),
+        );
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let o = run_hostpool(hostpool, &args, Duration::from_secs(150));
+        match &o.report {
+            Some(r) => {
+                let ph = &r["phases"];
+                let usable: f64 = ["map", "prefault", "register"]
+                    .iter()
+                    .filter_map(|k| f(&ph[*k]))
+                    .sum();
+                let pin = f(&r["pin"]["details"]["seconds"]).unwrap_or(0.0);
+                let _ = writeln!(
+                    md,
+                    "| {label} | {usable:.3} | {:.3} | {} |",
+                    usable + pin,
+                    r["pin"]["details"]["chunks"]
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    md,
+                    "| {label} | failed: {} | | |",
+                    o.error
+                        .as_deref()
+                        .unwrap_or("")
+                        .replace('|', "/")
+                        .replace('\n', " ")
+                );
+            }
+        }
+    }
+    let _ = writeln!(md);
 }
 
 /// Here: build the release binaries and say what to run there.
