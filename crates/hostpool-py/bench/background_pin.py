@@ -46,8 +46,9 @@ def _report(stdout) -> dict:
     return json.loads("".join(lines) + "}")
 
 
-def run(mode: str, size: str, env: dict) -> tuple[float, float]:
-    args = [str(_exe("hostpool", "HOSTPOOL_BIN")), "alloc", "--size", size, "--json"]
+def run(mode: str, size: str, env: dict, config: pathlib.Path) -> tuple[float, float]:
+    # The same 256 MiB chunks in both modes: `[cuda] chunk_size` in the foreground.
+    args = [str(_exe("hostpool", "HOSTPOOL_BIN")), "alloc", "--config", str(config), "--size", size, "--json"]
     if mode != "none":
         args += ["--pin", "cuda", "--pin-required", "--pin-background-chunk", "256MiB"]
     if mode == "background":
@@ -76,21 +77,32 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         (pathlib.Path(d) / "libcuda.so.1").symlink_to(_exe("libfake_cuda.so", "HOSTPOOL_FAKE_CUDA"))
         env = {**os.environ, "LD_LIBRARY_PATH": d, "FAKE_CUDA_REGISTER_DELAY_MS": str(a.delay_ms)}
+        config = pathlib.Path(d) / "pool.toml"
+        config.write_text('[cuda]\nchunk_size = "256MiB"\n')
         results: dict[str, list[tuple[float, float]]] = {m: [] for m in ("none", "foreground", "background")}
         for _ in range(a.repeat):  # interleaved
             for mode in results:
-                results[mode].append(run(mode, a.size, env))
+                results[mode].append(run(mode, a.size, env, config))
+    # Medians, and the best runs: prefault on this shared machine is bimodal
+    # (0.6 s or 2.5 s for the same 4 GiB), so the best runs compare the modes.
     table = {
-        m: {"usable_s": statistics.median(u for u, _ in r), "pinned_s": statistics.median(p for _, p in r)}
+        m: {
+            "usable_s": statistics.median(u for u, _ in r),
+            "pinned_s": statistics.median(p for _, p in r),
+            "best_usable_s": min(u for u, _ in r),
+            "best_pinned_s": min(p for _, p in r),
+        }
         for m, r in results.items()
     }
-    table["background_usable_vs_unpinned"] = table["background"]["usable_s"] / table["none"]["usable_s"]
+    table["background_usable_vs_unpinned"] = table["background"]["best_usable_s"] / table["none"]["best_usable_s"]
     if a.json:
         print(json.dumps({"size": a.size, "delay_ms": a.delay_ms, "repeat": a.repeat, **table}))
     else:
         for m in ("none", "foreground", "background"):
-            print(f"{m:<11} usable {table[m]['usable_s']:7.3f} s   pinned {table[m]['pinned_s']:7.3f} s")
-        print(f"background time to usable / unpinned build: {table['background_usable_vs_unpinned']:.3f}")
+            t = table[m]
+            print(f"{m:<11} usable {t['usable_s']:7.3f} s (best {t['best_usable_s']:.3f})   "
+                  f"pinned {t['pinned_s']:7.3f} s (best {t['best_pinned_s']:.3f})")
+        print(f"background time to usable / unpinned build (best runs): {table['background_usable_vs_unpinned']:.3f}")
     return 0
 
 

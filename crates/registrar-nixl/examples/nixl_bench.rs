@@ -9,7 +9,10 @@
 //! `nixl_capi_register_mem` of the whole pool).
 //!
 //! ```sh
-//! UCX_NET_DEVICES=lo nixl_bench [--size 1GiB] [--repeat 5] [--dir /mnt/huge-2M]
+//! UCX_NET_DEVICES=lo nixl_bench [--size 1GiB] [--repeat 5] [--dir /mnt/huge-2M] [--peer-dir DIR]
+//!
+//! `--peer-dir` puts the peer's pool elsewhere (default: where `--dir` is),
+//! for a host with one 1 GiB page.
 //! ```
 
 use std::time::{Duration, Instant};
@@ -43,22 +46,36 @@ fn run() -> Result<String, Box<dyn std::error::Error>> {
     let mut size = ByteSize::gib(1);
     let mut repeat = 5usize;
     let mut dir = None;
+    let mut peer_dir = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--size" => size = args.next().ok_or("--size SIZE")?.parse()?,
             "--repeat" => repeat = args.next().ok_or("--repeat N")?.parse()?,
             "--dir" => dir = Some(std::path::PathBuf::from(args.next().ok_or("--dir DIR")?)),
+            "--peer-dir" => {
+                peer_dir = Some(std::path::PathBuf::from(
+                    args.next().ok_or("--peer-dir DIR")?,
+                ))
+            }
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
-    let config = PoolConfig {
+    let peer_dir = peer_dir.or_else(|| dir.clone());
+    let plan = PoolPlan::new(PoolConfig {
         size,
         dir,
         ..PoolConfig::default()
-    };
-    let plan = PoolPlan::new(config)?;
-    let (a_pool, b_pool) = (Pool::build(&plan, &Quiet)?, Pool::build(&plan, &Quiet)?);
+    })?;
+    let peer_plan = PoolPlan::new(PoolConfig {
+        size,
+        dir: peer_dir,
+        ..PoolConfig::default()
+    })?;
+    let (a_pool, b_pool) = (
+        Pool::build(&plan, &Quiet)?,
+        Pool::build(&peer_plan, &Quiet)?,
+    );
     let (a_region, b_region) = (
         a_pool.region().ok_or("no region")?,
         b_pool.region().ok_or("no region")?,
