@@ -114,10 +114,11 @@ pub(crate) struct Background {
     thread: Option<JoinHandle<Vec<Box<dyn Pin>>>>,
 }
 
-/// The chunks of `extent` (offsets in the pool) a background pin takes.
+/// The chunks of `extent` (offsets in the pool) a background pin takes: at
+/// most `chunk` bytes each, but never less than one `lcm(page, block)` unit.
 ///
 /// # Errors
-/// [`Error::Layout`] when no whole block fits in `chunk`.
+/// [`Error::Layout`] for a block the layout cannot honour.
 pub fn chunks(
     extent: Extent,
     page: crate::layout::PageSize,
@@ -127,7 +128,9 @@ pub fn chunks(
     if extent.len == 0 {
         return Ok(Vec::new());
     }
-    let rel = layout::mr_regions(extent.len, page, block, chunk)?;
+    // At least one whole unit (a 1 GiB page is never split).
+    let unit = lcm(page.get(), block.max(1)).unwrap_or(u64::MAX);
+    let rel = layout::mr_regions(extent.len, page, block, chunk.max(unit))?;
     Ok(rel
         .into_iter()
         .map(|e| Extent {
@@ -135,6 +138,14 @@ pub fn chunks(
             len: e.len,
         })
         .collect())
+}
+
+fn lcm(a: u64, b: u64) -> Option<u64> {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    (a / x.max(1)).checked_mul(b)
 }
 
 impl Background {
@@ -357,5 +368,44 @@ pub(crate) fn failure(progress: &PinProgress, pinner: &str) -> Error {
             .clone()
             .unwrap_or_else(|| "background pinning failed".into()),
         source: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::PageSize;
+
+    #[test]
+    fn chunks_are_whole_blocks_in_address_order_and_never_split_a_page() {
+        let e = Extent {
+            offset: 8 << 20,
+            len: 40 << 20,
+        };
+        let c = chunks(e, PageSize::BASE_4K, 4 << 20, 10 << 20).unwrap();
+        assert_eq!(
+            c.iter().map(|x| x.len).collect::<Vec<_>>(),
+            [8 << 20, 8 << 20, 8 << 20, 8 << 20, 8 << 20]
+        );
+        assert!(c.windows(2).all(|w| w[0].offset + w[0].len == w[1].offset));
+        assert_eq!(c[0].offset, 8 << 20);
+        // A 1 GiB page is larger than the chunk: one page per chunk.
+        let g = PageSize::new(1 << 30).unwrap();
+        let c = chunks(
+            Extent {
+                offset: 0,
+                len: 2 << 30,
+            },
+            g,
+            1 << 30,
+            256 << 20,
+        )
+        .unwrap();
+        assert_eq!(c.len(), 2);
+        assert!(
+            chunks(Extent { offset: 0, len: 0 }, g, 1 << 30, 1)
+                .unwrap()
+                .is_empty()
+        );
     }
 }
