@@ -258,6 +258,20 @@ fn verify_copy_of_a_shared_pool_stays_inside_each_ranks_shard() {
     assert_eq!(empty, 4, "four of eight ranks get no page");
 }
 
+/// `hostpool ARGS` against the fake driver in `libs`, slowed to 100 ms per
+/// registration, logging to `log`, with stdout piped.
+fn spawn_slowed(libs: &Path, log: &Path, args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_hostpool"))
+        .args(args)
+        .env("LD_LIBRARY_PATH", libs)
+        .env("FAKE_CUDA_LOG", log)
+        .env("FAKE_CUDA_REGISTER_DELAY_MS", "100")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// Reads a pretty-printed JSON report (ending with a `}` line) from `r`.
 fn read_report(r: &mut impl std::io::BufRead) -> Value {
     let mut text = String::new();
@@ -285,29 +299,23 @@ fn a_held_pool_reports_when_usable_then_a_line_when_pinned_in_the_background() {
         "size = \"64MiB\"\nblock_size = \"4MiB\"\n[cuda]\nchunk_size = \"8MiB\"\n",
     )
     .unwrap();
-    let mut a = Command::new(env!("CARGO_BIN_EXE_hostpool"))
-        .args([
+    let mut a = spawn_slowed(
+        &dir.0,
+        &log,
+        &[
             "alloc",
             "--config",
             cfg.to_str().unwrap(),
             "--pin",
             "cuda",
             "--pin-required",
-        ])
-        .args([
             "--pin-background",
             "--pin-background-chunk",
             "16MiB",
             "--hold",
             "--json",
-        ])
-        .env("LD_LIBRARY_PATH", &dir.0)
-        .env("FAKE_CUDA_LOG", &log)
-        .env("FAKE_CUDA_REGISTER_DELAY_MS", "100")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     let mut out = std::io::BufReader::new(a.stdout.take().unwrap());
     let ready = read_report(&mut out);
     assert_eq!(
@@ -370,8 +378,10 @@ fn without_hold_alloc_waits_for_a_background_pin_and_sigterm_mid_pin_unpins_ever
     // SIGTERM while the pin runs: teardown stops it after the current chunk
     // and unregisters every chunk before it unmaps.
     let _ = std::fs::remove_file(&log);
-    let mut a = Command::new(env!("CARGO_BIN_EXE_hostpool"))
-        .args([
+    let mut a = spawn_slowed(
+        &dir.0,
+        &log,
+        &[
             "alloc",
             "--size",
             "64MiB",
@@ -381,14 +391,8 @@ fn without_hold_alloc_waits_for_a_background_pin_and_sigterm_mid_pin_unpins_ever
             "--pin-background-chunk",
             "4MiB",
             "--hold",
-        ])
-        .env("LD_LIBRARY_PATH", &dir.0)
-        .env("FAKE_CUDA_LOG", &log)
-        .env("FAKE_CUDA_REGISTER_DELAY_MS", "100")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while std::fs::read_to_string(&log)
         .unwrap_or_default()

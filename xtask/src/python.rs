@@ -46,6 +46,19 @@ fn run(command: &mut Command, what: &str) -> Result<(), String> {
     }
 }
 
+/// `python -m pip install --quiet`, without pip's version nag.
+fn pip_install(python: &Path) -> Command {
+    let mut c = Command::new(python);
+    c.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+    ]);
+    c
+}
+
 /// The environment's python, created and filled when missing.
 fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
     let requirements = std::fs::read_to_string(root.join(REQUIREMENTS))
@@ -68,16 +81,7 @@ fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
         "python3 -m venv",
     )?;
     run(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(root.join(REQUIREMENTS)),
+        pip_install(&python).arg("-r").arg(root.join(REQUIREMENTS)),
         "pip install -r requirements-test.txt",
     )?;
     std::fs::write(venv.join(READY), requirements)
@@ -137,18 +141,9 @@ pub fn test(env: &[(String, String)]) -> Result<i32, String> {
     // The README's install command, so the tests check it too.
     eprintln!("xtask: python: pip install ./crates/hostpool-py");
     run(
-        Command::new(&python)
+        pip_install(&python)
             .current_dir(&root)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--force-reinstall",
-                "--no-deps",
-                "./crates/hostpool-py",
-            ])
+            .args(["--force-reinstall", "--no-deps", "./crates/hostpool-py"])
             .env("PATH", &path),
         "pip install ./crates/hostpool-py",
     )?;

@@ -596,14 +596,11 @@ mod tests {
     fn a_placeholder_keeps_a_released_pools_range_until_dropped() {
         use crate::layout::PageSize;
         let size = crate::layout::round_to_page(8 << 20, PageSize::BASE_4K).unwrap();
-        let mmap = Mmap::anonymous(
-            size,
-            AnonMapOptions {
-                shared: false,
-                align: 4096,
-            },
-        )
-        .unwrap();
+        let opts = AnonMapOptions {
+            shared: false,
+            align: 4096,
+        };
+        let mmap = Mmap::anonymous(size, opts).unwrap();
         mmap.region().write_pattern(4096, 7);
         let addr = mmap.region().addr() as usize;
         let ((), kept) = with_placeholders(|| mmap.unmap().unwrap());
@@ -617,14 +614,7 @@ mod tests {
         drop(kept);
         assert!(!mapped_at(addr), "dropping the placeholder unmaps it");
         // Outside the scope, release unmaps as always.
-        let mmap = Mmap::anonymous(
-            size,
-            AnonMapOptions {
-                shared: false,
-                align: 4096,
-            },
-        )
-        .unwrap();
+        let mmap = Mmap::anonymous(size, opts).unwrap();
         let addr = mmap.region().addr() as usize;
         mmap.unmap().unwrap();
         assert!(!mapped_at(addr));
