@@ -32,13 +32,15 @@ fn reserved(page: u64, label: &str) -> Option<Reserved> {
             "{label} huge pages: only {available} available (run under `cargo xtask test` as root)"
         );
         // xtask reserves 1 GiB pages only where the kernel gives them and
-        // exports how many it got; 2 MiB pages it always reserves.
+        // exports how many it got (and warns when it got fewer than two);
+        // 2 MiB pages it always reserves. Fail only when what xtask promised
+        // is enough for the suite and is not there.
         let promised = std::env::var(format!("HOSTPOOL_TEST_HUGEPAGES_{label}"))
             .ok()
             .and_then(|n| n.parse::<u64>().ok())
             .unwrap_or(0);
         assert!(
-            !(required && (label == "2M" || promised > 0)),
+            !(required && (label == "2M" || promised >= 2)),
             "required but missing: {why}"
         );
         eprintln!("skip: {why}");
