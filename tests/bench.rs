@@ -191,7 +191,14 @@ fn json_has_every_row_with_sane_ratios_and_leaves_nothing_behind() {
     for (backing, page) in kinds {
         let mut methods: Vec<(&str, u64)> = threads
             .iter()
-            .flat_map(|&t| [("raw-c", t), ("populate-write", t), ("touch", t)])
+            .flat_map(|&t| {
+                [
+                    ("raw-c", t),
+                    ("populate-write", t),
+                    ("touch", t),
+                    ("alloc", t),
+                ]
+            })
             .collect();
         methods.push(("map-populate", 1));
         for (method, t) in methods {
@@ -273,6 +280,7 @@ fn table_names_every_method_and_the_hugetlb_mlock_no_op() {
         "populate-write",
         "touch",
         "map-populate",
+        "alloc",
         "mlock",
         "shm-segmented",
         "hugetlbfs",

@@ -9,7 +9,12 @@
 //!    of memory — and per thread count.
 //! 3. The C reference (`raw_populate`) on the same memory and threads, so each
 //!    figure has its ratio to the kernel's path with nothing around it.
-//! 4. `mlock` of resident memory per page size (anon 4 KiB, THP anon,
+//! 4. `alloc`: the path operators run, `hostpool alloc --json` of the same
+//!    memory and threads in a process of its own, timed by the prefault phase
+//!    it reports, in the same rotation as the others (issue 13: this path was
+//!    at 0.7-0.85 of the C reference on 2 MiB pages when the engine rows said
+//!    1.0).
+//! 5. `mlock` of resident memory per page size (anon 4 KiB, THP anon,
 //!    hugetlbfs 2 MiB, where it is a no-op and reported as such).
 //!
 //! Each kind of memory is warmed up first (built, filled and released once),
