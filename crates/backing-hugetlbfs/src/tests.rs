@@ -20,9 +20,16 @@ struct Reserved {
     page: u64,
     mount: Option<PathBuf>,
     available: u64,
+    /// Tests that use huge pages run one at a time: each counts the free
+    /// pages of the one shared pool, which a test running beside it moves.
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
+/// One test at a time on the huge page pools (see `Reserved::_serial`).
+static HUGE_PAGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn reserved(page: u64, label: &str) -> Option<Reserved> {
+    let serial = HUGE_PAGES.lock().unwrap_or_else(|p| p.into_inner());
     let required = std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() == Ok("1");
     let mount = std::env::var_os(format!("HOSTPOOL_TEST_HUGETLBFS_{label}")).map(PathBuf::from);
     let available = hugetlb::pool(page).map(|p| p.available()).unwrap_or(0);
@@ -56,6 +63,7 @@ fn reserved(page: u64, label: &str) -> Option<Reserved> {
         page,
         mount,
         available,
+        _serial: serial,
     })
 }
 
