@@ -11,11 +11,11 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::TempDir;
+use support::{TempDir, output_text as text, run_hostpool as hostpool};
 
 fn deps_file(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -88,23 +88,6 @@ impl Drop for Holder {
             let _ = self.0.wait();
         }
     }
-}
-
-fn hostpool(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
-    c.args(args).env_remove("RUST_LOG");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// A config file registering a `mib` MiB pool with the fake NIXL.

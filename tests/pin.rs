@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{fake_driver_dir, real_driver_present};
+use support::{fake_driver_dir, output_text as text, real_driver_present, run_hostpool};
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -13,22 +13,10 @@ use serde_json::Value;
 
 /// Run hostpool with `LD_LIBRARY_PATH` set to `libs` only.
 fn hostpool(libs: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
-    c.args(args)
-        .env("LD_LIBRARY_PATH", libs)
-        .env_remove("RUST_LOG");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    let libs = libs.to_str().unwrap();
+    let mut all = vec![("LD_LIBRARY_PATH", libs)];
+    all.extend_from_slice(env);
+    run_hostpool(args, &all)
 }
 
 #[test]

@@ -104,6 +104,13 @@ fn free_2m() -> u64 {
 }
 
 /// Files of pool `name` in `dir` and in /dev/shm (its control file).
+/// Fails naming every file of pool `name` still in `dir` (and /dev/shm).
+#[track_caller]
+fn assert_no_pool_files(dir: &Path, name: &str, what: &str) {
+    let left = pool_files(dir, name);
+    assert!(left.is_empty(), "{what}: {left:?}");
+}
+
 fn pool_files(dir: &Path, name: &str) -> Vec<String> {
     let mut v = Vec::new();
     let mut dirs = vec![dir];
@@ -313,11 +320,7 @@ fn four_ranks_share_one_pool(args: &[&str], dir: &Path, tag: &str, huge: bool) {
         );
     }
     assert_eq!(covered, mapped, "shards cover the pool");
-    assert!(
-        pool_files(dir, &pool).is_empty(),
-        "files must be gone once all attached: {:?}",
-        pool_files(dir, &pool)
-    );
+    assert_no_pool_files(dir, &pool, "files must be gone once all attached");
 
     // Every rank sees every rank's writes.
     for (r, rep) in reports.iter().enumerate() {
@@ -344,7 +347,7 @@ fn four_ranks_share_one_pool(args: &[&str], dir: &Path, tag: &str, huge: bool) {
     if huge {
         assert_eq!(free_2m(), free_before, "every huge page given back");
     }
-    assert!(pool_files(dir, &pool).is_empty());
+    assert_no_pool_files(dir, &pool, "files left behind");
 }
 
 #[test]
@@ -403,11 +406,7 @@ fn kill_one_rank_mid_prefault(args: &[&str], dir: &Path, tag: &str, huge: bool) 
         assert!(err.contains("rank 2"), "rank {r} must name rank 2: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
-    assert!(
-        pool_files(dir, &pool).is_empty(),
-        "left behind: {:?}",
-        pool_files(dir, &pool)
-    );
+    assert_no_pool_files(dir, &pool, "left behind");
     if huge {
         assert_eq!(free_2m(), free_before, "no huge page stays reserved");
     }
@@ -463,11 +462,7 @@ fn kill_the_creator_before_ready(args: &[&str], dir: &Path, tag: &str, huge: boo
     let err = stderr_of(&mut joiner[0]);
     assert_eq!(st.code(), Some(1), "{err}");
     assert!(err.contains("died before the pool was ready"), "{err}");
-    assert!(
-        pool_files(dir, &pool).is_empty(),
-        "left behind: {:?}",
-        pool_files(dir, &pool)
-    );
+    assert_no_pool_files(dir, &pool, "left behind");
     if huge {
         assert_eq!(free_2m(), free_before, "no huge page stays taken");
         assert_eq!(resv_2m(), resv_before, "no huge page stays reserved");
@@ -549,7 +544,7 @@ fn a_pool_larger_than_the_free_huge_pages_fails_cleanly_without_sigbus() {
         );
         assert!(err.contains("HugePages-"), "the Kubernetes remedy: {err}");
         assert_eq!(free_2m(), free, "nothing reserved afterwards");
-        assert!(pool_files(&dir, &pool).is_empty());
+        assert_no_pool_files(&dir, &pool, "files left behind");
     }
 }
 
@@ -590,11 +585,7 @@ fn joining_a_live_pool_with_another_size_is_a_clear_error() {
     let cerr = stderr_of(creator);
     assert_eq!(st.code(), Some(1), "{cerr}");
     assert!(cerr.contains("rank 1 never attached"), "{cerr}");
-    assert!(
-        pool_files(Path::new("/dev/shm"), &pool).is_empty(),
-        "{:?}",
-        pool_files(Path::new("/dev/shm"), &pool)
-    );
+    assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 }
 
 #[test]
@@ -623,7 +614,7 @@ fn stale_files_of_a_crashed_run_are_replaced_and_gc_removes_only_stale_ones() {
         String::from_utf8_lossy(&o.stderr).contains("stale"),
         "the replacement is logged"
     );
-    assert!(pool_files(Path::new("/dev/shm"), &pool).is_empty());
+    assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 
     // gc: a live pool (a rank waiting for its peer) is kept, a stale file goes.
     let live = name("live");
@@ -836,10 +827,10 @@ fn a_creator_killed_after_the_barrier_leaves_no_file_behind() {
     );
     signal(&creator[0], libc::SIGKILL);
     let _ = creator[0].wait();
-    assert!(
-        pool_files(Path::new("/dev/shm"), &pool).is_empty(),
-        "files left after the creator died past the barrier: {:?}",
-        pool_files(Path::new("/dev/shm"), &pool)
+    assert_no_pool_files(
+        Path::new("/dev/shm"),
+        &pool,
+        "files left after the creator died past the barrier",
     );
 }
 
@@ -874,7 +865,7 @@ fn shared_without_a_dir_is_really_shared_and_anon_refuses_sharing() {
         err.contains("backing anon cannot be shared") && err.contains("/dev/shm"),
         "{err}"
     );
-    assert!(pool_files(Path::new("/dev/shm"), &pool).is_empty());
+    assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 }
 
 /// A peer that attached and then stopped (SIGSTOP) once hung the others
@@ -915,11 +906,7 @@ fn a_stopped_peer_fails_the_others_by_the_barrier_deadline() {
     signal(&ranks[1], libc::SIGKILL);
     signal(&ranks[1], libc::SIGCONT);
     let _ = ranks[1].wait();
-    assert!(
-        pool_files(Path::new("/dev/shm"), &pool).is_empty(),
-        "{:?}",
-        pool_files(Path::new("/dev/shm"), &pool)
-    );
+    assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 }
 
 /// A rank waiting for a peer that never comes ends within a second of
@@ -962,11 +949,7 @@ fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
         );
         assert_eq!(st.code(), Some(code), "signal {sig}: {err}");
         assert!(err.contains("interrupted by signal"), "{err}");
-        assert!(
-            pool_files(Path::new("/dev/shm"), &pool).is_empty(),
-            "signal {sig}: {:?}",
-            pool_files(Path::new("/dev/shm"), &pool)
-        );
+        assert_no_pool_files(Path::new("/dev/shm"), &pool, "signal {sig}");
     }
     // A held, ready pool released by SIGHUP tears down and exits 0.
     let pool = name("hup-held");
@@ -1288,11 +1271,7 @@ fn fault_matrix(args: &[&str], dir: &Path, tag: &str, huge: bool) {
                     "{what}: rank {r} took {took:?} after the death"
                 );
             }
-            assert!(
-                pool_files(dir, &pool).is_empty(),
-                "{what}: left {:?}",
-                pool_files(dir, &pool)
-            );
+            assert_no_pool_files(dir, &pool, "{what}: left");
             if huge {
                 assert_eq!(free_2m(), free_before, "{what}: every huge page given back");
                 assert_eq!(resv_2m(), resv_before, "{what}: no huge page reserved");
@@ -1387,11 +1366,7 @@ fn randomly_killed_ranks_never_leave_anything_behind() {
                 other => panic!("{what}: rank {r} ended with {other:?}: {err}"),
             }
         }
-        assert!(
-            pool_files(&small.0, &pool).is_empty(),
-            "{what}: {:?}",
-            pool_files(&small.0, &pool)
-        );
+        assert_no_pool_files(&small.0, &pool, "{what}");
         assert_eq!(
             small.used(),
             0,
@@ -1624,11 +1599,7 @@ fn a_restart_after_a_crash_replaces_the_stale_files_on_a_node_with_room_for_one_
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    assert!(
-        pool_files(&small.0, &pool).is_empty(),
-        "{:?}",
-        pool_files(&small.0, &pool)
-    );
+    assert_no_pool_files(&small.0, &pool, "files left behind");
 
     // Another pool's leftovers: the shortage names them and `hostpool gc`.
     let mut crashed = Ranks(vec![run(

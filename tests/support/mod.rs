@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 /// A directory of the test's own, removed on drop.
 pub struct TempDir(pub PathBuf);
@@ -51,4 +52,24 @@ pub fn real_driver_present() -> bool {
     ]
     .iter()
     .any(|p| Path::new(p).exists())
+}
+
+/// Run the shipped `hostpool` with `args` and extra environment `env`
+/// (`RUST_LOG` removed, so logs do not change the output).
+pub fn run_hostpool(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
+    c.args(args).env_remove("RUST_LOG");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// A command's stdout then stderr, for assertion messages and matching.
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }

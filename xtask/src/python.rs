@@ -59,7 +59,8 @@ fn pip_install(python: &Path) -> Command {
     c
 }
 
-/// The environment's python, created and filled when missing.
+/// The environment's root directory (its python is `bin/python`), created
+/// and filled when missing.
 fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
     let requirements = std::fs::read_to_string(root.join(REQUIREMENTS))
         .map_err(|e| format!("cannot read {REQUIREMENTS}: {e}"))?;
@@ -67,7 +68,7 @@ fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
     let python = venv.join("bin/python");
     if venv.join(READY).exists() && python.exists() {
         eprintln!("xtask: python: using {}", venv.display());
-        return Ok(python);
+        return Ok(venv);
     }
     eprintln!(
         "xtask: python: creating {} with {REQUIREMENTS} (torch is large: this takes minutes, once)",
@@ -86,7 +87,7 @@ fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
     )?;
     std::fs::write(venv.join(READY), requirements)
         .map_err(|e| format!("cannot write {}: {e}", venv.join(READY).display()))?;
-    Ok(python)
+    Ok(venv)
 }
 
 /// What the tests need from the environment, for `cargo test` and pytest
@@ -94,11 +95,7 @@ fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
 /// `HOSTPOOL_REQUIRE_NIXL=1` so the NIXL tests fail rather than skip) and
 /// loopback-only UCX. Creates the environment when missing.
 pub fn nixl_env() -> Result<Vec<(String, String)>, String> {
-    let python = ensure_venv(&cmd::workspace_root())?;
-    let venv = python
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("the virtual environment has no root")?;
+    let venv = ensure_venv(&cmd::workspace_root())?;
     let lib = std::fs::read_dir(venv.join("lib"))
         .map_err(|e| format!("cannot read {}: {e}", venv.join("lib").display()))?
         .flatten()
@@ -127,12 +124,8 @@ pub fn nixl_env() -> Result<Vec<(String, String)>, String> {
 /// `env`; returns pytest's exit status.
 pub fn test(env: &[(String, String)]) -> Result<i32, String> {
     let root = cmd::workspace_root();
-    let python = ensure_venv(&root)?;
-    let venv = python
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("the virtual environment has no root")?
-        .to_path_buf();
+    let venv = ensure_venv(&root)?;
+    let python = venv.join("bin/python");
     let mut path = std::ffi::OsString::from(venv.join("bin"));
     if let Some(old) = std::env::var_os("PATH") {
         path.push(":");

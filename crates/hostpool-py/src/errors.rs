@@ -6,11 +6,6 @@ use pool_core::{Error, Phase};
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 
-/// The error and its causes, as `hostpool` prints them after `error: `.
-pub fn message(e: &Error) -> String {
-    e.chain_message()
-}
-
 /// The exception class for `e`, raised during `phase` (the build's last
 /// started phase, when known).
 fn class_of(e: &Error, phase: Option<Phase>) -> &'static str {
@@ -41,7 +36,7 @@ fn new<'py>(py: Python<'py>, class: &str, message: &str) -> PyResult<Bound<'py, 
 
 /// `e` as a Python exception.
 pub fn to_py(py: Python<'_>, e: &Error, phase: Option<Phase>) -> PyErr {
-    let text = message(e);
+    let text = e.chain_message();
     if let Error::Interrupted { signal } = e
         && *signal == libc::SIGINT
     {

@@ -99,32 +99,22 @@ fn run() -> Result<String, Box<dyn std::error::Error>> {
     let mut dst = vec![0u8; bytes];
     let (mut write, mut read, mut copy) = (Vec::new(), Vec::new(), Vec::new());
     let timeout = Duration::from_secs(120);
+    let gb_s = |f: &mut dyn FnMut() -> Result<(), registrar_nixl::Failure>| {
+        let t = Instant::now();
+        f().map(|()| len as f64 / t.elapsed().as_secs_f64() / 1e9)
+    };
+    let remote = b_reg.addr() as u64;
     for _ in 0..repeat {
-        let t = Instant::now();
-        a.transfer(
-            Op::Write,
-            &a_reg,
-            whole,
-            &peer,
-            b_reg.addr() as u64,
-            None,
-            timeout,
-        )?;
-        write.push(len as f64 / t.elapsed().as_secs_f64() / 1e9);
-        let t = Instant::now();
-        dst.copy_from_slice(&src);
-        copy.push(len as f64 / t.elapsed().as_secs_f64() / 1e9);
-        let t = Instant::now();
-        a.transfer(
-            Op::Read,
-            &a_reg,
-            whole,
-            &peer,
-            b_reg.addr() as u64,
-            None,
-            timeout,
-        )?;
-        read.push(len as f64 / t.elapsed().as_secs_f64() / 1e9);
+        write.push(gb_s(&mut || {
+            a.transfer(Op::Write, &a_reg, whole, &peer, remote, None, timeout)
+        })?);
+        copy.push(gb_s(&mut || {
+            dst.copy_from_slice(&src);
+            Ok(())
+        })?);
+        read.push(gb_s(&mut || {
+            a.transfer(Op::Read, &a_reg, whole, &peer, remote, None, timeout)
+        })?);
     }
     std::hint::black_box(&dst);
     let (w, r, c) = (median(write), median(read), median(copy));

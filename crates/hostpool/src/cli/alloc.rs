@@ -69,8 +69,8 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
         ));
     }
     let mut pool = Pool::build(&plan, &observer)?;
-    let background =
-        plan.config.pin.background && pool.report().pin.status == pool_core::PinStatus::Pinning;
+    // Only a background pin is still pinning once the build returns.
+    let background = pool.report().pin.status == pool_core::PinStatus::Pinning;
     if background && (!args.hold || args.verify_copy) {
         // Without --hold the report waits for the pin (and so does the copy check).
         if let Err(e) = pool.wait_pinned(None) {

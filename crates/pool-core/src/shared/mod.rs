@@ -1202,6 +1202,24 @@ mod tests {
         })
     }
 
+    /// `f(rank)` for ranks `0..n`, each on a thread of its own, all started
+    /// together behind a barrier; the results in rank order.
+    fn on_ranks<T: Send>(n: u32, f: impl Fn(u32) -> T + Sync) -> Vec<T> {
+        let start = Barrier::new(n as usize);
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..n)
+                .map(|r| {
+                    let (f, start) = (&f, &start);
+                    sc.spawn(move || {
+                        start.wait();
+                        f(r)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
     fn role(m: &dyn Mapping) -> String {
         m.sharing().unwrap()["role"].as_str().unwrap().to_string()
     }
@@ -1209,29 +1227,19 @@ mod tests {
     #[test]
     fn four_ranks_elect_one_creator_share_memory_and_leave_no_file() {
         let d = Dirs::new("ok");
-        let start = Barrier::new(4);
-        let results: Vec<_> = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..4)
-                .map(|r| {
-                    let (d, start) = (&d, &start);
-                    sc.spawn(move || {
-                        start.wait();
-                        let mut m = attach(d, &sharing(d, 4, r, 10.0), 16, &[]).unwrap();
-                        // Each rank writes its rank number at the start of its shard.
-                        let shard = shard(m.region().size(), &sharing(d, 4, r, 10.0)).unwrap();
-                        assert_eq!(shard.len, 4 << 20);
-                        assert!(m.region().write_byte(shard.offset, r as u8 + 1));
-                        m.rendezvous(Ok(()), None).unwrap();
-                        // After the barrier every rank sees every rank's write.
-                        let region = m.region();
-                        let seen: Vec<u8> = (0..4u64)
-                            .map(|i| region.read_byte(i * (4 << 20)).unwrap())
-                            .collect();
-                        (role(&*m), seen, m)
-                    })
-                })
+        let results = on_ranks(4, |r| {
+            let mut m = attach(&d, &sharing(&d, 4, r, 10.0), 16, &[]).unwrap();
+            // Each rank writes its rank number at the start of its shard.
+            let shard = shard(m.region().size(), &sharing(&d, 4, r, 10.0)).unwrap();
+            assert_eq!(shard.len, 4 << 20);
+            assert!(m.region().write_byte(shard.offset, r as u8 + 1));
+            m.rendezvous(Ok(()), None).unwrap();
+            // After the barrier every rank sees every rank's write.
+            let region = m.region();
+            let seen: Vec<u8> = (0..4u64)
+                .map(|i| region.read_byte(i * (4 << 20)).unwrap())
                 .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+            (role(&*m), seen, m)
         });
         let creators = results
             .iter()
@@ -1254,32 +1262,22 @@ mod tests {
     #[test]
     fn a_rank_that_fails_fails_its_peers_with_its_name_and_nothing_is_left() {
         let d = Dirs::new("fail");
-        let start = Barrier::new(3);
-        let errs: Vec<String> = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..3)
-                .map(|r| {
-                    let (d, start) = (&d, &start);
-                    sc.spawn(move || {
-                        start.wait();
-                        // A peer learns of the failure at attach (if rank 2
-                        // failed first) or at the barrier; either way it is named.
-                        match attach(d, &sharing(d, 3, r, 10.0), 4, &[]) {
-                            Err(e) => e.to_string(),
-                            Ok(mut m) => {
-                                let outcome = if r == 2 {
-                                    Err("prefault exploded".to_string())
-                                } else {
-                                    Ok(())
-                                };
-                                let e = m.rendezvous(outcome, None).unwrap_err().to_string();
-                                m.teardown();
-                                e
-                            }
-                        }
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let errs: Vec<String> = on_ranks(3, |r| {
+            // A peer learns of the failure at attach (if rank 2 failed
+            // first) or at the barrier; either way it is named.
+            match attach(&d, &sharing(&d, 3, r, 10.0), 4, &[]) {
+                Err(e) => e.to_string(),
+                Ok(mut m) => {
+                    let outcome = if r == 2 {
+                        Err("prefault exploded".to_string())
+                    } else {
+                        Ok(())
+                    };
+                    let e = m.rendezvous(outcome, None).unwrap_err().to_string();
+                    m.teardown();
+                    e
+                }
+            }
         });
         for e in &errs[..2] {
             assert!(
