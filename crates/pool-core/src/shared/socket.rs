@@ -296,7 +296,7 @@ fn create(
                 sharing.name, sharing.rank
             ),
         };
-        fail_all(&mut links, &msg);
+        fail_creation(&listener, &mut links, &msg);
         return Err(e);
     }
     drop(fds);
@@ -481,8 +481,13 @@ fn welcome(
     }))
 }
 
-/// Tell connections waiting in the backlog why the pool failed.
+/// Tell connections waiting in the backlog why the pool failed. The
+/// listener is shut down first, so no connection slips in between the last
+/// `accept` and the close to see a bare EOF (reported as the creator's
+/// death): a rank that connects later is refused by the kernel and retries,
+/// as it does against any creator that is closing.
 fn refuse_pending(listener: &OwnedFd, message: &str) {
+    let _ = rustix::net::shutdown(listener, rustix::net::Shutdown::Read);
     let _ = rustix::io::ioctl_fionbio(listener, true);
     while let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) {
         let _ = send(
@@ -532,6 +537,14 @@ fn watch(links: &mut [Link], sharing: &crate::config::SharingConfig) -> Option<S
         }
     }
     None
+}
+
+/// The creator failed while joiners attach: tell the welcomed ones, and
+/// those still waiting in the backlog (who would otherwise see only the
+/// listener close, and blame the creator's death).
+fn fail_creation(listener: &OwnedFd, links: &mut [Link], message: &str) {
+    fail_all(links, message);
+    refuse_pending(listener, message);
 }
 
 fn fail_all(links: &mut [Link], message: &str) {
@@ -778,5 +791,75 @@ impl Mapping for SocketMapping {
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
         let SocketMapping { inner, .. } = *self;
         inner.release()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listener(tag: &str) -> (OwnedFd, SocketAddrUnix) {
+        let addr = address(&format!("unit-{}-{tag}", std::process::id())).unwrap();
+        let sock = seqpacket().unwrap();
+        rustix::net::bind(&sock, &addr).unwrap();
+        rustix::net::listen(&sock, 4).unwrap();
+        (sock, addr)
+    }
+
+    fn connected(addr: &SocketAddrUnix) -> OwnedFd {
+        let c = seqpacket().unwrap();
+        rustix::net::connect(&c, addr).unwrap();
+        c
+    }
+
+    fn message_of(fd: &OwnedFd) -> Msg {
+        match recv(fd, Instant::now() + Duration::from_secs(5), &mut Vec::new()).unwrap() {
+            Received::Msg(m) => m,
+            other => panic!("expected a message, got {other:?}"),
+        }
+    }
+
+    /// A rank that connected while the creator was failing (a welcomed peer
+    /// died) is told why, naming the dead rank, instead of seeing the
+    /// listener close and blaming the creator; a welcomed rank hears it
+    /// too; and a rank that connects after the failure is refused by the
+    /// kernel, so it retries rather than waiting on a creator that left.
+    #[test]
+    fn a_failing_creator_tells_welcomed_and_waiting_ranks_why() {
+        let (l, addr) = listener("fail");
+        let waiting = connected(&addr);
+        send(&waiting, &Msg::Files, &[]).unwrap();
+        let (ours, theirs) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let mut links = vec![Link {
+            rank: 1,
+            pid: 1,
+            fd: ours,
+            arrived: None,
+        }];
+        let why = "shared pool `unit`: rank 2 (pid 7) died before the barrier completed";
+        fail_creation(&l, &mut links, why);
+        match message_of(&waiting) {
+            Msg::Refused { usage, message } => {
+                assert!(!usage, "not the joiner's input");
+                assert_eq!(message, why);
+            }
+            other => panic!("the waiting rank got {other:?}"),
+        }
+        match message_of(&theirs) {
+            Msg::Failed { message } => assert_eq!(message, why),
+            other => panic!("the welcomed rank got {other:?}"),
+        }
+        let late = seqpacket().unwrap();
+        assert_eq!(
+            rustix::net::connect(&late, &addr),
+            Err(rustix::io::Errno::CONNREFUSED),
+            "a rank arriving after the failure is refused, and retries"
+        );
     }
 }
