@@ -339,6 +339,47 @@ fn a_held_pool_reports_when_usable_then_a_line_when_pinned_in_the_background() {
     );
 }
 
+/// The report gives the chunk the background pin really uses: the asked
+/// size made whole pages and blocks (never less than one), not the raw ask.
+#[test]
+fn a_background_pin_reports_the_chunk_it_really_uses() {
+    let dir = fake_driver_dir("bg-chunk");
+    for (chunk, block, used, chunks) in [
+        ("1KiB", "4KiB", 4u64 << 10, 4096u64),
+        ("10MiB", "4MiB", 8 << 20, 2),
+        ("16MiB", "4MiB", 16 << 20, 1),
+    ] {
+        let cfg = dir.0.join("pool.toml");
+        std::fs::write(
+            &cfg,
+            format!("size = \"16MiB\"\nblock_size = \"{block}\"\n"),
+        )
+        .unwrap();
+        let o = hostpool(
+            &dir.0,
+            &[
+                "alloc",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--pin",
+                "cuda",
+                "--pin-required",
+                "--pin-background",
+                "--pin-background-chunk",
+                chunk,
+                "--json",
+            ],
+            &[],
+        );
+        assert_eq!(o.status.code(), Some(0), "{chunk}: {}", text(&o));
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let d = &r["pin"]["details"];
+        assert_eq!(d["chunk"], used, "{chunk} of {block} blocks: {r}");
+        assert_eq!(d["chunks"], chunks, "{chunk} of {block} blocks: {r}");
+        assert_eq!(d["pinned_bytes"], 16 << 20, "{r}");
+    }
+}
+
 #[test]
 fn without_hold_alloc_waits_for_a_background_pin_and_sigterm_mid_pin_unpins_everything() {
     let dir = fake_driver_dir("bg-wait");

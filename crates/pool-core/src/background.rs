@@ -112,6 +112,8 @@ impl Shared {
 pub(crate) struct Background {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<Vec<Box<dyn Pin>>>>,
+    /// The largest chunk it pins: `background_chunk` made whole units.
+    chunk: u64,
 }
 
 /// The chunks of `extent` (offsets in the pool) a background pin takes: at
@@ -164,6 +166,15 @@ impl Background {
             .background_chunk
             .map_or(DEFAULT_CHUNK, crate::ByteSize::get);
         let parts = chunks(extent, page, block, chunk)?;
+        let largest = parts.iter().map(|p| p.len).max().unwrap_or(0);
+        if config.pin.background_chunk.is_some() && largest != chunk.min(extent.len) {
+            tracing::info!(
+                "pin.background_chunk {} pins in chunks of up to {}: whole {} pages and blocks",
+                crate::layout::format_bytes(chunk),
+                crate::layout::format_bytes(largest),
+                crate::layout::format_bytes(page.get())
+            );
+        }
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             progress: Mutex::new(PinProgress {
@@ -194,7 +205,13 @@ impl Background {
         Ok(Background {
             shared,
             thread: Some(thread),
+            chunk: largest,
         })
+    }
+
+    /// The largest chunk it pins, in bytes.
+    pub(crate) fn chunk(&self) -> u64 {
+        self.chunk
     }
 
     /// The progress so far.

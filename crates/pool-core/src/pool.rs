@@ -719,7 +719,7 @@ impl Pool {
                 pool.report.pin.status = PinStatus::Pinning;
                 pool.report.pin.details = serde_json::json!({
                     "background": true,
-                    "chunk": plan.config.pin.background_chunk.map_or(crate::background::DEFAULT_CHUNK, crate::ByteSize::get),
+                    "chunk": started.chunk(),
                     "bytes": pin_extent.len,
                 });
                 pool.background = Some(started);
