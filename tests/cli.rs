@@ -476,6 +476,8 @@ fn every_failure_exits_with_the_documented_status_naming_cause_and_remedy() {
         "size = \"64MiB\"\nblock_size = \"1000B\"\n",
     );
     let huge_gib = temp_file("huge-gib.json", "{\"host_pool_gib\": 1e30}");
+    let not_a_dir = temp_file("not-a-dir", "");
+    let not_a_dir_text = format!("{} is a file, not a directory", not_a_dir.to_str().unwrap());
     let name = format!("exit-table-{}", std::process::id());
     // A control file of another user in the way of a shared pool.
     let foreign = TempFile(PathBuf::from(format!("/dev/shm/hostpool-{name}.ctl")));
@@ -526,6 +528,52 @@ fn every_failure_exits_with_the_documented_status_naming_cause_and_remedy() {
             env: vec![],
             code: 2,
             says: vec!["host_pool_gib", "67108864 GiB (64 PiB)"],
+        },
+        Case {
+            what: "config that never ends",
+            args: vec!["alloc", "--config", "/dev/zero"],
+            env: vec![],
+            code: 2,
+            says: vec!["/dev/zero", "larger than 1 MiB", "--config"],
+        },
+        Case {
+            what: "config that is not text",
+            args: vec!["alloc", "--config", "/dev/urandom"],
+            env: vec![],
+            code: 2,
+            says: vec!["/dev/urandom", "not UTF-8 text"],
+        },
+        Case {
+            what: "config that is a directory",
+            args: vec!["plan", "--config", "/"],
+            env: vec![],
+            code: 2,
+            says: vec!["config file /", "is a directory"],
+        },
+        Case {
+            what: "dir that is a device",
+            args: vec!["alloc", "--size", "4MiB", "--dir", "/dev/null"],
+            env: vec![],
+            code: 2,
+            says: vec![
+                "/dev/null is a character device, not a directory",
+                "/dev/shm",
+            ],
+        },
+        Case {
+            what: "dir that is a file, for a named backing",
+            args: vec![
+                "alloc",
+                "--size",
+                "4MiB",
+                "--backing",
+                "shm-segmented",
+                "--dir",
+                not_a_dir.to_str().unwrap(),
+            ],
+            env: vec![],
+            code: 2,
+            says: vec![&not_a_dir_text],
         },
         Case {
             what: "size beyond the address space",

@@ -324,6 +324,9 @@ pub enum Format {
     Json,
 }
 
+/// The largest config file read.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 impl PoolConfig {
     /// Read a config file; `.json` is JSON, `.toml` is TOML, anything else is
     /// JSON when it starts with `{` and TOML otherwise.
@@ -333,15 +336,29 @@ impl PoolConfig {
     /// and unknown or mistyped keys; [`Error::Os`] when reading it fails
     /// otherwise (`EACCES`, `EIO`).
     pub fn from_path(path: &Path) -> Result<PoolConfig> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::on_input_path(
-                "read",
-                path,
-                e,
-                format!("cannot read config file {}", path.display()),
-                "check the path given to --config",
-            )
-        })?;
+        use std::io::Read;
+        let mut text = String::new();
+        std::fs::File::open(path)
+            // A config is a few lines: read at most one byte past the
+            // limit, so `--config /dev/zero` is an error, not an OOM kill.
+            .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+            .map_err(|e| {
+                Error::on_input_path(
+                    "read",
+                    path,
+                    e,
+                    format!("cannot read config file {}", path.display()),
+                    "check the path given to --config (a UTF-8 TOML or JSON file)",
+                )
+            })?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(Error::config(format!(
+                "config file {} is larger than {}: it is not a pool config; check the path given \
+                 to --config",
+                path.display(),
+                crate::layout::format_bytes(MAX_CONFIG_BYTES)
+            )));
+        }
         let format = match path.extension().and_then(|e| e.to_str()) {
             Some("json") => Format::Json,
             Some("toml") => Format::Toml,

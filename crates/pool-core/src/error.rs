@@ -233,7 +233,8 @@ impl Error {
 
     /// A failed system call on a path the operator gave (`dir`,
     /// `--config`): the operator's input (exit 2) when the path does not
-    /// exist or is not a directory (`ENOENT`, `ENOTDIR`), said in words after
+    /// exist, is not a directory where one is needed or is one where a file
+    /// is (`ENOENT`, `ENOTDIR`, `EISDIR`), or is not text; said in words after
     /// `doing` (e.g. "cannot examine dir /srv/kv"); otherwise (`EACCES`,
     /// `EIO`, ...) a runtime error (exit 1) with the errno as the source.
     pub fn on_input_path(
@@ -251,6 +252,10 @@ impl Error {
             Some(libc::ENOTDIR) => Error::config(format!(
                 "{doing}: a part of the path is not a directory; {remedy}"
             )),
+            Some(libc::EISDIR) => Error::config(format!("{doing}: it is a directory; {remedy}")),
+            None if source.kind() == io::ErrorKind::InvalidData => {
+                Error::config(format!("{doing}: it is not UTF-8 text; {remedy}"))
+            }
             _ => Error::os(
                 op,
                 source,

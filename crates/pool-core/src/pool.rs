@@ -102,6 +102,7 @@ impl PoolPlan {
     /// they are verdicts in the plan, and [`Pool::build`] refuses them.
     pub fn new(config: PoolConfig) -> Result<PoolPlan> {
         check_size(&config)?;
+        check_dir(&config)?;
         plugin::validate_plugin_tables(&config)?;
         if let Some(node) = config.numa_node {
             crate::host::numa::check_node(node)?;
@@ -305,6 +306,40 @@ impl PoolPlan {
 
 /// A pool larger than [`MAX_POOL_BYTES`] is a configuration error that names
 /// the limit.
+/// `dir`, where it exists, must be a directory: a file or a device there
+/// (`--dir /dev/null`, whose devtmpfs passes for tmpfs) is bad input, not a
+/// failed `open`. A missing dir is left to the backings, which say how to
+/// make the one they serve.
+fn check_dir(config: &PoolConfig) -> Result<()> {
+    let Some(dir) = &config.dir else {
+        return Ok(());
+    };
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return Ok(());
+    };
+    if meta.is_dir() {
+        return Ok(());
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    let kind = if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "a file"
+    };
+    Err(crate::Error::config(format!(
+        "dir {} is {kind}, not a directory; give a directory on a hugetlbfs mount or tmpfs \
+         (such as /dev/shm) for the pool's files",
+        dir.display()
+    )))
+}
+
 fn check_size(config: &PoolConfig) -> Result<()> {
     let size = config.size.get();
     if size > MAX_POOL_BYTES {
