@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -166,6 +167,7 @@ def test_view_is_bounded():
         ({"size": "1MiB", "pin_required": True}, "needs a pinner"),
         ({"size": "1MiB", "dir": 5}, "must be a path"),
         ({"size": "1MiB", "dir": "/nonexistent/kv"}, "does not exist"),
+        ({"size": "1MiB", "dir": "/dev/null"}, "is a character device, not a directory"),
     ],
 )
 def test_bad_input_is_a_config_error_with_the_clis_message(kwargs, match):
@@ -178,6 +180,9 @@ def test_bad_input_is_a_config_error_with_the_clis_message(kwargs, match):
 def test_bad_shared_arguments_are_config_errors():
     with pytest.raises(hostpool.ConfigError, match="rank 4 must be below world 4"):
         hostpool.Shared("kv", 4, 4)
+    for world in (-1, 0, 257):
+        with pytest.raises(hostpool.ConfigError, match=f"world {world} must be between 1 and 256"):
+            hostpool.Shared("kv", world, 0)
     with pytest.raises(hostpool.ConfigError, match="name"):
         hostpool.Shared("../kv", 2, 0)
     with pytest.raises(hostpool.ConfigError, match="rendezvous"):
@@ -251,6 +256,19 @@ def test_logs_go_to_the_hostpool_logger_not_to_stderr(caplog, capfd):
     assert any("collected without close()" in m for m in messages), messages
     out, err = capfd.readouterr()
     assert "collected" not in err and "hostpool" not in err
+
+
+def test_a_shared_pickles_for_spawned_ranks_and_a_pool_refuses_with_the_remedy(caplog):
+    s = hostpool.Shared("kv", 4, 3, attach_timeout=5.0, barrier_timeout=7.0, rendezvous="file")
+    assert pickle.loads(pickle.dumps(s)) == s
+    # The temporary pool is collected while the TypeError is being raised,
+    # and says so through logging: that must not clobber the error (it once
+    # became "SystemError: error return without exception set").
+    with caplog.at_level(logging.INFO, logger="hostpool"):
+        with pytest.raises(TypeError, match="cannot be pickled.*hostpool.Shared"):
+            pickle.dumps(hostpool.Pool(size=MiB))
+        gc.collect()
+    assert any("collected without close()" in r.getMessage() for r in caplog.records)
 
 
 def test_other_threads_run_while_a_pool_is_built_and_torn_down():

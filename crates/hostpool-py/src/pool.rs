@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use pool_core::{Error, PinStatus, Pool, PoolPlan, PoolReport};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyType};
 
 use crate::config::{self, Args};
 use crate::{build, errors, logs};
@@ -71,8 +71,12 @@ impl PyShared {
         rendezvous: &str,
     ) -> PyResult<PyShared> {
         let shared = (|| {
-            let world = u32::try_from(world)
-                .map_err(|_| Error::config(format!("world {world} must be between 1 and 1024")))?;
+            let world = u32::try_from(world).map_err(|_| {
+                Error::config(format!(
+                    "world {world} must be between 1 and {}",
+                    pool_core::shared::MAX_WORLD
+                ))
+            })?;
             let rank = u32::try_from(rank).map_err(|_| {
                 Error::config(format!(
                     "rank {rank} must be 0 or more, below world {world}"
@@ -94,6 +98,25 @@ impl PyShared {
 
     fn __repr__(&self) -> String {
         self.to_string()
+    }
+
+    /// Pickled as its arguments, so it can be passed to spawned ranks.
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> (Bound<'py, PyType>, (String, u32, u32, f64, f64, String)) {
+        let s = slf.get();
+        (
+            slf.get_type(),
+            (
+                s.name.clone(),
+                s.world,
+                s.rank,
+                s.attach_timeout,
+                s.barrier_timeout,
+                s.rendezvous.clone(),
+            ),
+        )
     }
 }
 
@@ -642,6 +665,15 @@ impl PyPool {
         usize::try_from(self.info.nbytes).unwrap_or(usize::MAX)
     }
 
+    /// A pool is memory of this process: it cannot be pickled.
+    fn __reduce__(&self) -> PyResult<()> {
+        Err(pyo3::exceptions::PyTypeError::new_err(
+            "a hostpool.Pool cannot be pickled: its memory belongs to this process. To share it \
+             with other processes (tensor-parallel ranks), give each one the same \
+             hostpool.Shared(name, world, rank) and build the pool there; a Shared pickles",
+        ))
+    }
+
     fn __repr__(&self) -> String {
         let state = if self.closed() { "closed" } else { "open" };
         format!(
@@ -669,7 +701,17 @@ impl Drop for PyPool {
             );
             // Collected: nothing refers to the pool any more, so its range
             // is unmapped at once.
-            Python::attach(|py| drop(PyPool::teardown(py, pool)));
+            // Collection may run while an exception is being raised (a
+            // temporary pool dropped as `pickle.dumps(Pool(...))` fails):
+            // the logging call below must neither see nor clear it, or
+            // Python reports "error return without exception set".
+            Python::attach(|py| {
+                let pending = PyErr::take(py);
+                drop(PyPool::teardown(py, pool));
+                if let Some(e) = pending {
+                    e.restore(py);
+                }
+            });
         }
     }
 }
