@@ -145,3 +145,57 @@ def test_each_rank_of_a_shared_pool_pins_its_own_shard_in_the_background():
         assert state == "pinned", (rank, state)
         assert ranges == [tuple(shard)], f"rank {rank} pinned {ranges}, its shard is {shard}"
     assert results[0][1] != results[1][1]
+
+
+FORK = """
+import json, os, hostpool
+pool = hostpool.Pool(size="64MiB", block_size="4MiB", pin="cuda", pin_required=True,
+                     pin_background=True, background_chunk="8MiB")
+mem = memoryview(pool); mem[0] = 7; del mem
+assert pool.pin_status()["state"] == "pinning"
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    # The child inherited the pool mid-pin: the pinning thread, the pins and
+    # the registrations are the parent's.
+    out = {"status": pool.pin_status(), "pinned": pool.pinned}
+    out["waited"] = pool.wait_pinned(timeout=None)["state"]   # no thread to wait for
+    mem = memoryview(pool); out["reads"] = mem[0]; del mem
+    addr = pool.addr
+    out["issues"] = pool.close()
+    del pool  # close() keeps the range reserved until the object goes
+    import gc; gc.collect()
+    out["still_mapped"] = any(int(l.split("-")[0], 16) == addr for l in open("/proc/self/maps"))
+    os.write(w, json.dumps(out).encode())
+    os._exit(0)
+os.close(w)
+_, status = os.waitpid(pid, 0)
+child = json.loads(os.read(r, 1 << 16) or b"{}")
+parent = {"exit": status, "waited": pool.wait_pinned(timeout=60)["state"]}
+mem = memoryview(pool); parent["reads"] = mem[0]; del mem
+parent["issues"] = pool.close()
+print(json.dumps({"child": child, "parent": parent}))
+"""
+
+
+def test_a_child_forked_mid_pin_releases_only_its_view(fake_cuda_dir, tmp_path):
+    """Engines fork (multiprocessing's default on Linux): a child that
+    inherits a pool while it is pinned in the background once panicked
+    joining a pinning thread that exists only in the parent. Now the child
+    reports its copy unpinned, waits for nothing, and its close unmaps only
+    its own view: no CUDA call from it, and the parent's pin goes on."""
+    log = tmp_path / "calls-fork.log"
+    out = run_python(FORK, {"LD_LIBRARY_PATH": str(fake_cuda_dir), "FAKE_CUDA_LOG": str(log),
+                            "FAKE_CUDA_REGISTER_DELAY_MS": "100"})
+    assert out.returncode == 0, out.stderr
+    assert "panicked" not in out.stderr, out.stderr
+    r = json.loads(out.stdout)
+    child, parent = r["child"], r["parent"]
+    assert child["status"]["state"] == "skipped" and "inherited the pool from pid" in child["status"]["error"], child
+    assert child["pinned"] is False and child["waited"] == "skipped"
+    assert child["reads"] == 7 and child["issues"] == [] and not child["still_mapped"], child
+    assert parent["exit"] == 0 and parent["waited"] == "pinned" and parent["reads"] == 7, parent
+    assert parent["issues"] == []
+    calls = [line.split()[0] for line in log.read_text().splitlines()]
+    # Every register matched by one unregister: the child unregistered nothing.
+    assert calls.count("cuMemHostRegister_v2") == calls.count("cuMemHostUnregister") == 8, calls

@@ -561,6 +561,10 @@ pub struct Pool {
     pin_extent: Option<Extent>,
     registrations: Vec<Box<dyn Registration>>,
     report: PoolReport,
+    /// The process that built the pool. A child that inherited it through
+    /// `fork` has the mapping but none of the rest: the pins and
+    /// registrations are its parent's, and the pinning thread is not there.
+    owner: u32,
 }
 
 fn timed<T>(observer: &dyn Observer, phase: Phase, total: u64, f: impl FnOnce() -> T) -> (T, f64) {
@@ -649,6 +653,7 @@ impl Pool {
             pin_extent: None,
             registrations: Vec::new(),
             report,
+            owner: std::process::id(),
         };
         // From here on, an early return drops `pool`, which tears down.
         let shared = plan.config.sharing.is_some();
@@ -817,6 +822,18 @@ impl Pool {
     /// Where the pin stands: for a background pin its progress so far, for
     /// a foreground one its outcome.
     pub fn pin_status(&self) -> crate::PinProgress {
+        if let Some(owner) = self.inherited_from() {
+            return crate::PinProgress::settled(
+                crate::PinState::Skipped,
+                None,
+                Some(format!(
+                    "this process inherited the pool from pid {owner} through fork: pins and \
+                     registrations stay with the process that made them, so this copy is not \
+                     pinned; build the pool in this process to pin it here"
+                )),
+                0.0,
+            );
+        }
         if let Some(bg) = &self.background {
             return bg.progress();
         }
@@ -845,13 +862,20 @@ impl Pool {
     /// pinned).
     pub fn wait_pinned(&self, timeout: Option<std::time::Duration>) -> Result<crate::PinProgress> {
         let progress = match &self.background {
-            Some(bg) => bg.wait(timeout),
-            None => self.pin_status(),
+            // A forked child has no pinning thread to wait for.
+            Some(bg) if self.inherited_from().is_none() => bg.wait(timeout),
+            _ => self.pin_status(),
         };
         if progress.state == crate::PinState::Failed {
             return Err(crate::background::failure(&progress, &self.report.pin.kind));
         }
         Ok(progress)
+    }
+
+    /// The pid of the process that built the pool, when this process is a
+    /// child that inherited it through `fork`; `None` in the builder.
+    pub fn inherited_from(&self) -> Option<u32> {
+        (std::process::id() != self.owner).then_some(self.owner)
     }
 
     /// Files backing the pool that exist right now.
@@ -874,6 +898,10 @@ impl Pool {
 
     fn release(&mut self, observer: &dyn Observer) {
         if self.mapping.is_none() {
+            return;
+        }
+        if let Some(owner) = self.inherited_from() {
+            self.release_inherited(owner);
             return;
         }
         let (issues, secs) = timed(observer, Phase::Teardown, self.report.mapped_bytes, || {
@@ -908,6 +936,35 @@ impl Pool {
             issues
         });
         self.report.phases.teardown = Some(secs);
+        self.report.teardown_issues.extend(issues);
+    }
+}
+
+impl Pool {
+    /// Teardown in a child that inherited the pool through `fork`: only this
+    /// process's view is given back. The pinning thread exists only in the
+    /// parent (joining it here would fail), and the pins and registrations
+    /// are the parent's (unregistering them from a child is at best refused
+    /// and at worst breaks the parent's), so they are forgotten, never run.
+    /// The mapping is released as usual: after the build it holds no named
+    /// file, so that unmaps and closes this process's descriptors only.
+    fn release_inherited(&mut self, owner: u32) {
+        let t = Instant::now();
+        tracing::info!(
+            "releasing a pool inherited from pid {owner} through fork: only this process's view; \
+             its pins and registrations stay with pid {owner}"
+        );
+        std::mem::forget(self.background.take());
+        std::mem::forget(std::mem::take(&mut self.registrations));
+        std::mem::forget(self.pin.take());
+        let issues = self
+            .mapping
+            .take()
+            .map(Mapping::teardown)
+            .unwrap_or_default();
+        self.report.pin.status = PinStatus::Skipped;
+        self.report.pin.reason = Some(format!("inherited from pid {owner} through fork"));
+        self.report.phases.teardown = Some(t.elapsed().as_secs_f64());
         self.report.teardown_issues.extend(issues);
     }
 }

@@ -122,6 +122,11 @@ pub trait Mapping: Send + Sync + fmt::Debug {
     }
 
     /// Unmap, close, unlink. Never panics; returns what could not be undone.
+    ///
+    /// It also runs in a child that inherited the pool through `fork` (the
+    /// pins and registrations are then skipped, being the parent's): once the
+    /// pool is built it must hold no named file, so that teardown gives back
+    /// only the calling process's view.
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue>;
 }
 
