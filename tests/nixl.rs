@@ -353,6 +353,35 @@ fn bad_nixl_input_is_a_usage_error() {
         "{}",
         text(&o)
     );
+    // A metadata file that can never be written is refused before the pool
+    // is built: the fake's call log shows no registration.
+    let log = dir.0.join("calls.log");
+    let cfg = fake_config(&dir.0, 8, 2, json!({}));
+    let missing = dir.0.join("no/such/dir/agent.md");
+    for (out, want) in [
+        (
+            dir.0.clone(),
+            "is a directory; give the path of a file".to_string(),
+        ),
+        (
+            missing.clone(),
+            format!("({}) does not exist", missing.parent().unwrap().display()),
+        ),
+    ] {
+        let o = hostpool(
+            &[
+                "alloc",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--nixl-metadata-out",
+                out.to_str().unwrap(),
+            ],
+            &[("FAKE_NIXL_LOG", log.to_str().unwrap())],
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains(&want), "{want}: {}", text(&o));
+        assert!(lines(&log, "register_mem").is_empty(), "nothing registered");
+    }
 }
 
 #[test]

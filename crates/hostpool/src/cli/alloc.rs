@@ -68,6 +68,9 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
             "--nixl-metadata-out needs --register nixl: it writes the NIXL agent's metadata",
         ));
     }
+    if let Some(path) = &args.nixl_metadata_out {
+        check_metadata_out(path)?;
+    }
     let mut pool = Pool::build(&plan, &observer)?;
     // Only a background pin is still pinning once the build returns.
     let background = pool.report().pin.status == pool_core::PinStatus::Pinning;
@@ -227,6 +230,31 @@ fn nixl_agent(report: &pool_core::PoolReport) -> Option<std::sync::Arc<registrar
         .iter()
         .find(|r| r.kind == registrar_nixl::NAME)?;
     registrar_nixl::agent(reg.details["agent"].as_str()?)
+}
+
+/// A `--nixl-metadata-out` that can never be written is bad input, said
+/// before a pool of hundreds of GiB is built and registered for nothing.
+fn check_metadata_out(path: &std::path::Path) -> Result<(), Error> {
+    if path.is_dir() {
+        return Err(Error::config(format!(
+            "--nixl-metadata-out {} is a directory; give the path of a file to write, such as {}",
+            path.display(),
+            path.join("agent.meta").display()
+        )));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(Error::config(format!(
+            "the directory of --nixl-metadata-out {} ({}) does not exist or is not a directory; \
+             create it, or write the metadata elsewhere",
+            path.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// `--nixl-metadata-out`: the agent's metadata, base64, written whole
