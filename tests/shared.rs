@@ -898,6 +898,13 @@ fn a_stopped_peer_fails_the_others_by_the_barrier_deadline() {
         err.contains("rank 1") && err.contains("did not reach the barrier within 2 s"),
         "{err}"
     );
+    let pid = ranks[1].id();
+    assert!(
+        err.contains(&format!(
+            "it is stopped (SIGSTOP, or a debugger): `kill -CONT {pid}`"
+        )),
+        "the message says the peer is stopped: {err}"
+    );
     assert!(
         t.elapsed() < Duration::from_secs(10),
         "by the deadline: {:?}",
@@ -907,6 +914,45 @@ fn a_stopped_peer_fails_the_others_by_the_barrier_deadline() {
     signal(&ranks[1], libc::SIGCONT);
     let _ = ranks[1].wait();
     assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
+}
+
+/// A joiner whose creator stopped (SIGSTOP) while handing over the pool
+/// fails at its attach timeout saying the creator is stopped and how to
+/// resume it, not only that it is "still creating" the pool.
+#[test]
+fn a_joiner_of_a_stopped_creator_says_it_is_stopped() {
+    let pool = name("stopped-creator");
+    let mut creator = bin();
+    creator
+        .args(["alloc", "--size", "16MiB"])
+        .args(shared_flags(&pool, 2, 0))
+        .env("HOSTPOOL_TEST_FAILPOINTS", "shared-passing-fds=stall")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut ranks = Ranks(vec![creator.spawn().unwrap()]);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut joiner = bin();
+    joiner
+        .args(["alloc", "--size", "16MiB", "--attach-timeout", "2"])
+        .args(shared_flags(&pool, 2, 1))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    ranks.push(joiner.spawn().unwrap());
+    // The creator stalls as it hands the files over; stop it there.
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&ranks[0], libc::SIGSTOP);
+    let st = wait_timeout(&mut ranks[1], Duration::from_secs(20)).expect("the joiner gives up");
+    let err = stderr_of(&mut ranks[1]);
+    let pid = ranks[0].id();
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(
+        err.contains("was not ready after 2 s")
+            && err.contains(&format!("`kill -CONT {pid}` resumes it")),
+        "{err}"
+    );
+    signal(&ranks[0], libc::SIGKILL);
+    signal(&ranks[0], libc::SIGCONT);
+    let _ = ranks[0].wait();
 }
 
 /// A rank waiting for a peer that never comes ends within a second of

@@ -389,14 +389,17 @@ impl Session {
         Ok(Some(s))
     }
 
-    fn creator_desc(&self) -> String {
+    fn creator_pid(&self) -> u32 {
         let r = self.ctl().header.creator_rank.load(Ordering::Relaxed);
-        let pid = self
-            .ctl()
+        self.ctl()
             .slots
             .get(r as usize)
-            .map_or(0, |s| s.pid.load(Ordering::Relaxed));
-        format!("rank {r} (pid {pid})")
+            .map_or(0, |s| s.pid.load(Ordering::Relaxed))
+    }
+
+    fn creator_desc(&self) -> String {
+        let r = self.ctl().header.creator_rank.load(Ordering::Relaxed);
+        format!("rank {r} (pid {})", self.creator_pid())
     }
 
     fn wait_ready(&self, spec: &SharedPoolSpec<'_>, deadline: Instant) -> Result<()> {
@@ -435,11 +438,12 @@ impl Session {
             crate::interrupt::check()?;
             if Instant::now() >= deadline {
                 return Err(peer(format!(
-                    "shared pool `{}` was not ready after {:.0} s: its creator {} is still creating it; \
-                     raise --attach-timeout for very large pools",
+                    "shared pool `{}` was not ready after {:.0} s: its creator {} is still creating it \
+                     ({}); raise --attach-timeout for very large pools",
                     self.sharing.name,
                     self.sharing.attach_timeout_secs,
-                    self.creator_desc()
+                    self.creator_desc(),
+                    crate::host::process::why_late(self.creator_pid())
                 )));
             }
             std::thread::sleep(POLL);
@@ -833,9 +837,10 @@ impl Session {
                         ))
                     }
                     SLOT_ATTACHED if Instant::now() >= barrier_deadline => Some(format!(
-                        "rank {r} (pid {pid}) attached but did not reach the barrier within \
-                         {:.0} s (stopped, hung, or still prefaulting); check the process, or \
-                         raise --barrier-timeout for very large pools",
+                        "rank {r} (pid {pid}: {}) attached but did not reach the barrier within \
+                         {:.0} s; check the process, or raise --barrier-timeout for very large \
+                         pools (a rank prefaulting a very large shard)",
+                        crate::host::process::why_late(pid),
                         self.sharing.barrier_timeout_secs
                     )),
                     _ => None,

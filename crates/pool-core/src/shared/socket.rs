@@ -605,8 +605,10 @@ fn join(
         Received::TimedOut => {
             return Err(peer(format!(
                 "shared pool `{}` was not ready after {:.0} s: its creator (pid {pid}) is still \
-                 creating it; raise --attach-timeout for very large pools",
-                sharing.name, sharing.attach_timeout_secs
+                 creating it ({}); raise --attach-timeout for very large pools",
+                sharing.name,
+                sharing.attach_timeout_secs,
+                crate::host::process::why_late(pid)
             )));
         }
     };
@@ -725,12 +727,19 @@ impl SocketMapping {
                     .links
                     .iter()
                     .filter(|l| l.arrived.is_none())
-                    .map(|l| format!("rank {} (pid {})", l.rank, l.pid))
+                    .map(|l| {
+                        format!(
+                            "rank {} (pid {}: {})",
+                            l.rank,
+                            l.pid,
+                            crate::host::process::why_late(l.pid)
+                        )
+                    })
                     .collect();
                 let msg = format!(
-                    "shared pool `{}`: {} attached but did not reach the barrier within {:.0} s \
-                     (stopped, hung, or still prefaulting); check the process, or raise \
-                     --barrier-timeout for very large pools",
+                    "shared pool `{}`: {} attached but did not reach the barrier within {:.0} s; \
+                     check the process, or raise --barrier-timeout for very large pools (a rank \
+                     prefaulting a very large shard)",
                     s.name,
                     late.join(", "),
                     s.barrier_timeout_secs

@@ -1,0 +1,70 @@
+//! What another process of the node is doing, from `/proc/PID/stat`: a
+//! peer that is late says why (stopped, stuck in the kernel, or running).
+
+/// Where a process stands, as the kernel reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcState {
+    /// Stopped by a signal (`T`) or traced by a debugger (`t`).
+    Stopped,
+    /// In uninterruptible sleep (`D`): stuck in the kernel.
+    Uninterruptible,
+    /// Running or sleeping normally.
+    Alive,
+    /// A zombie (`Z`) or dead (`X`): it has exited.
+    Exited,
+}
+
+/// The state of process `pid`; `None` when there is no such process (or
+/// `/proc` cannot tell).
+pub fn state(pid: u32) -> Option<ProcState> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_state(&stat)
+}
+
+/// The state field of a `/proc/PID/stat` line: the first field after the
+/// command name, whose parentheses may enclose spaces and parentheses.
+fn parse_state(stat: &str) -> Option<ProcState> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(match rest.trim_start().chars().next()? {
+        'T' | 't' => ProcState::Stopped,
+        'D' => ProcState::Uninterruptible,
+        'Z' | 'X' | 'x' => ProcState::Exited,
+        _ => ProcState::Alive,
+    })
+}
+
+/// Why process `pid` is late, in words for an error message.
+pub fn why_late(pid: u32) -> String {
+    match state(pid) {
+        Some(ProcState::Stopped) => {
+            format!("it is stopped (SIGSTOP, or a debugger): `kill -CONT {pid}` resumes it")
+        }
+        Some(ProcState::Uninterruptible) => {
+            "it is stuck in the kernel (state D, often on memory or I/O)".to_string()
+        }
+        Some(ProcState::Exited) => "it has exited".to_string(),
+        Some(ProcState::Alive) => "it is running (still working, or hung)".to_string(),
+        None => "it is gone".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_is_read_after_the_last_parenthesis() {
+        assert_eq!(parse_state("42 (a) b) T 1 2 3"), Some(ProcState::Stopped));
+        assert_eq!(parse_state("42 (x) D 1"), Some(ProcState::Uninterruptible));
+        assert_eq!(parse_state("42 (x) S 1"), Some(ProcState::Alive));
+        assert_eq!(parse_state("42 (x) Z 1"), Some(ProcState::Exited));
+        assert_eq!(parse_state("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_missing_one_is_gone() {
+        assert_eq!(state(std::process::id()), Some(ProcState::Alive));
+        assert_eq!(state(u32::MAX), None);
+        assert_eq!(why_late(u32::MAX), "it is gone");
+    }
+}
