@@ -477,7 +477,10 @@ fn every_failure_exits_with_the_documented_status_naming_cause_and_remedy() {
     );
     let huge_gib = temp_file("huge-gib.json", "{\"host_pool_gib\": 1e30}");
     let not_a_dir = temp_file("not-a-dir", "");
-    let not_a_dir_text = format!("{} is a file, not a directory", not_a_dir.to_str().unwrap());
+    let not_a_dir_text = format!(
+        "{} is not a directory (it is a file)",
+        not_a_dir.to_str().unwrap()
+    );
     let name = format!("exit-table-{}", std::process::id());
     // A control file of another user in the way of a shared pool.
     let foreign = TempFile(PathBuf::from(format!("/dev/shm/hostpool-{name}.ctl")));
@@ -555,10 +558,7 @@ fn every_failure_exits_with_the_documented_status_naming_cause_and_remedy() {
             args: vec!["alloc", "--size", "4MiB", "--dir", "/dev/null"],
             env: vec![],
             code: 2,
-            says: vec![
-                "/dev/null is a character device, not a directory",
-                "/dev/shm",
-            ],
+            says: vec!["/dev/null is not a directory (it is a character device)"],
         },
         Case {
             what: "dir that is a file, for a named backing",

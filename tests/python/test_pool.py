@@ -167,7 +167,7 @@ def test_view_is_bounded():
         ({"size": "1MiB", "pin_required": True}, "needs a pinner"),
         ({"size": "1MiB", "dir": 5}, "must be a path"),
         ({"size": "1MiB", "dir": "/nonexistent/kv"}, "does not exist"),
-        ({"size": "1MiB", "dir": "/dev/null"}, "is a character device, not a directory"),
+        ({"size": "1MiB", "dir": "/dev/null"}, r"is not a directory \(it is a character device\)"),
     ],
 )
 def test_bad_input_is_a_config_error_with_the_clis_message(kwargs, match):

@@ -334,8 +334,8 @@ fn check_dir(config: &PoolConfig) -> Result<()> {
         "a file"
     };
     Err(crate::Error::config(format!(
-        "dir {} is {kind}, not a directory; give a directory on a hugetlbfs mount or tmpfs \
-         (such as /dev/shm) for the pool's files",
+        "dir {} is not a directory (it is {kind}); give the directory the pool's files are to \
+         be made in",
         dir.display()
     )))
 }
