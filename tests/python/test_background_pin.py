@@ -199,3 +199,60 @@ def test_a_child_forked_mid_pin_releases_only_its_view(fake_cuda_dir, tmp_path):
     calls = [line.split()[0] for line in log.read_text().splitlines()]
     # Every register matched by one unregister: the child unregistered nothing.
     assert calls.count("cuMemHostRegister_v2") == calls.count("cuMemHostUnregister") == 8, calls
+
+
+PAUSE = """
+import json, time, hostpool
+pool = hostpool.Pool(size="64MiB", block_size="4MiB", pin="cuda", pin_required=True,
+                     pin_background=True, background_chunk="8MiB")
+out = {}
+while pool.pin_status()["chunks"] < 1:
+    time.sleep(0.01)
+out["paused_running"] = pool.pause_pinning()
+time.sleep(0.4)                        # the chunk in flight (0.1 s) finishes
+at_pause = pool.pin_status()
+time.sleep(0.6)                        # six chunks' time: none may be pinned
+out["at_pause"], out["later"] = at_pause, pool.pin_status()
+out["wait_while_paused"] = pool.wait_pinned(timeout=0.3)["state"]
+if MODE == "resume":
+    out["resumed_running"] = pool.resume_pinning()
+    out["waited"] = pool.wait_pinned(timeout=60)
+    out["pause_after"] = pool.pause_pinning()  # nothing left to pause
+out["issues"] = pool.close()
+print(json.dumps(out))
+"""
+
+
+def _pause(fake_cuda_dir, tmp_path, mode):
+    log = tmp_path / f"calls-pause-{mode}.log"
+    out = run_python(PAUSE.replace("MODE", repr(mode)),
+                     {"LD_LIBRARY_PATH": str(fake_cuda_dir), "FAKE_CUDA_LOG": str(log),
+                      "FAKE_CUDA_REGISTER_DELAY_MS": "100"})
+    assert out.returncode == 0, out.stderr
+    calls = [line.split()[0] for line in log.read_text().splitlines() if "HostRegister" in line or "HostUnregister" in line]
+    return json.loads(out.stdout), calls
+
+
+def test_a_paused_background_pin_pins_nothing_more_until_resumed(fake_cuda_dir, tmp_path):
+    r, calls = _pause(fake_cuda_dir, tmp_path, "resume")
+    assert r["paused_running"] is True
+    a, b = r["at_pause"], r["later"]
+    assert a["paused"] and a["state"] == "pinning", a
+    assert 1 <= a["chunks"] < 8 and b["chunks"] == a["chunks"], (a, b)
+    assert b["pinned_bytes"] == a["pinned_bytes"]
+    assert r["wait_while_paused"] == "pinning"
+    assert r["resumed_running"] is True
+    w = r["waited"]
+    assert w["state"] == "pinned" and not w["paused"] and w["chunks"] == 8, w
+    assert r["pause_after"] is False
+    assert calls.count("cuMemHostRegister_v2") == calls.count("cuMemHostUnregister") == 8
+    assert r["issues"] == []
+
+
+def test_closing_a_paused_pin_unpins_what_it_pinned(fake_cuda_dir, tmp_path):
+    r, calls = _pause(fake_cuda_dir, tmp_path, "close")
+    pinned = r["at_pause"]["chunks"]
+    assert r["at_pause"]["paused"] and 1 <= pinned < 8
+    assert calls.count("cuMemHostRegister_v2") == pinned, "no chunk pinned after the pause"
+    assert calls.count("cuMemHostUnregister") == pinned and calls[-1] == "cuMemHostUnregister"
+    assert r["issues"] == []

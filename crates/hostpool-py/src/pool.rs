@@ -401,10 +401,24 @@ impl PyPool {
         }
     }
 
+    /// Pause a background pin between chunks (the chunk being pinned
+    /// finishes first), to keep the driver to the engine's own transfers
+    /// for a while; `resume_pinning()` goes on. `True` when a background
+    /// pin was running, `False` when there is nothing to pause.
+    fn pause_pinning(&self) -> bool {
+        self.lock().pool.as_ref().is_some_and(Pool::pause_pinning)
+    }
+
+    /// Resume a background pin paused by `pause_pinning()`. `True` when one
+    /// was running.
+    fn resume_pinning(&self) -> bool {
+        self.lock().pool.as_ref().is_some_and(Pool::resume_pinning)
+    }
+
     /// Where the pin stands, as a dict: `state` (`off`, `pinning`,
     /// `pinned`, `failed`, `skipped`), `pinned_bytes`, `total_bytes`,
     /// `ranges` (pinned `{offset, len}`, in address order), `chunks`,
-    /// `error`, `background`, `seconds`.
+    /// `error`, `background`, `paused`, `seconds`.
     fn pin_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let progress = {
             let state = self.lock();

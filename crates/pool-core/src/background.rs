@@ -60,7 +60,11 @@ pub struct PinProgress {
     pub error: Option<String>,
     /// Whether the pin runs (ran) in the background.
     pub background: bool,
-    /// Seconds from the start of pinning to its end (so far, while pinning).
+    /// Whether a background pin is paused (`Pool::pause_pinning`): it pins
+    /// no further chunk until resumed.
+    pub paused: bool,
+    /// Seconds from the start of pinning to its end (so far, while pinning;
+    /// time paused included).
     pub seconds: f64,
 }
 
@@ -84,6 +88,7 @@ impl PinProgress {
             ranges,
             error,
             background: false,
+            paused: false,
             seconds,
         }
     }
@@ -98,9 +103,23 @@ struct Shared {
 }
 
 impl Shared {
+    /// Block while the pin is paused, until resumed or stopped.
+    fn wait_while_paused(&self) {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        while p.paused && !self.stop.load(Ordering::SeqCst) {
+            p = self
+                .changed
+                .wait_timeout(p, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     fn update(&self, f: impl FnOnce(&mut PinProgress)) {
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut p);
+        // Only a running pin can be paused.
+        p.paused &= p.state == PinState::Pinning;
         p.seconds = self.started.elapsed().as_secs_f64();
         drop(p);
         self.changed.notify_all();
@@ -185,6 +204,7 @@ impl Background {
                 chunks: 0,
                 error: None,
                 background: true,
+                paused: false,
                 seconds: 0.0,
             }),
             changed: Condvar::new(),
@@ -212,6 +232,18 @@ impl Background {
     /// The largest chunk it pins, in bytes.
     pub(crate) fn chunk(&self) -> u64 {
         self.chunk
+    }
+
+    /// Pause (`true`) or resume (`false`) the pin between chunks: a chunk
+    /// being pinned finishes first. Whether the pin was still running, so
+    /// that pausing it means anything.
+    pub(crate) fn pause(&self, paused: bool) -> bool {
+        let mut running = false;
+        self.shared.update(|p| {
+            running = p.state == PinState::Pinning;
+            p.paused = paused && running;
+        });
+        running
     }
 
     /// The progress so far.
@@ -263,6 +295,8 @@ impl Background {
 
     fn halt(&mut self) -> (PinProgress, Vec<TeardownIssue>) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        // A paused pin wakes to stop.
+        self.shared.update(|_| {});
         let pins = match self.thread.take().map(JoinHandle::join) {
             Some(Ok(pins)) => pins,
             Some(Err(_)) => {
@@ -303,6 +337,7 @@ fn run(
 ) -> Vec<Box<dyn Pin>> {
     let mut pins: Vec<Box<dyn Pin>> = Vec::with_capacity(parts.len());
     for (i, part) in parts.iter().enumerate() {
+        shared.wait_while_paused();
         if shared.stop.load(Ordering::SeqCst) {
             shared.update(|p| {
                 if p.state == PinState::Pinning {

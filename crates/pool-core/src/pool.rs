@@ -872,6 +872,28 @@ impl Pool {
         Ok(progress)
     }
 
+    /// Pause a background pin between chunks (the chunk being pinned
+    /// finishes first), so an engine can keep the driver to its own
+    /// transfers for a while; [`Pool::resume_pinning`] goes on. While
+    /// paused, [`Pool::pin_status`] says `paused` and [`Pool::wait_pinned`]
+    /// waits; teardown still stops and unpins. Whether a background pin was
+    /// running (`false`: nothing to pause).
+    pub fn pause_pinning(&self) -> bool {
+        self.set_paused(true)
+    }
+
+    /// Resume a paused background pin. Whether one was running.
+    pub fn resume_pinning(&self) -> bool {
+        self.set_paused(false)
+    }
+
+    fn set_paused(&self, paused: bool) -> bool {
+        match &self.background {
+            Some(bg) if self.inherited_from().is_none() => bg.pause(paused),
+            _ => false,
+        }
+    }
+
     /// The pid of the process that built the pool, when this process is a
     /// child that inherited it through `fork`; `None` in the builder.
     pub fn inherited_from(&self) -> Option<u32> {

@@ -115,7 +115,13 @@ class Pool:
     def pin_status(self) -> dict[str, Any]:
         """Where the pin stands: `state` ("off", "pinning", "pinned", "failed", "skipped"),
         `pinned_bytes`, `total_bytes`, `ranges` (pinned `{offset, len}` in address order),
-        `chunks`, `error`, `background`, `seconds`."""
+        `chunks`, `error`, `background`, `paused`, `seconds`."""
+    def pause_pinning(self) -> bool:
+        """Pause a background pin between chunks (the chunk being pinned finishes first);
+        `True` when one was running. `wait_pinned()` waits while paused; `close()` still
+        stops and unpins."""
+    def resume_pinning(self) -> bool:
+        """Resume a background pin paused by `pause_pinning()`; `True` when one was running."""
     def wait_pinned(self, timeout: float | None = None) -> dict[str, Any]:
         """Wait (without the GIL) until the pin is settled or `timeout` seconds pass; returns
         `pin_status()`. `PinError` when a required background pin failed."""
