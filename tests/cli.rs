@@ -694,3 +694,21 @@ fn every_failure_exits_with_the_documented_status_naming_cause_and_remedy() {
     );
     drop(foreign);
 }
+
+/// A RUST_LOG that is not a filter is said once, at the default level,
+/// and logs written to a pipe or file carry no terminal colour codes.
+#[test]
+fn a_bad_rust_log_is_said_and_logs_to_a_pipe_are_plain() {
+    let o = hostpool_env(&["alloc", "--size", "4MiB"], &[("RUST_LOG", "foo=bar=baz")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("RUST_LOG `foo=bar=baz` is not a log filter")
+            && err.contains("logging at `warn` instead"),
+        "{err}"
+    );
+    assert!(
+        !err.contains('\u{1b}'),
+        "no ANSI escapes on a pipe: {err:?}"
+    );
+}

@@ -271,6 +271,14 @@ def test_a_shared_pickles_for_spawned_ranks_and_a_pool_refuses_with_the_remedy(c
     assert any("collected without close()" in r.getMessage() for r in caplog.records)
 
 
+def test_a_bad_hostpool_log_is_said_through_the_logger():
+    code = ("import logging, hostpool; logging.basicConfig(level=logging.INFO)\n"
+            "p = hostpool.Pool(size='1MiB'); p.close()")
+    out = run_python(code, {"HOSTPOOL_LOG": "a=b=c"})
+    assert out.returncode == 0, out.stderr
+    assert "WARNING:hostpool:HOSTPOOL_LOG `a=b=c` is not a log filter" in out.stderr, out.stderr
+
+
 def test_other_threads_run_while_a_pool_is_built_and_torn_down():
     ticks = []
     stop = threading.Event()

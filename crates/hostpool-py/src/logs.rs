@@ -68,11 +68,24 @@ impl<S: Subscriber> Layer<S> for ToPython {
 /// Route `tracing` to the queue (once per process; a process whose
 /// embedder already installed a subscriber keeps it).
 pub fn install() {
-    let filter = EnvFilter::try_from_env("HOSTPOOL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // A HOSTPOOL_LOG that is not a filter is said (on the first flush),
+    // not silently replaced.
+    let (filter, bad) = match std::env::var("HOSTPOOL_LOG") {
+        Ok(v) => match EnvFilter::try_new(&v) {
+            Ok(f) => (f, None),
+            Err(e) => (EnvFilter::new("info"), Some((v, e))),
+        },
+        Err(_) => (EnvFilter::new("info"), None),
+    };
     let _ = tracing_subscriber::registry()
         .with(filter)
         .with(ToPython)
         .try_init();
+    if let Some((v, e)) = bad {
+        tracing::warn!(
+            "HOSTPOOL_LOG `{v}` is not a log filter ({e}); passing on `info` and above instead"
+        );
+    }
 }
 
 fn levelno(level: Level) -> i32 {

@@ -82,14 +82,28 @@ fn init_logging(verbose: u8) {
         1 => "info",
         _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // A RUST_LOG that is not a filter is said, not silently replaced.
+    let (filter, bad) = match std::env::var("RUST_LOG") {
+        Ok(v) => match tracing_subscriber::EnvFilter::try_new(&v) {
+            Ok(f) => (f, None),
+            Err(e) => (tracing_subscriber::EnvFilter::new(default), Some((v, e))),
+        },
+        Err(_) => (tracing_subscriber::EnvFilter::new(default), None),
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal, not in a pod's log.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .without_time()
         .with_target(false)
         .try_init();
+    if let Some((v, e)) = bad {
+        tracing::warn!(
+            "RUST_LOG `{v}` is not a log filter ({e}); logging at `{default}` instead (give a \
+             level such as `info`, or `hostpool=debug`)"
+        );
+    }
 }
 
 /// Print an error as one paragraph: the message, then its causes.
