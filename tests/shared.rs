@@ -930,7 +930,17 @@ fn a_joiner_of_a_stopped_creator_says_it_is_stopped() {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let mut ranks = Ranks(vec![creator.spawn().unwrap()]);
-    std::thread::sleep(Duration::from_millis(300));
+    // Rank 0 is the creator once it has bound the pool's socket name.
+    let socket = format!("@hostpool/{}/{pool}", rustix::process::geteuid().as_raw());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string("/proc/net/unix")
+        .unwrap()
+        .lines()
+        .any(|l| l.ends_with(&socket))
+    {
+        assert!(Instant::now() < deadline, "rank 0 never bound {socket}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mut joiner = bin();
     joiner
         .args(["alloc", "--size", "16MiB", "--attach-timeout", "2"])
