@@ -712,3 +712,26 @@ fn a_bad_rust_log_is_said_and_logs_to_a_pipe_are_plain() {
         "no ANSI escapes on a pipe: {err:?}"
     );
 }
+
+/// Output to a pipe nobody reads (`hostpool alloc 2>&1 | head -1` once
+/// head has gone): the report cannot be written, which is exit 1, and the
+/// error that says so cannot be either; that once panicked (exit 101).
+#[test]
+fn a_closed_stdout_and_stderr_is_exit_1_not_a_panic() {
+    for args in [
+        &["alloc", "--size", "4MiB"][..],
+        &["alloc", "--size", "4MiB", "--json"],
+        &["plan", "--size", "4MiB"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = Command::new(env!("CARGO_BIN_EXE_hostpool"))
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer)
+            .status()
+            .expect("run hostpool");
+        assert_eq!(o.code(), Some(1), "{args:?}: {o:?}");
+    }
+}

@@ -132,21 +132,21 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
             }
             if let Some(agent) = &agent {
                 for (peer, msg) in agent.notifications().unwrap_or_default() {
-                    eprintln!(
+                    super::say(format_args!(
                         "hostpool: nixl: notification from `{peer}`: {}",
                         String::from_utf8_lossy(&msg)
-                    );
+                    ));
                 }
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
         drop(agent);
         let report = pool.teardown_observed(&observer);
-        eprintln!(
+        super::say(format_args!(
             "hostpool: signal {sig} received; pool released in {:.3} s{}",
             report.phases.teardown.unwrap_or(0.0),
             teardown_note(&report)
-        );
+        ));
         Ok(i32::from(!report.teardown_issues.is_empty() || !copy_ok))
     } else {
         let report = pool.teardown_observed(&observer);

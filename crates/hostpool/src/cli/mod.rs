@@ -108,7 +108,7 @@ fn init_logging(verbose: u8) {
 
 /// Print an error as one paragraph: the message, then its causes.
 fn report_error(e: &Error) {
-    eprintln!("hostpool: error: {}", e.chain_message());
+    say(format_args!("hostpool: error: {}", e.chain_message()));
 }
 
 fn run(cli: Cli) -> Result<i32, Error> {
@@ -141,6 +141,12 @@ fn json_error(e: serde_json::Error) -> Error {
         message: "could not be written as JSON".into(),
         source: Some(Box::new(e)),
     }
+}
+
+/// One line on stderr. A stderr that is closed or full (`2>&1 | head`)
+/// loses the line; `eprintln!` would panic there and exit 101.
+pub(crate) fn say(text: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
 }
 
 pub(crate) fn write_stdout(text: &str) -> Result<(), Error> {

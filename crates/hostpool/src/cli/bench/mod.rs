@@ -193,7 +193,9 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
     }
     write_stdout(&if args.json { json } else { table(&report) })?;
     if failed > 0 {
-        eprintln!("hostpool: error: {failed} measurement(s) failed; see their reasons above");
+        super::say(format_args!(
+            "hostpool: error: {failed} measurement(s) failed; see their reasons above"
+        ));
         return Ok(1);
     }
     Ok(0)
@@ -265,7 +267,7 @@ impl Bench<'_> {
 
 /// One line of progress on stderr.
 fn progress(line: &str) {
-    eprintln!("hostpool bench: {line}");
+    super::say(format_args!("hostpool bench: {line}"));
 }
 
 /// A size in whole GiB, else in MiB.
