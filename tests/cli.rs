@@ -533,6 +533,16 @@ fn every_failure_exits_with_the_documented_status_naming_cause_and_remedy() {
             says: vec!["host_pool_gib", "67108864 GiB (64 PiB)"],
         },
         Case {
+            what: "gc of a dir that does not exist",
+            args: vec!["gc", "--dir", "/nonexistent/hostpool-gc"],
+            env: vec![],
+            code: 2,
+            says: vec![
+                "gc --dir /nonexistent/hostpool-gc does not exist",
+                "leave --dir out",
+            ],
+        },
+        Case {
             what: "config that never ends",
             args: vec!["alloc", "--config", "/dev/zero"],
             env: vec![],

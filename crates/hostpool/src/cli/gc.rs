@@ -23,6 +23,22 @@ pub(super) fn run(args: GcArgs) -> Result<i32, Error> {
     let dirs = if args.dir.is_empty() {
         pool_core::gc::default_dirs()
     } else {
+        // A --dir given by hand that is no directory is a typo, not a scan
+        // that found nothing.
+        for d in &args.dir {
+            if !d.is_dir() {
+                let what = if d.exists() {
+                    "is not a directory"
+                } else {
+                    "does not exist"
+                };
+                return Err(Error::config(format!(
+                    "gc --dir {} {what}; give a directory pools keep files in, such as /dev/shm \
+                     or a hugetlbfs mount, or leave --dir out to scan those",
+                    d.display()
+                )));
+            }
+        }
         args.dir
     };
     let report = pool_core::gc::collect(&dirs);
