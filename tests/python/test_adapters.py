@@ -197,6 +197,24 @@ def test_sglang_default_alignment_and_out_of_space_keeps_state():
     assert pool.closed  # the allocator built the pool, so it closed it
 
 
+def test_sglang_refuses_negative_dims_and_non_dtypes_allocating_nothing():
+    with HostPoolAllocator(size=8 * MiB) as alloc:
+        # torch would read -1 as "the rest of the pool" and the cursor would
+        # move backwards, so later tensors would overlap.
+        with pytest.raises(ValueError, match="must be 0 or more"):
+            alloc.allocate((-1, 4), torch.float16)
+        with pytest.raises(TypeError, match="torch.dtype"):
+            alloc.allocate((4,), "float16")
+        assert alloc.allocated_bytes == 0
+        a = alloc.allocate((4,), torch.float16)
+        b = alloc.allocate((4,), torch.float16)
+        assert b.data_ptr() > a.data_ptr()
+        del a, b
+    with hostpool.Pool(size=MiB) as pool:
+        with pytest.raises(TypeError, match="torch.dtype"):
+            as_tensor(pool, dtype="int8")
+
+
 @pytest.mark.parametrize("block_size", [512 * KiB, "512KiB"])
 def test_sglang_alignment_follows_the_block_size_it_builds_with(block_size):
     with HostPoolAllocator(size=8 * MiB, block_size=block_size) as alloc:

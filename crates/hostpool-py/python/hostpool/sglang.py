@@ -84,12 +84,19 @@ class HostPoolAllocator:
         """A ``dims``-shaped ``dtype`` tensor in the pool, zero copy and aligned.
 
         ``data_ptr()`` is a multiple of :attr:`alignment` and lies inside the pool.
-        Raises ``ValueError`` for a device other than CPU and
+        Raises ``ValueError`` for a device other than CPU or a negative dim,
+        ``TypeError`` for a ``dtype`` that is not a ``torch.dtype``, and
         :class:`hostpool.CapacityError`, allocating nothing, when it does not fit.
         """
         if torch.device(device).type != "cpu":
             raise ValueError(f"HostPoolAllocator allocates host memory; got device={device!r}")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype such as torch.float16, not {dtype!r}")
         dims = tuple(int(d) for d in dims)
+        if any(d < 0 for d in dims):
+            # torch's view() would read -1 as "the rest", handing out the
+            # whole pool while the cursor moved backwards.
+            raise ValueError(f"dims {dims} must be 0 or more each")
         nbytes = math.prod(dims) * dtype.itemsize
         with self._lock:
             if self._base is None:

@@ -24,6 +24,8 @@ def as_tensor(pool: hostpool.Pool, dtype: torch.dtype = torch.int8) -> torch.Ten
     of the pool, so ``pool.close()`` raises :class:`hostpool.PoolBusyError` until
     the tensor (and every view of it) is gone.
     """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float16, not {dtype!r}")
     count = pool.nbytes // dtype.itemsize
     if count == 0:
         raise ValueError(
