@@ -141,6 +141,10 @@ def test_region_arguments_are_checked(pool):
         OffloadRegion(pool, cpu_page_size=4 * KiB, world=2, rank=0, num_blocks=513)
     with pytest.raises(hostpool.CapacityError):
         OffloadRegion(pool, cpu_page_size=4 * MiB, world=2, rank=0)
+    with pytest.raises(TypeError):  # a float size is refused, not a broken view later
+        OffloadRegion(pool, cpu_page_size=4096.5, world=2, rank=0)
+    with pytest.raises(TypeError):
+        OffloadRegion(pool, cpu_page_size=4 * KiB, world=2, rank=0).create_next_worker_view(1.5)
     # vLLM's page-rounded row: kv_bytes_per_block > world * cpu_page_size.
     region = OffloadRegion(pool, cpu_page_size=3000, world=2, rank=1, row_stride=8 * KiB)
     assert region.num_blocks == 512

@@ -10,6 +10,8 @@ Importing this module imports torch; ``import hostpool`` alone does not.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 import hostpool
@@ -104,6 +106,12 @@ class OffloadRegion:
         ``ValueError`` for inconsistent arguments and
         :class:`hostpool.CapacityError` when the rows do not fit in the pool.
         """
+        # Sizes and counts are ints (operator.index: a float is a TypeError
+        # here, not a broken view later).
+        cpu_page_size, world = operator.index(cpu_page_size), operator.index(world)
+        rank = None if rank is None else operator.index(rank)
+        num_blocks = None if num_blocks is None else operator.index(num_blocks)
+        row_stride = None if row_stride is None else operator.index(row_stride)
         if cpu_page_size <= 0:
             raise ValueError(f"cpu_page_size must be positive, got {cpu_page_size}")
         if world < 1:
@@ -182,6 +190,7 @@ class OffloadRegion:
         """
         if self.rank is None:
             raise ValueError("a region with rank=None has no worker slot")
+        tensor_page_size = operator.index(tensor_page_size)
         if tensor_page_size <= 0:
             raise ValueError(f"tensor_page_size must be positive, got {tensor_page_size}")
         new_offset = self.worker_offset + tensor_page_size
@@ -206,6 +215,7 @@ class OffloadRegion:
         :meth:`create_next_worker_view` on one pool, not both. Raises
         :class:`hostpool.CapacityError` without moving the cursor on overflow.
         """
+        tensor_page_size = operator.index(tensor_page_size)
         if tensor_page_size <= 0:
             raise ValueError(f"tensor_page_size must be positive, got {tensor_page_size}")
         new_offset = self.canonical_offset + tensor_page_size
