@@ -868,52 +868,80 @@ fn shared_without_a_dir_is_really_shared_and_anon_refuses_sharing() {
     assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 }
 
+/// Wait until some rank of `pool` has bound its socket name (the socket
+/// rendezvous): from then on that rank is the creator.
+fn wait_until_bound(pool: &str) {
+    let socket = format!("@hostpool/{}/{pool}", rustix::process::geteuid().as_raw());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string("/proc/net/unix")
+        .unwrap()
+        .lines()
+        .any(|l| l.ends_with(&socket))
+    {
+        assert!(Instant::now() < deadline, "no rank bound {socket}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A peer that attached and then stopped (SIGSTOP) once hung the others
-/// forever: the barrier now has a deadline that names it.
+/// forever: the barrier now has a deadline that names it and says it is
+/// stopped, whether the stopped rank is a joiner or the creator.
 #[test]
 fn a_stopped_peer_fails_the_others_by_the_barrier_deadline() {
     let cfg = shm_config(2);
-    let pool = name("stopped");
-    let mut ranks = spawn_ranks(
-        &[
-            "--config",
-            cfg.path(),
-            "--size",
-            "64MiB",
-            "--barrier-timeout",
-            "2",
-        ],
-        &pool,
-        2,
-        &[(1, "HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS", "60000")],
-    );
-    // Rank 1 stalls as its prefault starts; stop it there for good measure.
-    std::thread::sleep(Duration::from_millis(500));
-    signal(&ranks[1], libc::SIGSTOP);
-    let t = Instant::now();
-    let st = wait_timeout(&mut ranks[0], Duration::from_secs(20)).expect("rank 0 must not hang");
-    let err = stderr_of(&mut ranks[0]);
-    assert_eq!(st.code(), Some(1), "{err}");
-    assert!(
-        err.contains("rank 1") && err.contains("did not reach the barrier within 2 s"),
-        "{err}"
-    );
-    let pid = ranks[1].id();
-    assert!(
-        err.contains(&format!(
-            "it is stopped (SIGSTOP, or a debugger): `kill -CONT {pid}`"
-        )),
-        "the message says the peer is stopped: {err}"
-    );
-    assert!(
-        t.elapsed() < Duration::from_secs(10),
-        "by the deadline: {:?}",
-        t.elapsed()
-    );
-    signal(&ranks[1], libc::SIGKILL);
-    signal(&ranks[1], libc::SIGCONT);
-    let _ = ranks[1].wait();
-    assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
+    for stopped_creates in [false, true] {
+        let pool = name(&format!("stopped-{stopped_creates}"));
+        let what = if stopped_creates { "creator" } else { "joiner" };
+        let spawn = |rank: u32| {
+            let mut c = bin();
+            c.args(["alloc", "--json"])
+                .args(shared_flags(&pool, 2, rank))
+                .args(["--config", cfg.path(), "--size", "64MiB"])
+                .args(["--barrier-timeout", "2", "--attach-timeout", "20"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            if rank == 1 {
+                c.env("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS", "60000");
+            }
+            c.spawn().unwrap()
+        };
+        // The rank started first, once it has bound the name, creates.
+        let first = u32::from(stopped_creates);
+        let mut ranks = Ranks(vec![spawn(first)]);
+        wait_until_bound(&pool);
+        ranks.push(spawn(1 - first));
+        if stopped_creates {
+            ranks.swap(0, 1);
+        }
+        // Rank 1 stalls as its prefault starts; stop it there for good measure.
+        std::thread::sleep(Duration::from_millis(500));
+        signal(&ranks[1], libc::SIGSTOP);
+        let t = Instant::now();
+        let st =
+            wait_timeout(&mut ranks[0], Duration::from_secs(20)).expect("rank 0 must not hang");
+        let err = stderr_of(&mut ranks[0]);
+        assert_eq!(st.code(), Some(1), "{what}: {err}");
+        assert!(
+            err.contains("rank 1") && err.contains("did not reach the barrier within 2 s"),
+            "{what}: {err}"
+        );
+        let pid = ranks[1].id();
+        assert!(
+            err.contains(&format!(
+                "it is stopped (SIGSTOP, or a debugger): `kill -CONT {pid}`"
+            )),
+            "{what}: the message says the peer is stopped: {err}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what}: by the deadline: {:?}",
+            t.elapsed()
+        );
+        signal(&ranks[1], libc::SIGKILL);
+        signal(&ranks[1], libc::SIGCONT);
+        let _ = ranks[1].wait();
+        assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
+    }
 }
 
 /// A joiner whose creator stopped (SIGSTOP) while handing over the pool
@@ -931,16 +959,7 @@ fn a_joiner_of_a_stopped_creator_says_it_is_stopped() {
         .stderr(Stdio::piped());
     let mut ranks = Ranks(vec![creator.spawn().unwrap()]);
     // Rank 0 is the creator once it has bound the pool's socket name.
-    let socket = format!("@hostpool/{}/{pool}", rustix::process::geteuid().as_raw());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string("/proc/net/unix")
-        .unwrap()
-        .lines()
-        .any(|l| l.ends_with(&socket))
-    {
-        assert!(Instant::now() < deadline, "rank 0 never bound {socket}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_bound(&pool);
     let mut joiner = bin();
     joiner
         .args(["alloc", "--size", "16MiB", "--attach-timeout", "2"])

@@ -698,10 +698,14 @@ impl SocketMapping {
                     s.name, link.rank, link.pid
                 ))),
                 Received::TimedOut => Err(peer(format!(
-                    "shared pool `{}`: rank {} (pid {}), the pool's creator, did not reach the \
-                     barrier within {:.0} s or did not answer (stopped or hung); check the \
-                     process, or raise --barrier-timeout for very large pools",
-                    s.name, link.rank, link.pid, s.barrier_timeout_secs
+                    "shared pool `{}`: rank {} (pid {}: {}), the pool's creator, did not reach \
+                     the barrier within {:.0} s or did not answer; check the process, or raise \
+                     --barrier-timeout for very large pools",
+                    s.name,
+                    link.rank,
+                    link.pid,
+                    crate::host::process::why_late(link.pid),
+                    s.barrier_timeout_secs
                 ))),
             };
         }
