@@ -153,12 +153,14 @@ pool = hostpool.Pool(size="64MiB", block_size="4MiB", pin="cuda", pin_required=T
                      pin_background=True, background_chunk="8MiB")
 mem = memoryview(pool); mem[0] = 7; del mem
 assert pool.pin_status()["state"] == "pinning"
+plain = hostpool.Pool(size="4MiB")  # no pinner: nothing to be inherited
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
     # The child inherited the pool mid-pin: the pinning thread, the pins and
     # the registrations are the parent's.
-    out = {"status": pool.pin_status(), "pinned": pool.pinned}
+    out = {"status": pool.pin_status(), "pinned": pool.pinned,
+           "plain": plain.pin_status()["state"], "plain_issues": plain.close()}
     out["waited"] = pool.wait_pinned(timeout=None)["state"]   # no thread to wait for
     mem = memoryview(pool); out["reads"] = mem[0]; del mem
     addr = pool.addr
@@ -173,7 +175,7 @@ _, status = os.waitpid(pid, 0)
 child = json.loads(os.read(r, 1 << 16) or b"{}")
 parent = {"exit": status, "waited": pool.wait_pinned(timeout=60)["state"]}
 mem = memoryview(pool); parent["reads"] = mem[0]; del mem
-parent["issues"] = pool.close()
+parent["issues"] = pool.close() + plain.close()
 print(json.dumps({"child": child, "parent": parent}))
 """
 
@@ -193,6 +195,7 @@ def test_a_child_forked_mid_pin_releases_only_its_view(fake_cuda_dir, tmp_path):
     child, parent = r["child"], r["parent"]
     assert child["status"]["state"] == "skipped" and "inherited the pool from pid" in child["status"]["error"], child
     assert child["pinned"] is False and child["waited"] == "skipped"
+    assert child["plain"] == "off" and child["plain_issues"] == [], child
     assert child["reads"] == 7 and child["issues"] == [] and not child["still_mapped"], child
     assert parent["exit"] == 0 and parent["waited"] == "pinned" and parent["reads"] == 7, parent
     assert parent["issues"] == []

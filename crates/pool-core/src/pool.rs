@@ -304,8 +304,6 @@ impl PoolPlan {
     }
 }
 
-/// A pool larger than [`MAX_POOL_BYTES`] is a configuration error that names
-/// the limit.
 /// `dir`, where it exists, must be a directory: a file or a device there
 /// (`--dir /dev/null`, whose devtmpfs passes for tmpfs) is bad input, not a
 /// failed `open`. A missing dir is left to the backings, which say how to
@@ -340,6 +338,8 @@ fn check_dir(config: &PoolConfig) -> Result<()> {
     )))
 }
 
+/// A pool larger than [`MAX_POOL_BYTES`] is a configuration error that names
+/// the limit.
 fn check_size(config: &PoolConfig) -> Result<()> {
     let size = config.size.get();
     if size > MAX_POOL_BYTES {
@@ -822,7 +822,9 @@ impl Pool {
     /// Where the pin stands: for a background pin its progress so far, for
     /// a foreground one its outcome.
     pub fn pin_status(&self) -> crate::PinProgress {
-        if let Some(owner) = self.inherited_from() {
+        if let Some(owner) = self.inherited_from()
+            && self.report.pin.status != PinStatus::Off
+        {
             return crate::PinProgress::settled(
                 crate::PinState::Skipped,
                 None,
@@ -984,8 +986,10 @@ impl Pool {
             .take()
             .map(Mapping::teardown)
             .unwrap_or_default();
-        self.report.pin.status = PinStatus::Skipped;
-        self.report.pin.reason = Some(format!("inherited from pid {owner} through fork"));
+        if self.report.pin.status != PinStatus::Off {
+            self.report.pin.status = PinStatus::Skipped;
+            self.report.pin.reason = Some(format!("inherited from pid {owner} through fork"));
+        }
         self.report.phases.teardown = Some(t.elapsed().as_secs_f64());
         self.report.teardown_issues.extend(issues);
     }
