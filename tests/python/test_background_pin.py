@@ -221,6 +221,8 @@ if MODE == "resume":
     out["resumed_running"] = pool.resume_pinning()
     out["waited"] = pool.wait_pinned(timeout=60)
     out["pause_after"] = pool.pause_pinning()  # nothing left to pause
+    time.sleep(0.1)
+    out["seconds_after"] = pool.pin_status()["seconds"]  # the clock stopped at the end
 out["issues"] = pool.close()
 print(json.dumps(out))
 """
@@ -248,6 +250,7 @@ def test_a_paused_background_pin_pins_nothing_more_until_resumed(fake_cuda_dir, 
     w = r["waited"]
     assert w["state"] == "pinned" and not w["paused"] and w["chunks"] == 8, w
     assert r["pause_after"] is False
+    assert r["seconds_after"] == w["seconds"], (r["seconds_after"], w["seconds"])
     assert calls.count("cuMemHostRegister_v2") == calls.count("cuMemHostUnregister") == 8
     assert r["issues"] == []
 

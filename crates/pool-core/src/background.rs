@@ -117,10 +117,15 @@ impl Shared {
 
     fn update(&self, f: impl FnOnce(&mut PinProgress)) {
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let was_pinning = p.state == PinState::Pinning;
         f(&mut p);
         // Only a running pin can be paused.
         p.paused &= p.state == PinState::Pinning;
-        p.seconds = self.started.elapsed().as_secs_f64();
+        // The clock stops when the pin ends: a later pause or teardown does
+        // not move it.
+        if was_pinning {
+            p.seconds = self.started.elapsed().as_secs_f64();
+        }
         drop(p);
         self.changed.notify_all();
     }
@@ -295,8 +300,10 @@ impl Background {
 
     fn halt(&mut self) -> (PinProgress, Vec<TeardownIssue>) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        // A paused pin wakes to stop.
-        self.shared.update(|_| {});
+        // A paused pin wakes to stop (the lock orders the store before its
+        // next look at `stop`).
+        drop(self.shared.progress.lock());
+        self.shared.changed.notify_all();
         let pins = match self.thread.take().map(JoinHandle::join) {
             Some(Ok(pins)) => pins,
             Some(Err(_)) => {
