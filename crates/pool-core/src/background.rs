@@ -155,7 +155,7 @@ pub fn chunks(
         return Ok(Vec::new());
     }
     // At least one whole unit (a 1 GiB page is never split).
-    let unit = lcm(page.get(), block.max(1)).unwrap_or(u64::MAX);
+    let unit = layout::lcm(page.get(), block.max(1)).unwrap_or(u64::MAX);
     let rel = layout::mr_regions(extent.len, page, block, chunk.max(unit))?;
     Ok(rel
         .into_iter()
@@ -164,14 +164,6 @@ pub fn chunks(
             len: e.len,
         })
         .collect())
-}
-
-fn lcm(a: u64, b: u64) -> Option<u64> {
-    let (mut x, mut y) = (a, b);
-    while y != 0 {
-        (x, y) = (y, x % y);
-    }
-    (a / x.max(1)).checked_mul(b)
 }
 
 impl Background {
