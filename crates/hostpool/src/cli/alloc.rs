@@ -71,28 +71,21 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
     if let Some(path) = &args.nixl_metadata_out {
         check_metadata_out(path)?;
     }
+    // From here on an early return drops `pool`, which tears it down.
     let mut pool = Pool::build(&plan, &observer)?;
     // Only a background pin is still pinning once the build returns.
     let background = pool.report().pin.status == pool_core::PinStatus::Pinning;
     if background && (!args.hold || args.verify_copy) {
         // Without --hold the report waits for the pin (and so does the copy check).
-        if let Err(e) = pool.wait_pinned(None) {
-            let report = pool.teardown();
-            drop(report);
-            return Err(e);
-        }
+        pool.wait_pinned(None)?;
         pool_core::interrupt::check()?;
     }
     // Removed when this function returns, after the teardown.
     let _metadata_file = match &args.nixl_metadata_out {
-        Some(path) => match write_nixl_metadata(pool.report(), path) {
-            Ok(()) => Some(MetadataFile(path.clone())),
-            Err(e) => {
-                let report = pool.teardown();
-                drop(report);
-                return Err(e);
-            }
-        },
+        Some(path) => {
+            write_nixl_metadata(pool.report(), path)?;
+            Some(MetadataFile(path.clone()))
+        }
         None => None,
     };
     let mut extra = serde_json::Map::new();
