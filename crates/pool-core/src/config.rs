@@ -79,7 +79,8 @@ pub struct PinConfig {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub background: bool,
     /// The chunk a background pin takes at a time (default 256 MiB, rounded
-    /// down to whole blocks): a transfer waiting for a range waits at most one.
+    /// down to whole blocks and pages, never below one): a transfer waiting
+    /// for a range waits at most one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub background_chunk: Option<crate::ByteSize>,
 }
