@@ -441,6 +441,53 @@ fn plan_shows_shards_chunks_and_predicted_costs() {
     );
 }
 
+/// Engines' blocks need not be multiples of 4 KiB (vLLM's registration tests
+/// use 61 × 512 B): the pool plans and builds, and its chunks are cut on
+/// multiples of lcm(block, page).
+#[test]
+fn blocks_that_are_not_page_multiples_plan_and_build_with_chunks_on_their_lcm_with_the_page() {
+    for (block, unit) in [(61 * 512u64, 61 * 4096u64), (1, 4096), (1000, 125 * 4096)] {
+        let cfg = temp_file(
+            &format!("block-{block}.toml"),
+            &format!("size = \"16MiB\"\nblock_size = {block}\n[cuda]\nchunk_size = \"1MiB\"\n"),
+        );
+        let o = hostpool(&[
+            "plan",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--pin",
+            "cuda",
+            "--json",
+        ]);
+        assert_exit(&o, 0);
+        let plan = &json(&o)["pin_plan"];
+        assert_eq!(plan["block"], block, "{plan}");
+        let chunks = plan["chunks"].as_array().unwrap();
+        let ends: Vec<u64> = chunks
+            .iter()
+            .map(|c| c["offset"].as_u64().unwrap() + c["len"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ends.last(), Some(&(16 << 20)), "{plan}");
+        assert!(ends.len() > 2, "{plan}");
+        for &end in &ends[..ends.len() - 1] {
+            assert_eq!(end % unit, 0, "block {block}: boundary {end}: {plan}");
+            assert_eq!(
+                end % block,
+                0,
+                "block {block}: boundary {end} splits a block"
+            );
+            assert_eq!(
+                end % 4096,
+                0,
+                "block {block}: boundary {end} is off the page"
+            );
+        }
+        let o = hostpool(&["alloc", "--config", cfg.to_str().unwrap(), "--json"]);
+        assert_exit(&o, 0);
+        assert_eq!(json(&o)["mapped_bytes"], 16 << 20);
+    }
+}
+
 #[test]
 fn vllm_hisparse_config_works_unchanged() {
     let cfg = temp_file(
@@ -471,9 +518,10 @@ fn hostpool_env(args: &[&str], env: &[(&str, &str)]) -> Output {
 #[test]
 fn every_failure_exits_with_the_documented_status_naming_cause_and_remedy() {
     let zero_block = temp_file("zero-block.toml", "size = \"64MiB\"\nblock_size = \"0B\"\n");
-    let odd_block = temp_file(
-        "odd-block.toml",
-        "size = \"64MiB\"\nblock_size = \"1000B\"\n",
+    // 61 × 512 B (vLLM's unit) on 4 KiB pages: lcm = 244 KiB, more than 64 KiB.
+    let unit_beyond_pool = temp_file(
+        "unit-beyond-pool.toml",
+        "size = \"64KiB\"\nblock_size = 31232\n",
     );
     let huge_gib = temp_file("huge-gib.json", "{\"host_pool_gib\": 1e30}");
     let not_a_dir = temp_file("not-a-dir", "");
@@ -516,14 +564,27 @@ fn every_failure_exits_with_the_documented_status_naming_cause_and_remedy() {
             args: vec!["plan", "--config", zero_block.to_str().unwrap()],
             env: vec![],
             code: 2,
-            says: vec!["block_size", "positive multiple of 4 KiB"],
+            says: vec![
+                "block_size = 0 bytes",
+                "not a positive number of bytes",
+                "lcm(block_size, page size)",
+                "4 KiB pages",
+                "64 MiB (67108864 bytes) pool",
+                "any positive size",
+            ],
         },
         Case {
-            what: "block size off the base page",
-            args: vec!["alloc", "--config", odd_block.to_str().unwrap()],
+            what: "block whose lcm with the page is more than the pool",
+            args: vec!["alloc", "--config", unit_beyond_pool.to_str().unwrap()],
             env: vec![],
             code: 2,
-            says: vec!["block_size", "1000 bytes", "positive multiple"],
+            says: vec![
+                "block_size = 30.50 KiB (31232 bytes)",
+                "4 KiB (4096 bytes) page size",
+                "lcm(block_size, page size) = 244 KiB (249856 bytes)",
+                "more than the 64 KiB (65536 bytes) pool",
+                "or a larger pool",
+            ],
         },
         Case {
             what: "absurd host_pool_gib",

@@ -191,6 +191,52 @@ fn the_pool_is_registered_in_regions_split_at_max_region_on_block_boundaries() {
     );
 }
 
+/// vLLM's 61 × 512 B unit on 4 KiB pages: the regions registered with NIXL
+/// are cut on multiples of lcm(31232, 4096) = 61 × 4096 bytes.
+#[test]
+fn a_block_off_the_page_is_registered_in_regions_on_its_lcm_with_the_page() {
+    const BLOCK: u64 = 61 * 512;
+    const UNIT: u64 = 61 * 4096;
+    let dir = TempDir::new("nixl-vllm-block");
+    let cfg = dir.0.join("pool.json");
+    let body = json!({
+        "size": "16MiB", "block_size": BLOCK, "register": ["nixl"],
+        "nixl": {
+            "lib": deps_file("libnixl_capi.so").to_str().unwrap(),
+            "agent": "fake-a", "max_region": "1MiB",
+        },
+    });
+    std::fs::write(&cfg, body.to_string()).unwrap();
+    let o = hostpool(&["alloc", "--config", cfg.to_str().unwrap(), "--json"], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let d = &r["registrations"][0]["details"];
+    assert_eq!(d["status"], "registered", "{d}");
+    let base = d["regions"][0]["addr_u64"].as_u64().unwrap();
+    let regions: Vec<(u64, u64)> = d["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["addr_u64"].as_u64().unwrap() - base,
+                x["len"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // floor(1 MiB / 244 KiB) = 4 units a region.
+    assert_eq!(regions[0], (0, 4 * UNIT), "{d}");
+    for w in regions.windows(2) {
+        assert_eq!(w[0].0 + w[0].1, w[1].0, "contiguous: {regions:?}");
+    }
+    let (last, len) = *regions.last().unwrap();
+    assert_eq!(last + len, 16 << 20, "the whole pool: {regions:?}");
+    for &(offset, _) in &regions[1..] {
+        assert_eq!(offset % UNIT, 0, "boundary {offset}: {regions:?}");
+        assert_eq!(offset % BLOCK, 0, "boundary {offset} splits a block");
+    }
+}
+
 #[test]
 fn plan_shows_the_regions_and_the_library() {
     let dir = TempDir::new("nixl-plan");

@@ -112,6 +112,73 @@ fn with_the_fake_driver_the_pool_is_pinned_in_chunks_and_the_copy_is_checked() {
     );
 }
 
+/// vLLM's 61 × 512 B unit on 4 KiB pages: the pool is pinned, foreground and
+/// in the background, in chunks whose interior boundaries are multiples of
+/// lcm(31232, 4096) = 61 × 4096 = 249856 bytes, as the driver saw them.
+#[test]
+fn with_the_fake_driver_a_block_off_the_page_pins_in_chunks_on_its_lcm_with_the_page() {
+    const BLOCK: u64 = 61 * 512;
+    const UNIT: u64 = 61 * 4096;
+    const SIZE: u64 = 16 << 20;
+    let dir = fake_driver_dir("vllm-block");
+    let cfg = dir.0.join("pool.toml");
+    std::fs::write(
+        &cfg,
+        format!("size = \"16MiB\"\nblock_size = {BLOCK}\n[cuda]\nchunk_size = \"1MiB\"\n"),
+    )
+    .unwrap();
+    for background in [false, true] {
+        let log = dir.0.join(format!("calls-{background}.log"));
+        let mut args = vec![
+            "alloc",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--pin",
+            "cuda",
+            "--pin-required",
+            "--json",
+        ];
+        if background {
+            args.extend(["--pin-background", "--pin-background-chunk", "1MiB"]);
+        }
+        let o = hostpool(&dir.0, &args, &[("FAKE_CUDA_LOG", log.to_str().unwrap())]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["pin"]["status"], "pinned", "{r}");
+        let base = r["address"].as_str().unwrap().trim_start_matches("0x");
+        let base = u64::from_str_radix(base, 16).unwrap();
+        // (offset in the pool, length) of every cuMemHostRegister call.
+        let calls: Vec<(u64, u64)> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("cuMemHostRegister"))
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let addr = u64::from_str_radix(f[1].trim_start_matches("0x"), 16).unwrap();
+                (addr - base, f[2].parse().unwrap())
+            })
+            .collect();
+        assert!(calls.len() > 2, "background {background}: {calls:?}");
+        assert_eq!(calls[0].0, 0, "{calls:?}");
+        for w in calls.windows(2) {
+            assert_eq!(w[0].0 + w[0].1, w[1].0, "contiguous: {calls:?}");
+        }
+        let (last, len) = *calls.last().unwrap();
+        assert_eq!(last + len, SIZE, "the whole pool: {calls:?}");
+        for &(offset, _) in &calls[1..] {
+            assert_eq!(
+                offset % UNIT,
+                0,
+                "background {background}: boundary {offset} is not a multiple of lcm(31232, 4096)"
+            );
+            assert_eq!(offset % BLOCK, 0, "boundary {offset} splits a block");
+            assert_eq!(offset % 4096, 0, "boundary {offset} is off the page");
+        }
+        // floor(1 MiB / 244 KiB) = 4 units a chunk.
+        assert_eq!(calls[0].1, 4 * UNIT, "background {background}: {calls:?}");
+    }
+}
+
 #[test]
 fn with_the_fake_driver_a_failed_chunk_fails_a_required_pin_and_rolls_back() {
     let dir = fake_driver_dir("fail");

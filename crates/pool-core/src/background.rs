@@ -459,4 +459,36 @@ mod tests {
                 .is_empty()
         );
     }
+
+    /// Blocks that are not page multiples (vLLM's 61 × 512 B, SGLang's
+    /// 300 MiB on 2 MiB pages) pin in chunks cut on lcm(block, page).
+    #[test]
+    fn chunks_of_engine_blocks_are_cut_on_their_lcm_with_the_page() {
+        let unit = 61 * 4096;
+        let e = Extent {
+            offset: 0,
+            len: 16 << 20,
+        };
+        let c = chunks(e, PageSize::BASE_4K, 61 * 512, 1 << 20).unwrap();
+        assert_eq!(c[0].len, 4 * unit, "floor(1 MiB / 244 KiB) units");
+        assert_eq!(c.last().unwrap().offset + c.last().unwrap().len, 16 << 20);
+        for x in &c[..c.len() - 1] {
+            let b = x.offset + x.len;
+            assert!(b % unit == 0 && b % (61 * 512) == 0 && b % 4096 == 0, "{b}");
+        }
+        // A chunk below one unit is one unit.
+        let c = chunks(e, PageSize::BASE_4K, 61 * 512, 1).unwrap();
+        assert!(c[..c.len() - 1].iter().all(|x| x.len == unit));
+        let c = chunks(
+            Extent {
+                offset: 0,
+                len: 1200 << 20,
+            },
+            PageSize::HUGE_2M,
+            300 << 20,
+            256 << 20,
+        )
+        .unwrap();
+        assert_eq!(c.iter().map(|x| x.len).collect::<Vec<_>>(), [300 << 20; 4]);
+    }
 }

@@ -269,7 +269,10 @@ pub struct PoolConfig {
     /// Prefault method.
     #[serde(default)]
     pub prefault: PrefaultChoice,
-    /// The caller's block size: registration chunks never split a block.
+    /// The caller's block size, any positive number of bytes (an engine's copy
+    /// unit, such as vLLM's 61 × 512 B): registration chunks are cut on
+    /// multiples of `lcm(block_size, page size)`, so they never split a block;
+    /// that unit must fit in the pool (checked at plan time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_size: Option<ByteSize>,
     /// Pinning policy.

@@ -1041,6 +1041,60 @@ mod tests {
         assert_eq!(registration_chunks(0, p, 3 * MIB, 4 * MIB), Ok(vec![]));
     }
 
+    /// Engines' copy units need not be multiples of 4 KiB: vLLM's 61 × 512 B
+    /// on 4 KiB pages cuts on lcm = 61 × 4 KiB, SGLang's 300 MiB pages on 2 MiB
+    /// pages on 300 MiB, and a 1-byte block on the page.
+    #[test]
+    fn engine_blocks_that_are_not_page_multiples_cut_on_their_lcm_with_the_page() {
+        let vllm = 61 * 512;
+        let unit = 61 * 4096;
+        assert_eq!(lcm(4096, vllm), Ok(unit));
+        let p = PageSize::BASE_4K;
+        let chunks = registration_chunks(16 * MIB, p, vllm, MIB).unwrap();
+        // floor(1 MiB / 244 KiB) = 4 units a chunk.
+        assert_eq!(chunks[0], ext(0, 4 * unit));
+        assert_eq!(chunks.len(), (16 * MIB).div_ceil(4 * unit) as usize);
+        let regions = mr_regions(16 * MIB, p, vllm, 3 * MIB).unwrap();
+        assert_eq!(regions[0], ext(0, 12 * unit));
+        for e in chunks
+            .iter()
+            .rev()
+            .skip(1)
+            .chain(regions.iter().rev().skip(1))
+        {
+            let b = e.end();
+            assert!(
+                b % unit == 0 && b % vllm == 0 && b % 4096 == 0,
+                "interior boundary {b} of {e:?}"
+            );
+        }
+        assert_eq!(chunks.last().unwrap().end(), 16 * MIB);
+        assert_eq!(regions.last().unwrap().end(), 16 * MIB);
+        // A unit above the cap is registered whole.
+        assert_eq!(
+            registration_chunks(2 * unit, p, vllm, 4096),
+            Ok(vec![ext(0, unit), ext(unit, unit)])
+        );
+
+        let sglang = 300 * MIB;
+        let p = PageSize::HUGE_2M;
+        assert_eq!(lcm(p.get(), sglang), Ok(sglang));
+        assert_eq!(
+            registration_chunks(1200 * MIB, p, sglang, GIB),
+            Ok(vec![ext(0, 900 * MIB), ext(900 * MIB, 300 * MIB)])
+        );
+        assert_eq!(
+            mr_regions(1000 * MIB, p, sglang, 700 * MIB),
+            Ok(vec![ext(0, 600 * MIB), ext(600 * MIB, 400 * MIB)])
+        );
+
+        // One byte: the unit is the page.
+        assert_eq!(
+            registration_chunks(5 * 4096, PageSize::BASE_4K, 1, 8192),
+            Ok(vec![ext(0, 8192), ext(8192, 8192), ext(16384, 4096)])
+        );
+    }
+
     #[test]
     fn registration_chunks_errors() {
         let p = PageSize::HUGE_2M;
@@ -1533,6 +1587,35 @@ mod tests {
             max in (u64::MAX >> 10)..=u64::MAX,
         ) {
             check_mr(mapped, p, block, max)?;
+        }
+
+        #[test]
+        fn any_positive_block_cuts_on_multiples_of_its_lcm_with_the_page(
+            block in 1u64..=10_000_000,
+            p in prop_oneof![Just(PageSize::BASE_4K), Just(PageSize::HUGE_2M)],
+            units in 1u64..=40,
+            cap in 1u64..=1 << 32,
+        ) {
+            let unit = u64::try_from(lcm128(p.get(), block))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(lcm(p.get(), block), Ok(unit));
+            // A mapping of a few units, plus a part of one when that is whole pages.
+            let mapped = units * unit + p.round_down(unit / 2);
+            let chunks = registration_chunks(mapped, p, block, cap)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let regions = mr_regions(mapped, p, block, cap.max(unit))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for list in [&chunks, &regions] {
+                check_tiling(list, mapped, false)?;
+                for e in &list[..list.len() - 1] {
+                    let b = e.end();
+                    prop_assert!(
+                        b % unit == 0 && b % block == 0 && p.is_aligned(b),
+                        "interior boundary {} of {:?} must be a multiple of lcm({}, {}) = {}, of the block and of the page",
+                        b, e, p.get(), block, unit
+                    );
+                }
+            }
         }
 
         #[test]

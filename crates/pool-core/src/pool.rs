@@ -355,35 +355,43 @@ fn check_size(config: &PoolConfig) -> Result<()> {
     Ok(())
 }
 
-/// The caller's block must be a positive multiple of the 4 KiB base page, and
-/// `lcm(page, block)` (the grain of registration chunks, which never split a
-/// block) must fit in the pool. Checked at plan time whatever the pin policy.
+/// The caller's block is any positive number of bytes (an engine's copy unit:
+/// vLLM's 61 × 512 B, SGLang's 300 MiB pages). Registration chunks (CUDA
+/// chunks, RDMA and NIXL regions, background pin chunks) are cut on
+/// multiples of `lcm(block_size, page size)`, which is page-aligned and never
+/// splits a block, so that unit must fit in the pool; a zero block, a unit
+/// larger than the pool, or one that overflows 64 bits is a configuration
+/// error. Checked at plan time whatever the pin policy.
 fn check_block(block: u64, size: crate::layout::MappedSize) -> Result<()> {
-    let base = crate::layout::PageSize::BASE_4K.get();
-    let bad = |why: String| {
+    let page = size.page();
+    let pool = size.mapped();
+    if block == 0 {
+        return Err(crate::Error::config(format!(
+            "block_size = 0 bytes is not a positive number of bytes, so there is no registration \
+             unit lcm(block_size, page size) to cut the {} ({pool} bytes) pool of {page} pages \
+             on; give the engine's block (its copy unit) in bytes, any positive size such as \
+             31232 or 2MiB, or leave block_size out to use the page size",
+            format_bytes(pool)
+        )));
+    }
+    let too_big = |unit: String| {
         crate::Error::config(format!(
-            "block_size = {} ({block} bytes) {why}; give the engine's KV block size, a positive \
-             multiple of 4 KiB such as 2MiB",
-            format_bytes(block)
+            "block_size = {} ({block} bytes) with the {page} ({} bytes) page size gives a \
+             registration unit lcm(block_size, page size) = {unit}, more than the {} ({pool} \
+             bytes) pool, and registration chunks are cut on multiples of that unit; give a \
+             block_size whose lcm with the page size is at most the pool size (a smaller block, \
+             or one with more factors of two in common with the page), or a larger pool",
+            format_bytes(block),
+            page.get(),
+            format_bytes(pool)
         ))
     };
-    if block == 0 || !block.is_multiple_of(base) {
-        return Err(bad(
-            "is not a positive multiple of the 4 KiB base page".into()
-        ));
-    }
-    match crate::layout::lcm(size.page().get(), block) {
-        Ok(unit) if unit <= size.mapped() => Ok(()),
-        Ok(unit) => Err(bad(format!(
-            "with {} pages makes registration units of {}, more than the {} pool",
-            size.page(),
-            format_bytes(unit),
-            format_bytes(size.mapped())
-        ))),
-        Err(_) => Err(bad(format!(
-            "and the {} page size have no common multiple below 16 EiB",
-            size.page()
-        ))),
+    match crate::layout::lcm(page.get(), block) {
+        Ok(unit) if unit <= pool => Ok(()),
+        Ok(unit) => Err(too_big(format!("{} ({unit} bytes)", format_bytes(unit)))),
+        Err(_) => Err(too_big(
+            "more than 16 EiB (it overflows a 64-bit byte count)".into(),
+        )),
     }
 }
 
@@ -1042,27 +1050,94 @@ mod tests {
     use crate::size::ByteSize;
 
     #[test]
-    fn block_sizes_that_are_not_positive_base_page_multiples_are_usage_errors() {
+    fn a_zero_block_or_one_whose_lcm_with_the_page_exceeds_the_pool_is_a_usage_error() {
         let huge = round_to_page(4 << 30, PageSize::HUGE_1G).unwrap();
         let small = round_to_page(8 << 20, PageSize::BASE_4K).unwrap();
-        for (block, size, want) in [
-            (0, small, "not a positive multiple"),
-            (1000, small, "not a positive multiple"),
-            (4097, huge, "not a positive multiple"),
-            (5 << 30, huge, "more than the 4 GiB pool"),
+        let tiny = round_to_page(64 << 10, PageSize::BASE_4K).unwrap();
+        // 31232 = 61 × 512 and 4096 = 8 × 512: the lcm is 61 × 4096.
+        let vllm = 61 * 512;
+        let vllm_unit = 61 * 4096;
+        for (block, size, says) in [
+            (
+                0,
+                small,
+                vec![
+                    "block_size = 0 bytes",
+                    "not a positive number of bytes",
+                    "lcm(block_size, page size)",
+                    "4 KiB pages",
+                    "8 MiB (8388608 bytes) pool",
+                ],
+            ),
+            (
+                vllm,
+                tiny,
+                vec![
+                    "block_size = 30.50 KiB (31232 bytes)",
+                    "4 KiB (4096 bytes) page size",
+                    "lcm(block_size, page size) = 244 KiB (249856 bytes)",
+                    "more than the 64 KiB (65536 bytes) pool",
+                    "or a larger pool",
+                ],
+            ),
+            (
+                5 << 30,
+                huge,
+                vec![
+                    "block_size = 5 GiB",
+                    "1 GiB (1073741824 bytes) page size",
+                    "= 5 GiB (5368709120 bytes)",
+                    "more than the 4 GiB (4294967296 bytes) pool",
+                ],
+            ),
+            (
+                // Odd: 4097 GiB of unit for a 4 GiB pool.
+                4097,
+                huge,
+                vec![
+                    "(4097 bytes)",
+                    "= 4.00 TiB (4399120252928 bytes)",
+                    "4 GiB (4294967296 bytes) pool",
+                ],
+            ),
+            (
+                // Odd, so its lcm with a 1 GiB page overflows 64 bits.
+                u64::MAX,
+                huge,
+                vec![
+                    "18446744073709551615 bytes",
+                    "1 GiB (1073741824 bytes) page size",
+                    "more than 16 EiB",
+                    "4 GiB (4294967296 bytes) pool",
+                ],
+            ),
         ] {
             let e = check_block(block, size).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{e}");
-            assert!(e.to_string().contains(want), "{block}: {e}");
-            assert!(e.to_string().contains("block_size"), "{e}");
+            let msg = e.to_string();
+            for want in says {
+                assert!(msg.contains(want), "{block}: wants {want:?}: {msg}");
+            }
+            assert!(!msg.contains("multiple of 4 KiB"), "the old rule: {msg}");
         }
+        assert_eq!(crate::layout::lcm(4096, vllm), Ok(vllm_unit));
         for (block, size) in [
+            (1, small),
+            (1000, small),
+            (vllm, small),
             (4096, small),
+            (4097, round_to_page(32 << 20, PageSize::BASE_4K).unwrap()),
             (2 << 20, huge),
             (1 << 30, huge),
             (64 << 10, huge),
+            (
+                300 << 20,
+                round_to_page(600 << 20, PageSize::HUGE_2M).unwrap(),
+            ),
+            // The unit exactly fills the pool.
+            (vllm, round_to_page(vllm_unit, PageSize::BASE_4K).unwrap()),
         ] {
-            check_block(block, size).unwrap();
+            check_block(block, size).unwrap_or_else(|e| panic!("{block}: {e}"));
         }
     }
 

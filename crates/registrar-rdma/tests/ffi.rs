@@ -666,6 +666,39 @@ fn a_small_max_mr_size_splits_on_block_boundaries() {
 }
 
 #[test]
+fn a_block_off_the_page_splits_on_its_lcm_with_the_page() {
+    // vLLM's 61 × 512 B: unit = lcm(4 KiB, 31232) = 61 × 4 KiB = 244 KiB;
+    // 1 MiB holds four: 976 KiB regions.
+    let block = 61 * 512;
+    let unit = 61 * 4096;
+    let run = run(
+        json!({"size": 8 * MIB, "block": block, "rdma": {}}),
+        &[("FAKE_IBV_MAX_MR_SIZE", "1048576")],
+    );
+    assert_eq!(run.out["ok"], json!(true), "{:#}", run.out);
+    let regions = run.out["details"]["devices"][0]["regions"]
+        .as_array()
+        .unwrap();
+    assert_eq!(regions.len(), 9, "{regions:#?}");
+    assert_eq!(regions[0]["len"].as_u64(), Some(4 * unit));
+    for r in &regions[1..] {
+        let offset = r["offset"].as_u64().unwrap();
+        assert_eq!(
+            offset % unit,
+            0,
+            "boundary {offset} is not on lcm(page, block)"
+        );
+        assert_eq!(offset % block, 0, "a block was split at {offset}");
+    }
+    assert_regions_match_layout(&run.out["details"], &run.out["region"], block, &run.log);
+    assert!(
+        run.calls("ibv_reg_mr").iter().all(|c| c.ok()),
+        "the device refused a region"
+    );
+    assert_nothing_left(&run);
+}
+
+#[test]
 fn a_block_larger_than_max_mr_size_is_refused_before_any_registration() {
     let run = run(
         json!({"size": 8 * MIB, "block": 4 * MIB, "rdma": {}}),
