@@ -30,6 +30,7 @@
 #![deny(unsafe_code)]
 
 mod cmd;
+mod engines;
 mod gpu_check;
 mod hugepages;
 mod mounts;

@@ -17,7 +17,7 @@ const REQUIREMENTS: &str = "crates/hostpool-py/requirements-test.txt";
 const READY: &str = ".hostpool-ready";
 
 /// FNV-1a of the requirements: a new pin makes a new environment.
-fn hash(text: &str) -> String {
+pub(crate) fn hash(text: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in text.bytes() {
         h ^= u64::from(b);
@@ -30,16 +30,20 @@ fn venv_dir(requirements: &str) -> PathBuf {
     if let Some(dir) = std::env::var_os("HOSTPOOL_PY_VENV") {
         return PathBuf::from(dir);
     }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    cache
-        .join("hostpool")
-        .join(format!("py-{}", hash(requirements)))
+    cache_dir().join(format!("py-{}", hash(requirements)))
 }
 
-fn run(command: &mut Command, what: &str) -> Result<(), String> {
+/// Where the environments live: `${XDG_CACHE_HOME:-~/.cache}/hostpool`,
+/// outside any clone.
+pub(crate) fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join("hostpool")
+}
+
+pub(crate) fn run(command: &mut Command, what: &str) -> Result<(), String> {
     match cmd::run_step(command, what)? {
         0 => Ok(()),
         code => Err(format!("{what} exited with status {code}")),
@@ -47,7 +51,7 @@ fn run(command: &mut Command, what: &str) -> Result<(), String> {
 }
 
 /// `python -m pip install --quiet`, without pip's version nag.
-fn pip_install(python: &Path) -> Command {
+pub(crate) fn pip_install(python: &Path) -> Command {
     let mut c = Command::new(python);
     c.args([
         "-m",
@@ -61,7 +65,7 @@ fn pip_install(python: &Path) -> Command {
 
 /// The environment's root directory (its python is `bin/python`), created
 /// and filled when missing.
-fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
+pub(crate) fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
     let requirements = std::fs::read_to_string(root.join(REQUIREMENTS))
         .map_err(|e| format!("cannot read {REQUIREMENTS}: {e}"))?;
     let venv = venv_dir(&requirements);

@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use crate::cmd;
+use crate::engines;
 use crate::python;
 use crate::session::{self, Session, Setup};
 use crate::signals;
@@ -203,6 +204,18 @@ fn suite(args: &[String]) -> Result<i32, String> {
         Ok(0) if std::env::var_os(TEST_CMD_VAR).is_none() && signals::received().is_none() => {
             eprintln!("xtask: {what} exited with status 0");
             match python::test(&env) {
+                Ok(0) if signals::received().is_none() => {
+                    eprintln!("xtask: pytest tests/python exited with status 0");
+                    // The engines' own code, each in its environment: a run
+                    // of its own, so the default pytest run stays quick.
+                    match engines::test(&env) {
+                        Ok(code) => Ok(code),
+                        Err(e) => {
+                            eprintln!("xtask: engine tests could not run: {e}");
+                            Ok(1)
+                        }
+                    }
+                }
                 Ok(code) => {
                     eprintln!("xtask: pytest tests/python exited with status {code}");
                     Ok(code)

@@ -49,6 +49,20 @@ fn plugins(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(out)
 }
 
+/// Check a pool config (a path to a TOML or JSON file, or a dict of its
+/// keys) as `Pool.from_config` does, building nothing: it is parsed and
+/// planned (plugins chosen, tables and sizes checked), and nothing is mapped,
+/// created or reserved. Raises `ConfigError` naming an unknown key, plugin or
+/// bad value. Engines call it where they read their own config, long before
+/// a pool is built.
+#[pyfunction]
+fn check_config(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<()> {
+    let config = config::from_source(source).map_err(|e| errors::to_py(py, &e, None))?;
+    let plan = py.detach(|| pool_core::PoolPlan::new(config));
+    logs::flush(py);
+    plan.map(drop).map_err(|e| errors::to_py(py, &e, None))
+}
+
 #[pymodule]
 fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install();
@@ -56,5 +70,6 @@ fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyPool>()?;
     m.add_class::<pool::PyShared>()?;
     m.add_function(wrap_pyfunction!(plugins, m)?)?;
+    m.add_function(wrap_pyfunction!(check_config, m)?)?;
     Ok(())
 }

@@ -22,16 +22,45 @@ Pinning is ``pin="cuda"`` best effort: without a GPU driver the memory is
 prefaulted but not pinned (``get_pool(addr).pinned`` says which). The module
 keeps each pool alive in a dict keyed by its address until :func:`free`.
 This module needs no torch.
+
+:func:`install` goes further: it makes LMCache's own
+``lmcache.v1.memory_management._allocate_cpu_memory`` and
+``_free_cpu_memory`` (through which ``PinMemoryAllocator``,
+``MixedMemoryAllocator`` and ``PagedCpuGpuMemoryAllocator`` get their
+buffers, and the copies ``storage_backend/nixl_storage_backend.py`` imports)
+build and release hostpool pools; :func:`uninstall` restores them. The
+wheel's ``vllm.general_plugins`` entry point ``hostpool`` calls
+:func:`install` in every vLLM process when ``HOSTPOOL_LMCACHE`` holds a pool
+config, so a vLLM + LMCache deployment turns hostpool on with one variable.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import os
+import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import hostpool
 
-__all__ = ["alloc", "free", "get_pool", "allocations"]
+__all__ = [
+    "alloc",
+    "free",
+    "get_pool",
+    "allocations",
+    "install",
+    "uninstall",
+    "installed",
+    "ENV_VAR",
+]
+
+_log = logging.getLogger("hostpool.lmcache")
+
+ENV_VAR = "HOSTPOOL_LMCACHE"
+"""The variable whose pool config makes the vLLM plugin call :func:`install`."""
 
 _pools: dict[int, hostpool.Pool] = {}
 _lock = threading.Lock()
@@ -124,3 +153,215 @@ def _unknown(addr: int) -> str:
         f"address {addr:#x} was not returned by hostpool.lmcache.alloc, "
         "or it was already freed"
     )
+
+
+# ------------------------------------------------------------- install()
+
+_MM = "lmcache.v1.memory_management"
+# Modules that hold `from lmcache.v1.memory_management import _allocate_cpu_memory`
+# copies of the two names.
+_COPIES = ("lmcache.v1.storage_backend.nixl_storage_backend",)
+_NAMES = ("_allocate_cpu_memory", "_free_cpu_memory")
+
+
+class _Installed:
+    """What :func:`install` replaced, to put back."""
+
+    def __init__(self, config: dict[str, Any] | None, error: hostpool.Error | None) -> None:
+        self.config = config
+        self.error = error
+        self.originals: dict[str, Any] = {}
+
+
+_installed: _Installed | None = None
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return _installed is not None
+
+
+def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> None:
+    """Make LMCache's CPU buffers hostpool pools, one per ``_allocate_cpu_memory`` call.
+
+    ``config`` is a pool config applied to every buffer (a dict of config
+    keys, a TOML or JSON file's path, or inline TOML or JSON; ``None``: the
+    defaults, a best-effort CUDA pin). Per call, LMCache's arguments decide
+    the rest: ``size``; ``numa_mapping`` the ``numa_node`` (the current
+    device's entry of its GPU-to-NUMA map); ``shm_name`` a shared pool of
+    that name (nothing in ``/dev/shm``); ``use_hugepages`` the ``hugetlbfs``
+    backing (a memfd when the config names no ``dir``). The returned tensor
+    is LMCache's kind, ``torch.frombuffer`` of a ctypes array at the pool's
+    address, holding no export: ``_free_cpu_memory`` is what closes the pool.
+    A buffer allocated before :func:`install` is freed by LMCache's own
+    function. Calling it again replaces the config. Raises
+    :class:`hostpool.ConfigError` for a bad config, ``ImportError`` without
+    LMCache.
+    """
+    global _installed
+    parsed = None if config is None else _load_config(config, "hostpool.lmcache.install(config)")
+    _install(parsed, None)
+
+
+def _load_config(config: Any, what: str) -> dict[str, Any]:
+    from hostpool import _engine_config
+
+    return _engine_config.load(config, what=what)
+
+
+def _install(config: dict[str, Any] | None, error: hostpool.Error | None) -> None:
+    global _installed
+    import importlib
+
+    mm = importlib.import_module(_MM)
+    with _lock:
+        if _installed is None:
+            state = _Installed(config, error)
+            state.originals = {name: getattr(mm, name) for name in _NAMES}
+        else:
+            state = _installed
+            state.config, state.error = config, error
+        for name, ours in zip(_NAMES, (_allocate_cpu_memory, _free_cpu_memory)):
+            setattr(mm, name, ours)
+            for module in _copies():
+                if getattr(module, name, None) is state.originals[name]:
+                    setattr(module, name, ours)
+        _installed = state
+
+
+def _copies() -> list[Any]:
+    return [sys.modules[m] for m in _COPIES if m in sys.modules]
+
+
+def uninstall() -> None:
+    """Restore LMCache's own functions (buffers already made stay until freed)."""
+    global _installed
+    with _lock:
+        state, _installed = _installed, None
+        if state is None:
+            return
+        mm = sys.modules.get(_MM)
+        for name, ours in zip(_NAMES, (_allocate_cpu_memory, _free_cpu_memory)):
+            if mm is not None and getattr(mm, name, None) is ours:
+                setattr(mm, name, state.originals[name])
+            for module in _copies():
+                if getattr(module, name, None) is ours:
+                    setattr(module, name, state.originals[name])
+
+
+def _numa_node(numa_mapping: Any) -> int | None:
+    """The NUMA node LMCache would bind: its map's entry for the current device."""
+    if not numa_mapping:
+        return None
+    device = 0
+    torch_dev = getattr(sys.modules.get(_MM), "torch_dev", None)
+    try:
+        if torch_dev is not None and torch_dev.is_available():
+            device = torch_dev.current_device()
+    except Exception:  # no device: LMCache uses 0 too
+        device = 0
+    mapping = getattr(numa_mapping, "gpu_to_numa_mapping", None) or {}
+    if device not in mapping:
+        raise hostpool.ConfigError(
+            f"LMCache's NUMA mapping {mapping!r} has no entry for device {device}"
+        )
+    return int(mapping[device])
+
+
+def _allocate_cpu_memory(
+    size: int,
+    numa_mapping: Any = None,
+    shm_name: str | None = None,
+    use_hugepages: bool = False,
+) -> Any:
+    """LMCache's ``_allocate_cpu_memory``, as a hostpool pool (see :func:`install`)."""
+    import torch
+
+    state = _installed
+    if state is None:  # uninstalled while a caller held this function
+        mm = sys.modules[_MM]
+        return mm._allocate_cpu_memory(size, numa_mapping, shm_name, use_hugepages)
+    if state.error is not None:
+        raise state.error
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    if shm_name and use_hugepages:
+        # As LMCache: its shm buffers are never huge pages.
+        raise ValueError("Hugepages are not supported with shared memory (shm)")
+    config = dict(state.config or {})
+    config["size"] = int(size)
+    config.setdefault("pin", {"kind": "cuda"})
+    node = _numa_node(numa_mapping)
+    if node is not None:
+        config["numa_node"] = node
+    if use_hugepages and "dir" not in config:
+        config.setdefault("backing", "hugetlbfs")
+    if shm_name:
+        sharing = dict(config.get("sharing") or {"world": 1, "rank": 0})
+        sharing["name"] = shm_name.lstrip("/")
+        config["sharing"] = sharing
+    pool = hostpool.Pool.from_config(config)
+    with _lock:
+        _pools[pool.addr] = pool
+    _log.debug("LMCache buffer of %d bytes in a hostpool pool at %#x", size, pool.addr)
+    buf = (ctypes.c_uint8 * int(size)).from_address(pool.addr)
+    return torch.frombuffer(buf, dtype=torch.uint8)
+
+
+def _free_cpu_memory(
+    buffer: Any,
+    size: int | None = None,
+    numa_mapping: Any = None,
+    shm_name: str | None = None,
+    use_hugepages: bool = False,
+) -> None:
+    """LMCache's ``_free_cpu_memory``: closes the buffer's pool (LMCache's own for others)."""
+    state = _installed
+    addr = buffer.data_ptr()
+    with _lock:
+        ours = addr in _pools
+    if not ours:
+        if buffer.numel() == 0:
+            return
+        original = state.originals["_free_cpu_memory"] if state else sys.modules[_MM]._free_cpu_memory
+        return original(buffer, size, numa_mapping, shm_name, use_hugepages)
+    torch_dev = getattr(sys.modules.get(_MM), "torch_dev", None)
+    if torch_dev is not None and torch_dev.is_available():
+        torch_dev.synchronize()  # as LMCache: no copy may still read the buffer
+    for issue in free(addr):
+        _log.warning("LMCache buffer teardown: %s: %s", issue.get("step"), issue.get("detail"))
+
+
+def _vllm_general_plugin() -> None:
+    """The ``vllm.general_plugins`` entry point: :func:`install` when ``HOSTPOOL_LMCACHE`` is set.
+
+    vLLM runs it in every process and does not catch what it raises, so it
+    never raises: without the variable it does nothing; a config that does
+    not parse installs anyway and the first LMCache allocation raises
+    hostpool's error (LMCache never silently falls back to its own memory);
+    without LMCache it logs and does nothing.
+    """
+    value = os.environ.get(ENV_VAR)
+    if value is None:
+        _log.debug("%s is not set: LMCache keeps its own CPU memory", ENV_VAR)
+        return
+    try:
+        from hostpool import _engine_config
+
+        config, error = _engine_config.load(value, what=ENV_VAR), None
+    except hostpool.Error as e:
+        config, error = None, e
+    except Exception as e:  # never raise into vLLM
+        config, error = None, hostpool.ConfigError(f"{ENV_VAR}: {e}")
+    try:
+        _install(config, error)
+    except ImportError as e:
+        _log.warning("%s is set but LMCache cannot be imported (%s): nothing installed", ENV_VAR, e)
+        return
+    except Exception:  # never raise into vLLM
+        _log.warning("hostpool.lmcache.install() failed", exc_info=True)
+        return
+    if error is not None:
+        _log.error("%s: %s (LMCache's first CPU allocation will raise this)", ENV_VAR, error)
+    else:
+        _log.info("LMCache's CPU buffers are hostpool pools (%s)", ENV_VAR)

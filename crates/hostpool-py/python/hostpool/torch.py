@@ -1,22 +1,31 @@
 """Torch views of a :class:`hostpool.Pool`, with no copies.
 
 * :func:`as_tensor` -- the whole pool as one 1-D tensor.
-* :class:`OffloadRegion` -- the per-worker strided views vLLM's CPU KV offload
-  (``vllm/v1/kv_offload/cpu/shared_offload_region.py``, ``SharedOffloadRegion``)
-  carves from its shared region, over a pool instead of a ``/dev/shm`` file.
+* :class:`HostPoolRegion` -- a drop-in for vLLM's ``SharedOffloadRegion``
+  (``vllm/v1/kv_offload/cpu/shared_offload_region.py``): the same constructor
+  and the same views, over a hostpool pool instead of ``/dev/shm`` files.
+  :mod:`hostpool.vllm` plugs it into vLLM.
+* :class:`OffloadRegion` -- the older name: vLLM's views over a pool you own.
 
 Importing this module imports torch; ``import hostpool`` alone does not.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
+import mmap
 import operator
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 
 import hostpool
 
-__all__ = ["as_tensor", "OffloadRegion"]
+__all__ = ["as_tensor", "HostPoolRegion", "OffloadRegion", "RegionFullError"]
 
 
 def as_tensor(pool: hostpool.Pool, dtype: torch.dtype = torch.int8) -> torch.Tensor:
@@ -45,48 +54,421 @@ def as_tensor(pool: hostpool.Pool, dtype: torch.dtype = torch.int8) -> torch.Ten
     return tensor
 
 
-class OffloadRegion:
-    """vLLM's ``SharedOffloadRegion`` views over a (usually shared) pool.
+_log = logging.getLogger("hostpool.torch")
 
-    The layout is vLLM's: ``num_blocks`` rows of ``row_stride`` bytes; in each
-    row, worker ``r`` owns the ``cpu_page_size`` bytes at ``r * cpu_page_size``::
+# vLLM's floor for a segment file: its slot order (``iter_worker_slot_ranges``)
+# starts each worker on a different segment, and hostpool keeps that order so
+# the ranges are vLLM's for the same arguments, though no file exists here.
+_MIN_SEGMENT_BYTES = 1 << 30
 
-        worker0_block0 | worker1_block0 | ... | worker{world-1}_block0
-        worker0_block1 | worker1_block1 | ... | worker{world-1}_block1
+# Keys of a pool config that a region fills in itself.
+_REGION_OWNED_KEYS = ("size",)
 
-    Each call of :meth:`create_next_worker_view` hands out the next
-    ``tensor_page_size`` bytes of this worker's slot in every row, as an int8
-    tensor of shape ``(num_blocks, tensor_page_size)`` and stride
-    ``(row_stride, 1)``: strides are bytes, as vLLM's ``swap_blocks`` expects.
 
-    Mapping to vLLM (``SharedOffloadRegion(engine_id, num_blocks, rank,
-    kv_bytes_per_block, cpu_page_size)``):
+class RegionFullError(hostpool.CapacityError, AssertionError):
+    """A view that does not fit in its slot or row.
 
-    ==========================  ===========================================
-    vLLM                        here
-    ==========================  ===========================================
-    ``engine_id``               the pool's ``hostpool.Shared`` name
-    ``kv_bytes_per_block``      ``row_stride`` (default ``world * cpu_page_size``)
-    ``rank=None`` (scheduler)   ``rank=None``: canonical views and
-                                :meth:`create_kv_memoryview` only
-    ``_worker_offset``          :attr:`worker_offset` (the cursor)
-    ``_worker_area_end``        :attr:`worker_area_end`
-    ``_base``                   :attr:`base`
-    ``is_pinned``               :attr:`is_pinned` (``pool.pinned``)
-    ``create_next_view``        :meth:`create_next_worker_view` (alias kept)
-    ``cleanup()``               :meth:`cleanup` (drops the views; the pool's
-                                owner closes the pool)
-    ==========================  ===========================================
+    vLLM's ``SharedOffloadRegion`` asserts there (``AssertionError``); hostpool
+    says :class:`hostpool.CapacityError`. Either ``except`` catches this one.
+    """
 
-    File creation, per-rank prefault and ``cudaHostRegister`` are the pool's job
-    (``hostpool.Pool(shared=..., pin="cuda")``), so this class only does layout.
-    One difference: vLLM has each rank prefault its own slots (strided through
-    every row), hostpool a contiguous ``pool.shard``. The work is the same and
-    as parallel; only first-touch NUMA placement could differ, and
-    ``numa_node=`` sets that explicitly.
 
-    An overflow raises :class:`hostpool.CapacityError` ("exceeds worker area
-    end", as vLLM's assertion says) and leaves the cursor where it was.
+class NoWorkerSlotError(ValueError, AssertionError):
+    """A worker view asked of a region that has no rank (a scheduler-side region)."""
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _cdiv(a, b) * b
+
+
+def pool_name(engine_id: object) -> str:
+    """The name of the shared pool of vLLM engine ``engine_id``.
+
+    ``vllm-<engine_id>`` when that is a valid hostpool name (1 to 64 letters,
+    digits, ``.``, ``_`` or ``-``); else a readable prefix and a hash, so two
+    engines never meet by accident.
+    """
+    raw = f"vllm-{engine_id}"
+    if len(raw) <= 64 and re.fullmatch(r"[A-Za-z0-9._-]+", raw):
+        return raw
+    digest = hashlib.sha256(str(engine_id).encode()).hexdigest()[:16]
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", str(engine_id))[:40]
+    return f"vllm-{safe}-{digest}"
+
+
+def _index(name: str, value: object) -> int:
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__} {value!r}") from None
+
+
+class HostPoolRegion:
+    """vLLM's ``SharedOffloadRegion``, over a hostpool pool.
+
+    The constructor takes vLLM's arguments, and the views are vLLM's for the
+    same arguments: ``num_chunks`` rows of ``kv_bytes_per_chunk`` bytes, worker
+    ``r`` owning the ``cpu_page_size`` bytes at ``r * cpu_page_size`` of each
+    row; :meth:`create_next_worker_view` and :meth:`create_next_canonical_view`
+    return int8 ``(num_chunks, tensor_page_size)`` tensors of stride
+    ``(kv_bytes_per_chunk, 1)`` at the same byte offsets from the base;
+    :meth:`iter_worker_slot_ranges` yields the same ranges;
+    ``total_size_bytes``, ``_row_stride``, ``cpu_page_size``, ``page_size``,
+    ``rank`` and ``_base`` are the same.
+
+    What differs is underneath:
+
+    * The memory is one hostpool pool built from ``pool_config`` (the keys of
+      a hostpool config file: ``dir``, ``backing``, ``page_size``,
+      ``numa_node``, ``threads``, ``prefault``, ``pin``, ``block_size``, ...;
+      the size is ``num_chunks * kv_bytes_per_chunk``). ``block_size``
+      defaults to the row, so no pinned chunk splits a row. A ``dir`` on
+      hugetlbfs gives 2 MiB or 1 GiB pages.
+    * Without a ``sharing`` table in ``pool_config`` the region is private to
+      this process (vLLM's ``barrier=None``). With one (``world``, and
+      optionally the timeouts or ``rendezvous``), the workers of one engine
+      share it through hostpool's socket rendezvous: nothing is ever in
+      ``/dev/shm``, a worker that dies is named by the others, and the kernel
+      frees the memory with the last worker. A missing ``name`` is
+      :func:`pool_name` of ``engine_id``, a missing ``rank`` is
+      ``populate_shard[0]`` (vLLM passes ``rank=0`` to every worker of a
+      replicated layout) or ``rank``, a missing ``world`` is
+      ``populate_shard[1]``. Each worker prefaults its shard. hostpool's
+      rendezvous is the barrier, so ``barrier`` is accepted and not called.
+    * hostpool pins the pool when ``pin`` asks (chunked, driver API,
+      optionally in the background): ``is_pinned`` and ``pinned_addresses``
+      say what is pinned, and :mod:`hostpool.vllm` keeps vLLM's
+      ``pin_mmap_region`` from registering it again.
+    * ``creator_memory_check(total_size_bytes)`` runs before a private region
+      is built; a shared pool's creator runs hostpool's own capacity checks.
+    * :meth:`cleanup` unpins and frees the pool, never raises and may run
+      twice; views still alive keep the memory until the last one goes.
+
+    ``pool=`` lays the region over a pool the caller owns instead (then
+    :meth:`cleanup` leaves it open).
+    """
+
+    BLOCK_SIZE_ALIGNMENT: int = mmap.PAGESIZE
+    """As vLLM's: ``kv_bytes_per_chunk`` must be a multiple of this."""
+
+    def __init__(
+        self,
+        engine_id: str,
+        num_chunks: int,
+        rank: int | None,
+        kv_bytes_per_chunk: int,
+        cpu_page_size: int,
+        barrier: Callable[[], None] | None = None,
+        *,
+        creator_memory_check: Callable[[int], None] | None = None,
+        populate_shard: tuple[int, int] | None = None,
+        num_segments: int = 1,
+        pool_config: Mapping[str, Any] | None = None,
+        pool: hostpool.Pool | None = None,
+    ) -> None:
+        """Build (or, with ``pool=``, use) the pool and lay vLLM's rows over it.
+
+        Raises :class:`hostpool.ConfigError` for arguments vLLM would reject
+        or that do not describe a region (``kv_bytes_per_chunk`` not a
+        multiple of 4 KiB, a slot outside the row, no rows, a ``size`` in
+        ``pool_config``), ``TypeError`` for a size that is not an int, and
+        what :class:`hostpool.Pool` raises.
+        """
+        num_chunks = _index("num_chunks", num_chunks)
+        kv_bytes_per_chunk = _index("kv_bytes_per_chunk", kv_bytes_per_chunk)
+        cpu_page_size = _index("cpu_page_size", cpu_page_size)
+        rank = None if rank is None else _index("rank", rank)
+        num_segments = _index("num_segments", num_segments)
+        if num_chunks < 1:
+            raise hostpool.ConfigError(f"num_chunks = {num_chunks}: a region needs at least one row")
+        if kv_bytes_per_chunk <= 0 or kv_bytes_per_chunk % self.BLOCK_SIZE_ALIGNMENT:
+            raise hostpool.ConfigError(
+                f"kv_bytes_per_chunk = {kv_bytes_per_chunk} must be a positive multiple of "
+                f"{self.BLOCK_SIZE_ALIGNMENT} (vLLM rounds the row up to it)"
+            )
+        if cpu_page_size <= 0:
+            raise hostpool.ConfigError(f"cpu_page_size = {cpu_page_size} must be positive")
+        if rank is not None and (rank < 0 or (rank + 1) * cpu_page_size > kv_bytes_per_chunk):
+            raise hostpool.ConfigError(
+                f"rank {rank}'s slot of {cpu_page_size} bytes at {max(rank, 0) * cpu_page_size} "
+                f"does not lie in the row of {kv_bytes_per_chunk} bytes"
+            )
+        if populate_shard is not None:
+            index, count = (_index("populate_shard", v) for v in populate_shard)
+            if not 0 <= index < count:
+                raise hostpool.ConfigError(
+                    f"populate_shard = ({index}, {count}): give (index, count) with 0 <= index < count"
+                )
+            populate_shard = (index, count)
+        total = num_chunks * kv_bytes_per_chunk
+        self._owns_pool = pool is None
+        if pool is None:
+            config = self._pool_config(engine_id, rank, populate_shard, total, kv_bytes_per_chunk, pool_config)
+            if "sharing" not in config and creator_memory_check is not None:
+                creator_memory_check(total)
+            pool = hostpool.Pool.from_config(config)
+        elif pool_config is not None:
+            raise hostpool.ConfigError("pass pool_config or pool, not both")
+        self._init_layout(pool, num_chunks, rank, kv_bytes_per_chunk, cpu_page_size, num_segments)
+        _guard_vllm_pinning()
+
+    @staticmethod
+    def _pool_config(
+        engine_id: object,
+        rank: int | None,
+        populate_shard: tuple[int, int] | None,
+        total: int,
+        row: int,
+        pool_config: Mapping[str, Any] | None,
+    ) -> dict[str, Any]:
+        config = dict(pool_config or {})
+        for key in _REGION_OWNED_KEYS:
+            if key in config:
+                raise hostpool.ConfigError(
+                    f"pool_config has `{key}`, which the region sets itself "
+                    f"(num_chunks x kv_bytes_per_chunk = {total} bytes): remove it"
+                )
+        config["size"] = total
+        config.setdefault("block_size", row)
+        sharing = config.get("sharing")
+        if sharing is not None:
+            if not isinstance(sharing, Mapping):
+                raise hostpool.ConfigError(
+                    f"pool_config's `sharing` must be a table such as {{\"world\": 2}}, not {sharing!r}"
+                )
+            sharing = dict(sharing)
+            sharing.setdefault("name", pool_name(engine_id))
+            if "rank" not in sharing:
+                if populate_shard is not None:
+                    sharing["rank"] = populate_shard[0]
+                elif rank is not None:
+                    sharing["rank"] = rank
+                else:
+                    raise hostpool.ConfigError(
+                        "a shared region needs a rank: pass rank=, populate_shard= or sharing.rank"
+                    )
+            if "world" not in sharing:
+                if populate_shard is None:
+                    raise hostpool.ConfigError(
+                        "pool_config's `sharing` needs `world` (how many workers share the region)"
+                    )
+                sharing["world"] = populate_shard[1]
+            config["sharing"] = sharing
+        return config
+
+    def _init_layout(
+        self,
+        pool: hostpool.Pool,
+        num_chunks: int,
+        rank: int | None,
+        row_stride: int,
+        cpu_page_size: int,
+        num_segments: int,
+    ) -> None:
+        total = num_chunks * row_stride
+        if total > pool.nbytes:
+            raise hostpool.CapacityError(
+                f"{num_chunks} blocks x {row_stride} bytes = {total} bytes do not fit in "
+                f"the pool of {pool.nbytes} bytes"
+            )
+        self.pool: hostpool.Pool | None = pool
+        """The pool the views point into (``None`` after :meth:`cleanup`)."""
+        self.page_size: int = mmap.PAGESIZE
+        """vLLM's ``page_size``: slots are rounded out to it (``pool.page_size`` is the pool's)."""
+        self.num_chunks: int = num_chunks
+        self._row_stride: int = row_stride
+        self.total_size_bytes: int = total
+        self.cpu_page_size: int = cpu_page_size
+        self.rank: int | None = rank
+        self.mmap_path: str | None = None
+        """vLLM's file; hostpool has none."""
+        self._worker_offset: int = 0 if rank is None else rank * cpu_page_size
+        self._worker_area_end: int = 0 if rank is None else (rank + 1) * cpu_page_size
+        self._canonical_offset: int = 0
+        segments = min(num_segments, total // _MIN_SEGMENT_BYTES)
+        rows = max(1, _cdiv(num_chunks, max(1, segments)))
+        self._num_segments: int = len(range(0, max(num_chunks, 1), rows))
+        base = as_tensor(pool, torch.int8)
+        self._base: torch.Tensor | None = base if base.numel() == total else base[:total]
+        self._views: list[torch.Tensor] = []
+
+    # --- what vLLM reads ------------------------------------------------------
+
+    @property
+    def is_pinned(self) -> bool:
+        """Whether the whole pool is pinned for the GPU (by hostpool)."""
+        return self.pool is not None and not self.pool.closed and bool(self.pool.pinned)
+
+    @property
+    def pinned_addresses(self) -> list[int]:
+        """Start addresses of the pinned ranges (hostpool unpins them; vLLM must not)."""
+        if self.pool is None or self.pool.closed:
+            return []
+        addr = self.pool.addr
+        return [addr + r["offset"] for r in self.pool.pin_status().get("ranges", [])]
+
+    @property
+    def base_tensor(self) -> torch.Tensor:
+        """The whole region as int8, as vLLM's; ``RuntimeError`` after :meth:`cleanup`."""
+        if self._base is None:
+            raise RuntimeError("Shared offload region has been released.")
+        return self._base
+
+    def iter_worker_slot_ranges(self) -> Iterator[tuple[int, int]]:
+        """This worker's slots as page-aligned ``(offset, length)``, in vLLM's order."""
+        if self.rank is None:
+            raise NoWorkerSlotError("a region with rank=None has no worker slot")
+        worker_offset = self.rank * self.cpu_page_size
+        first = 0
+        if self._num_segments > 1:
+            first = self.rank * self.num_chunks // (self._row_stride // self.cpu_page_size)
+        for i in range(self.num_chunks):
+            row = (first + i) % self.num_chunks
+            start = row * self._row_stride + worker_offset
+            aligned = start - start % self.page_size
+            end = _round_up(start + self.cpu_page_size, self.page_size)
+            yield aligned, end - aligned
+
+    def _strided(self, offset: int, tensor_page_size: int) -> torch.Tensor:
+        if self._base is None:
+            raise RuntimeError("Shared offload region has been released.")
+        view = torch.as_strided(
+            self._base,
+            size=(self.num_chunks, tensor_page_size),
+            stride=(self._row_stride, 1),
+            storage_offset=offset,
+        )
+        self._views.append(view)
+        return view
+
+    def create_next_worker_view(self, tensor_page_size: int) -> torch.Tensor:
+        """The next ``tensor_page_size`` bytes of this worker's slot in every row.
+
+        An int8 ``(num_chunks, tensor_page_size)`` tensor of stride
+        ``(row_stride, 1)`` at ``base + worker_offset``; the cursor then
+        advances. :class:`RegionFullError` ("exceeds worker area end", as
+        vLLM's assertion) leaves the cursor where it was.
+        """
+        if self.rank is None:
+            raise NoWorkerSlotError("a region with rank=None has no worker slot")
+        tensor_page_size = _index("tensor_page_size", tensor_page_size)
+        if tensor_page_size <= 0:
+            raise ValueError(f"tensor_page_size must be positive, got {tensor_page_size}")
+        new_offset = self._worker_offset + tensor_page_size
+        if new_offset > self._worker_area_end:
+            raise RegionFullError(
+                f"Worker offset {new_offset} exceeds worker area end "
+                f"{self._worker_area_end} (overflowed by "
+                f"{new_offset - self._worker_area_end} bytes)"
+            )
+        view = self._strided(self._worker_offset, tensor_page_size)
+        self._worker_offset = new_offset
+        return view
+
+    create_next_view = create_next_worker_view
+
+    def create_next_canonical_view(self, tensor_page_size: int) -> torch.Tensor:
+        """The next ``tensor_page_size`` bytes of every row, the same for all workers.
+
+        vLLM's canonical layout; :class:`RegionFullError` past the row, the
+        cursor unchanged.
+        """
+        tensor_page_size = _index("tensor_page_size", tensor_page_size)
+        if tensor_page_size <= 0:
+            raise ValueError(f"tensor_page_size must be positive, got {tensor_page_size}")
+        new_offset = self._canonical_offset + tensor_page_size
+        if new_offset > self._row_stride:
+            raise RegionFullError(
+                f"Canonical offset {new_offset} exceeds row stride {self._row_stride} "
+                f"(overflowed by {new_offset - self._row_stride} bytes)"
+            )
+        view = self._strided(self._canonical_offset, tensor_page_size)
+        self._canonical_offset = new_offset
+        return view
+
+    def create_kv_memoryview(self) -> memoryview:
+        """A zero-copy ``(num_chunks, row_stride)`` int8 memoryview, as vLLM's."""
+        kv = self.base_tensor.view(self.num_chunks, self._row_stride).numpy()
+        if kv.ctypes.data != self.base_tensor.data_ptr():
+            raise hostpool.Error("the KV memoryview is a copy, not the pool")
+        return memoryview(kv)
+
+    def cleanup(self) -> None:
+        """Drop the views and give the pool back (unpinned, unmapped); never raises.
+
+        May be called twice. A view the caller still holds keeps the memory
+        mapped (a ``PoolBusyError`` from ``close()`` is swallowed): the pool
+        is torn down when the last view goes. A pool passed as ``pool=`` is
+        left open for its owner.
+        """
+        self._views.clear()
+        self._base = None
+        pool, self.pool = self.pool, None
+        if pool is None or not self._owns_pool or pool.closed:
+            return
+        try:
+            issues = pool.close()
+        except hostpool.PoolBusyError:
+            _log.info(
+                "the offload region's views are still alive: its pool of %d bytes is "
+                "freed when the last one goes",
+                pool.nbytes,
+            )
+        except Exception:  # cleanup never raises, as vLLM's
+            _log.warning("closing the offload region's pool failed", exc_info=True)
+        else:
+            for issue in issues:
+                _log.warning("offload region teardown: %s: %s", issue.get("step"), issue.get("detail"))
+
+    # --- hostpool's names (hostpool.torch.OffloadRegion) ----------------------
+
+    @property
+    def num_blocks(self) -> int:
+        """Rows in the region (vLLM's ``num_chunks``)."""
+        return self.num_chunks
+
+    @property
+    def row_stride(self) -> int:
+        """Bytes from one row to the next (vLLM's ``kv_bytes_per_chunk``)."""
+        return self._row_stride
+
+    @property
+    def worker_offset(self) -> int:
+        """Cursor: offset in each row of this worker's next view."""
+        return self._worker_offset
+
+    @property
+    def worker_area_end(self) -> int:
+        """Exclusive end in each row of this worker's slot."""
+        return self._worker_area_end
+
+    @property
+    def canonical_offset(self) -> int:
+        """Cursor of :meth:`create_next_canonical_view`."""
+        return self._canonical_offset
+
+    @property
+    def base(self) -> torch.Tensor | None:
+        """The region as int8 (vLLM's ``_base``); ``None`` after :meth:`cleanup`."""
+        return self._base
+
+    @property
+    def views(self) -> list[torch.Tensor]:
+        """The views handed out so far."""
+        return self._views
+
+
+class OffloadRegion(HostPoolRegion):
+    """The older name: vLLM's views over a pool the caller owns.
+
+    ``OffloadRegion(pool, cpu_page_size, world, rank, num_blocks=None,
+    row_stride=None)``: ``num_blocks`` defaults to as many rows as the pool
+    holds, ``row_stride`` to ``world * cpu_page_size`` (any number of bytes,
+    not only 4 KiB multiples). :meth:`cleanup` leaves the pool open.
     """
 
     def __init__(
@@ -98,20 +480,11 @@ class OffloadRegion:
         num_blocks: int | None = None,
         row_stride: int | None = None,
     ) -> None:
-        """Lay out ``pool`` for ``world`` workers of ``cpu_page_size`` bytes per block.
-
-        ``num_blocks`` defaults to as many rows as the pool holds; ``row_stride``
-        to ``world * cpu_page_size`` (pass vLLM's page-rounded
-        ``kv_bytes_per_block`` to match its layout exactly). Raises
-        ``ValueError`` for inconsistent arguments and
-        :class:`hostpool.CapacityError` when the rows do not fit in the pool.
-        """
-        # Sizes and counts are ints (operator.index: a float is a TypeError
-        # here, not a broken view later).
-        cpu_page_size, world = operator.index(cpu_page_size), operator.index(world)
-        rank = None if rank is None else operator.index(rank)
-        num_blocks = None if num_blocks is None else operator.index(num_blocks)
-        row_stride = None if row_stride is None else operator.index(row_stride)
+        """Lay out ``pool``; ``ValueError`` or :class:`hostpool.CapacityError` when it cannot."""
+        cpu_page_size, world = _index("cpu_page_size", cpu_page_size), _index("world", world)
+        rank = None if rank is None else _index("rank", rank)
+        num_blocks = None if num_blocks is None else _index("num_blocks", num_blocks)
+        row_stride = None if row_stride is None else _index("row_stride", row_stride)
         if cpu_page_size <= 0:
             raise ValueError(f"cpu_page_size must be positive, got {cpu_page_size}")
         if world < 1:
@@ -132,116 +505,16 @@ class OffloadRegion:
                 f"a pool of {pool.nbytes} bytes holds no row of {row_stride} bytes "
                 f"({world} workers x {cpu_page_size} bytes)"
             )
-        if num_blocks * row_stride > pool.nbytes:
-            raise hostpool.CapacityError(
-                f"{num_blocks} blocks x {row_stride} bytes = {num_blocks * row_stride} "
-                f"bytes do not fit in the pool of {pool.nbytes} bytes"
-            )
-        self.pool: hostpool.Pool = pool
-        """The pool the views point into."""
-        self.cpu_page_size: int = cpu_page_size
-        """Bytes per block of one worker's slot."""
+        self._owns_pool = False
         self.world: int = world
         """Number of workers sharing each row."""
-        self.rank: int | None = rank
-        """This worker's slot, or ``None`` for a scheduler-side region."""
-        self.num_blocks: int = num_blocks
-        """Rows (blocks) in the region."""
-        self.row_stride: int = row_stride
-        """Bytes from one row to the next (vLLM's ``kv_bytes_per_block``)."""
-        self.total_size_bytes: int = num_blocks * row_stride
-        """Bytes the region spans from the pool's start."""
-        self.worker_offset: int = 0 if rank is None else rank * cpu_page_size
-        """Cursor: offset in each row of this worker's next view."""
-        self.worker_area_end: int = 0 if rank is None else (rank + 1) * cpu_page_size
-        """Exclusive end in each row of this worker's slot."""
-        self.canonical_offset: int = 0
-        """Cursor of :meth:`create_next_canonical_view`."""
-        self.base: torch.Tensor | None = as_tensor(pool, torch.int8)
-        """The whole pool as int8 (vLLM's ``_base``); ``None`` after :meth:`cleanup`."""
-        self.views: list[torch.Tensor] = []
-        """The views handed out so far."""
+        self._init_layout(pool, num_blocks, rank, row_stride, cpu_page_size, 1)
 
-    @property
-    def is_pinned(self) -> bool:
-        """Whether the pool is pinned for the GPU (no ``cudaHostRegister`` needed)."""
-        return bool(self.pool.pinned)
 
-    def _strided(self, offset: int, tensor_page_size: int) -> torch.Tensor:
-        if self.base is None:
-            raise ValueError("the region was cleaned up")
-        view = torch.as_strided(
-            self.base,
-            size=(self.num_blocks, tensor_page_size),
-            stride=(self.row_stride, 1),
-            storage_offset=offset,
-        )
-        self.views.append(view)
-        return view
+def _guard_vllm_pinning() -> None:
+    """Where vLLM's CPU offload worker is loaded, keep it from pinning a hostpool region."""
+    import sys
 
-    def create_next_worker_view(self, tensor_page_size: int) -> torch.Tensor:
-        """The next ``tensor_page_size`` bytes of this worker's slot in every row.
-
-        Returns an int8 ``(num_blocks, tensor_page_size)`` tensor, stride
-        ``(row_stride, 1)``, whose ``data_ptr()`` is ``pool.addr +
-        worker_offset``; the cursor then advances by ``tensor_page_size``.
-        Raises :class:`hostpool.CapacityError` without moving the cursor when the
-        slot has less room left, ``ValueError`` on a scheduler-side region.
-        """
-        if self.rank is None:
-            raise ValueError("a region with rank=None has no worker slot")
-        tensor_page_size = operator.index(tensor_page_size)
-        if tensor_page_size <= 0:
-            raise ValueError(f"tensor_page_size must be positive, got {tensor_page_size}")
-        new_offset = self.worker_offset + tensor_page_size
-        if new_offset > self.worker_area_end:
-            raise hostpool.CapacityError(
-                f"Worker offset {new_offset} exceeds worker area end "
-                f"{self.worker_area_end} (overflowed by "
-                f"{new_offset - self.worker_area_end} bytes)"
-            )
-        view = self._strided(self.worker_offset, tensor_page_size)
-        self.worker_offset = new_offset
-        return view
-
-    create_next_view = create_next_worker_view
-
-    def create_next_canonical_view(self, tensor_page_size: int) -> torch.Tensor:
-        """The next ``tensor_page_size`` bytes of every row, the same for all workers.
-
-        vLLM's canonical layout (one copy of KV replicated across workers, e.g.
-        the MLA latent): views are carved from the start of each row and may
-        use the whole ``row_stride``. Use either this or
-        :meth:`create_next_worker_view` on one pool, not both. Raises
-        :class:`hostpool.CapacityError` without moving the cursor on overflow.
-        """
-        tensor_page_size = operator.index(tensor_page_size)
-        if tensor_page_size <= 0:
-            raise ValueError(f"tensor_page_size must be positive, got {tensor_page_size}")
-        new_offset = self.canonical_offset + tensor_page_size
-        if new_offset > self.row_stride:
-            raise hostpool.CapacityError(
-                f"Canonical offset {new_offset} exceeds row stride {self.row_stride} "
-                f"(overflowed by {new_offset - self.row_stride} bytes)"
-            )
-        view = self._strided(self.canonical_offset, tensor_page_size)
-        self.canonical_offset = new_offset
-        return view
-
-    def create_kv_memoryview(self) -> memoryview:
-        """A zero-copy ``(num_blocks, row_stride)`` byte memoryview of the region.
-
-        Secondary tiers address block ``b`` as ``view[b]``, as with vLLM.
-        """
-        return self.pool.view(0, self.total_size_bytes).cast(
-            "B", (self.num_blocks, self.row_stride)
-        )
-
-    def cleanup(self) -> None:
-        """Drop the base tensor and the views this region holds.
-
-        After this (and once the caller's own references are gone) the pool
-        can be closed. The pool itself is left open: its owner closes it.
-        """
-        self.views.clear()
-        self.base = None
+    if "vllm.v1.kv_offload.cpu.gpu_worker" in sys.modules:
+        with contextlib.suppress(ImportError):
+            import hostpool.vllm  # noqa: F401  (installs the guard on import)
