@@ -1,13 +1,21 @@
 #!/usr/bin/env python3
 """vLLM's CPU KV offload region, on hostpool.
 
-vLLM's ``SharedOffloadRegion`` gives the tensor-parallel ranks of one engine one
-host region: the first rank to win ``open(O_CREAT|O_EXCL)`` on
-``/dev/shm/vllm_offload_<engine>.mmap`` checks free space and ``ftruncate``s it,
-the others poll ``fstat`` until it has grown, every rank ``mmap``s it,
-prefaults its own slots with ``MADV_POPULATE_WRITE`` and ``cudaHostRegister``s
-it. Here that is one ``hostpool.Pool(...)`` call per rank (see ``run_rank``),
-and the views are vLLM's, from ``hostpool.torch.OffloadRegion``.
+In vLLM itself one line of config does this (see README, "vLLM"):
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both", "kv_connector_extra_config": {
+            "spec_name": "HostPoolOffloadingSpec", "spec_module_path": "hostpool.vllm",
+            "cpu_bytes_to_use": 68719476736,
+            "hostpool": {"dir": "/dev/hugepages1G", "pin": {"kind": "cuda", "background": true}}}}'
+
+Each TP worker then builds a ``hostpool.torch.HostPoolRegion`` with vLLM's own
+arguments, as this example does without vLLM: vLLM's ``SharedOffloadRegion``
+would have the first rank win ``open(O_CREAT|O_EXCL)`` on
+``/dev/shm/vllm_offload_<engine>.mmap``, check free space and ``ftruncate``
+it, the others poll ``fstat``, every rank ``mmap`` it, prefault its slots and
+``cudaHostRegister`` it. Here the ranks meet on hostpool's socket (nothing in
+``/dev/shm``), each prefaults its shard, and hostpool pins the pool.
 
 Each of ``--world`` spawned ranks writes its own slot of every block, waits at a
 barrier, and checks that it sees every rank's data. Exit status 0 means all
@@ -22,39 +30,51 @@ import os
 import sys
 import time
 
-import hostpool
-from hostpool.torch import OffloadRegion
+from hostpool.torch import HostPoolRegion
 
 
 def run_rank(name: str, world: int, rank: int, size: str, page: int, barrier) -> None:
-    """One rank: the whole of vLLM's file creation, prefault and cudaHostRegister.
+    """One rank: vLLM's region constructor, with the pool config vLLM's spec adds."""
+    row = world * page  # vLLM's kv_bytes_per_chunk: one slot of `page` bytes per rank
+    region = HostPoolRegion(
+        engine_id=name,
+        num_chunks=_bytes(size) // row,
+        rank=rank,
+        kv_bytes_per_chunk=row,
+        cpu_page_size=page,
+        pool_config={"sharing": {"world": world}, "pin": {"kind": "cuda"}},  # best effort: no GPU, no pin
+    )
+    pool = region.pool
+    check_region(region, world, rank, page, barrier)
+    print(f"rank {rank}: ok, {pool.nbytes >> 20} MiB {pool.backing}, "
+          f"shard {pool.shard}, pinned={pool.pinned}\n", end="", flush=True)  # one write
+    region.cleanup()  # unpins and frees the pool (the last rank's cleanup frees the memory)
 
-    One region per engine, shared by its ranks; each rank prefaults only its
-    shard, and the pool is pinned for the GPU (best effort: no GPU, no pin).
-    """
-    with hostpool.Pool(size=size, shared=hostpool.Shared(name, world, rank), pin="cuda") as pool:
-        check_region(pool, world, rank, page, barrier)
-        print(f"rank {rank}: ok, {pool.nbytes >> 20} MiB {pool.backing}, "
-              f"shard {pool.shard}, pinned={pool.pinned}\n", end="", flush=True)  # one write
+
+def _bytes(size: str) -> int:
+    """`64MiB` or `67108864` in bytes."""
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+    for unit, factor in units.items():
+        if size.lower().endswith(unit):
+            return int(float(size[: -len(unit)]) * factor)
+    return int(size)
 
 
-def check_region(pool: hostpool.Pool, world: int, rank: int, page: int, barrier) -> None:
+def check_region(region: HostPoolRegion, world: int, rank: int, page: int, barrier) -> None:
     """Write this rank's K and V views, then check every rank's after a barrier."""
-    region = OffloadRegion(pool, cpu_page_size=page, world=world, rank=rank)
-    k = region.create_next_worker_view(page // 2)  # (num_blocks, page/2) int8, one per KV tensor
+    k = region.create_next_worker_view(page // 2)  # (num_chunks, page/2) int8, one per KV tensor
     v = region.create_next_worker_view(page // 2)
     k.fill_(rank + 1)
     v.fill_(-(rank + 1))
     barrier.wait()  # every rank has written its slots
 
-    rows = region.base[: region.total_size_bytes].view(region.num_blocks, region.row_stride)
+    rows = region.base_tensor.view(region.num_chunks, region.row_stride)
     for r in range(world):
         slot = rows[:, r * page : (r + 1) * page]
         if not ((slot[:, : page // 2] == r + 1).all() and (slot[:, page // 2 :] == -(r + 1)).all()):
             raise AssertionError(f"rank {rank} does not see rank {r}'s writes")
-    barrier.wait()  # nobody leaves (and writes elsewhere) before all have checked
+    barrier.wait()  # nobody leaves (and frees) before all have checked
     del k, v, slot, rows
-    region.cleanup()  # the pool closes only once no tensor points into it
 
 
 def main_rank(name, world, rank, size, page, barrier) -> None:

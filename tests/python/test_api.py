@@ -56,3 +56,18 @@ def test_the_exceptions_form_the_documented_hierarchy():
     for cls in (hostpool.ConfigError, hostpool.CapacityError, hostpool.PeerError,
                 hostpool.NotAvailableError, hostpool.PinError, hostpool.PoolBusyError):
         assert issubclass(cls, hostpool.Error), cls
+
+
+def test_check_config_plans_without_building_and_names_what_is_wrong(tmp_path):
+    assert hostpool.check_config({"size": "64GiB", "threads": 2, "pin": {"kind": "cuda"}}) is None
+    path = tmp_path / "pool.toml"
+    path.write_text('size = "1GiB"\nprefault = "touch"\n')
+    assert hostpool.check_config(path) is None
+    for bad, word in (({"treads": 2}, "treads"), ({"backing": "nonesuch"}, "nonesuch"),
+                      ({"size": "384G"}, "384G"), ({"block_size": 0}, "block_size")):
+        try:
+            hostpool.check_config(bad)
+        except hostpool.ConfigError as e:
+            assert word in str(e), (bad, str(e))
+        else:
+            raise AssertionError(f"{bad} was accepted")

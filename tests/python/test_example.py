@@ -34,4 +34,4 @@ def test_the_example_pins_when_a_driver_is_there(fake_cuda_dir):
 def test_a_region_too_small_for_one_row_fails_with_nonzero_exit():
     proc = run_example("--world", "2", "--size", "64KiB", "--page", str(64 << 10), "--timeout", "60")
     assert proc.returncode != 0
-    assert "CapacityError" in proc.stderr and "FAILED" in proc.stderr
+    assert "ConfigError" in proc.stderr and "at least one row" in proc.stderr and "FAILED" in proc.stderr

@@ -63,6 +63,20 @@ fn check_config(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<()> {
     plan.map(drop).map_err(|e| errors::to_py(py, &e, None))
 }
 
+/// Plan a pool config as `hostpool plan --json` does, building nothing: the
+/// backing and why, sizes, prefault, pin and registration plans, and every
+/// capacity check with its `need`, `free` and `verdict` (`fits` says whether
+/// all pass). Raises `ConfigError` for a bad config; a pool that does not fit
+/// is a plan with `fits = False`, not an error.
+#[pyfunction]
+fn plan<'py>(py: Python<'py>, source: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let config = config::from_source(source).map_err(|e| errors::to_py(py, &e, None))?;
+    let plan = py.detach(|| pool_core::PoolPlan::new(config));
+    logs::flush(py);
+    let plan = plan.map_err(|e| errors::to_py(py, &e, None))?;
+    pool::json_dict(py, &plan.report())
+}
+
 #[pymodule]
 fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install();
@@ -71,5 +85,6 @@ fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyShared>()?;
     m.add_function(wrap_pyfunction!(plugins, m)?)?;
     m.add_function(wrap_pyfunction!(check_config, m)?)?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
     Ok(())
 }

@@ -11,7 +11,7 @@ import torch
 
 import hostpool
 import hostpool.lmcache as hl
-from conftest import run_python, shm_files
+from engine_support import run_python, shm_files
 import lmcache.v1.memory_management as mm
 from lmcache.v1.memory_allocators.mixed_memory_allocator import MixedMemoryAllocator
 from lmcache.v1.memory_allocators.paged_cpu_gpu_memory_allocator import PagedCpuGpuMemoryAllocator

@@ -21,7 +21,7 @@ import torch
 
 import hostpool
 import hostpool.vllm
-from conftest import free_hugepages, hugetlbfs_mount, run_python, shm_files
+from engine_support import free_hugepages, hugetlbfs_mount, run_python, shm_files
 from hostpool.torch import HostPoolRegion, OffloadRegion, RegionFullError, pool_name
 from vllm.v1.kv_offload import factory
 from vllm.v1.kv_offload.config import (
@@ -504,3 +504,58 @@ def test_a_hugetlbfs_dir_gives_the_region_huge_pages(engine_id):
         region.create_next_worker_view(2 * MiB).fill_(3)
     finally:
         region.cleanup()
+
+
+def _spec_worker(engine_id, rank, world, q, barrier):
+    """One TP worker as vLLM makes it: the factory's spec, then get_worker."""
+    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    try:
+        from vllm.platforms import current_platform
+
+        # Only what cannot run here: the GPU platform check and the CUDA handler.
+        current_platform.is_cuda_alike = lambda: True
+        current_platform.is_rocm = lambda: False
+        gpu_worker.SingleDirectionOffloadingHandler = _RecordingHandler
+        registered = []
+        gpu_worker.host_register = lambda ptr, n: registered.append(n) or True
+        gpu_worker.PIN_MEMORY = True
+        table = {"threads": 1, "pin": {"kind": "mlock"}, "sharing": {"attach_timeout_secs": 20}}
+        config = _offloading_config(engine_id, _extra(table, size=4 * MiB), world=world, rank=rank,
+                                    kv_bytes_per_block=4 * KiB)
+        spec = factory.OffloadingSpecFactory.create_spec(config)
+        worker = spec.get_worker(_kv_caches(page=4 * KiB, layers=1))
+        region = worker._mmap_region
+        cpu_tensor = _RecordingHandler.made[0][0][0]
+        cpu_tensor.fill_(rank + 1)  # this worker's slot of every row, through vLLM's own view
+        barrier.wait(timeout=60)
+        rows = region._base.view(region.num_chunks, region._row_stride)
+        slots = [int(rows[:, r * region.cpu_page_size].min()) for r in range(world)]
+        q.put((rank, region.pool.report["sharing"]["role"], slots, registered, sorted(shm_now())))
+        barrier.wait(timeout=60)
+        del cpu_tensor, rows
+        _RecordingHandler.made.clear()
+        region.cleanup()
+    except Exception as e:
+        q.put((rank, "error", f"{type(e).__name__}: {e}", [], []))
+
+
+def test_the_specs_workers_share_one_pool_through_vllms_own_worker(engine_id):
+    ctx = mp.get_context("spawn")
+    q, barrier = ctx.Queue(), ctx.Barrier(2)
+    before = shm_files()
+    procs = [ctx.Process(target=_spec_worker, args=(engine_id, r, 2, q, barrier)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    results = {}
+    while not q.empty():
+        m = q.get()
+        results[m[0]] = m[1:]
+    assert [p.exitcode for p in procs] == [0, 0], results
+    assert sorted(r[0] for r in results.values()) == ["creator", "joiner"], results
+    for rank, (_, slots, registered, shm) in results.items():
+        assert slots == [1, 2], f"worker {rank} sees {slots}"
+        assert registered == [], "vLLM registered the pool hostpool pinned"
+        assert set(shm) - before == set()
+    assert shm_files() == before

@@ -34,7 +34,7 @@ from ._errors import (
     PinError,
     PoolBusyError,
 )
-from ._hostpool import Pool, Shared, __version__, check_config, plugins
+from ._hostpool import Pool, Shared, __version__, check_config, plan, plugins
 
 # A library adds no handler of its own: the application configures logging
 # (without one, Python prints warnings and errors to stderr).
@@ -52,5 +52,6 @@ __all__ = [
     "Shared",
     "__version__",
     "check_config",
+    "plan",
     "plugins",
 ]

@@ -15,6 +15,13 @@ Progress = Callable[[str, int, int], object]
 def plugins() -> dict[str, list[dict[str, str]]]:
     """The registered plugins, as `hostpool plugins --json`: backings, pinners, registrars."""
 
+def check_config(source: str | os.PathLike[str] | dict[str, Any]) -> None:
+    """Parse and plan a pool config as `Pool.from_config` would, building nothing; `ConfigError` when it is wrong."""
+
+def plan(source: str | os.PathLike[str] | dict[str, Any]) -> dict[str, Any]:
+    """The plan of a pool config, as `hostpool plan --json`: backing, sizes, and every capacity check
+    (`capacity`: `resource`, `source`, `need`, `free`, `verdict`, `remedy`; `fits`). Builds nothing."""
+
 class Shared:
     """How the ranks of one engine share a pool: the same `name` and `world` on every rank."""
 

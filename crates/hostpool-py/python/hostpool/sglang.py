@@ -8,12 +8,27 @@ true. :class:`HostPoolAllocator` has the same ``allocate`` method as SGLang's
 prefaulted and (with ``pin="cuda"``) pinned; pass
 ``pin_memory=not allocator.is_pinned`` so SGLang does not register the memory
 a second time (``cudaHostRegister`` on a registered range fails).
+
+The wheel's ``sglang.srt.plugins`` entry point ``hostpool``
+(:func:`_sglang_plugin`) goes further, from SGLang's own start: when
+``HOSTPOOL_SGLANG`` holds a pool config (a TOML or JSON file's path, or the
+config inline), :func:`install` makes every HiCache host KV buffer
+(``HostKVCache`` and its MHA and MLA subclasses, for each
+``--hicache-mem-layout``) a hostpool pool of its own, pinned by hostpool, and
+SGLang's own ``cudaHostRegister`` of it is skipped. SGLang's size check
+against ``MemAvailable`` (which misses reserved huge pages, SGLang #34972)
+sees hostpool's capacity for that backing instead. Without the variable the
+entry point does nothing but log one debug line.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import threading
+import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,7 +36,12 @@ import torch
 import hostpool
 from hostpool.torch import as_tensor
 
-__all__ = ["HostPoolAllocator", "DEFAULT_ALIGNMENT"]
+__all__ = ["HostPoolAllocator", "DEFAULT_ALIGNMENT", "ENV_VAR", "install", "uninstall", "installed", "pools"]
+
+_log = logging.getLogger("hostpool.sglang")
+
+ENV_VAR = "HOSTPOOL_SGLANG"
+"""The variable whose pool config makes the SGLang plugin call :func:`install`."""
 
 DEFAULT_ALIGNMENT: int = 2 << 20
 """Alignment when the pool has no block size: 2 MiB (or the page size if larger)."""
@@ -134,3 +154,215 @@ class HostPoolAllocator:
     def __exit__(self, *exc: object) -> None:
         """:meth:`close`."""
         self.close()
+
+
+# --------------------------------------------------------------- install()
+
+_COMMON = "sglang.srt.mem_cache.pool_host.common"
+_BASE = "sglang.srt.mem_cache.pool_host.base"
+# SGLang marks a buffer it did not register with an empty list here, so that
+# HostKVCache.destroy() does not unregister it (its HIP path does the same).
+_REGISTERED_RANGES = "_sglang_cuda_host_registered_ranges"
+
+_state_lock = threading.Lock()
+_state: dict[str, Any] | None = None
+_pools: weakref.WeakValueDictionary[int, hostpool.Pool] = weakref.WeakValueDictionary()
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return _state is not None
+
+
+def pools() -> dict[int, hostpool.Pool]:
+    """The live pools behind SGLang's host KV buffers, by address.
+
+    A pool lives as long as SGLang's buffer (the tensor holds it); dropping
+    the buffer (``HostKVCache.destroy()``) unpins and frees it.
+    """
+    return dict(_pools.items())
+
+
+def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> None:
+    """Make SGLang's HiCache host KV buffers hostpool pools, one per buffer.
+
+    ``config`` is the pool config of every buffer (a dict of config keys, a
+    TOML or JSON file's path, or inline TOML or JSON; ``None``: defaults).
+    SGLang's arguments decide the rest: the size is the buffer's, its
+    ``registration_granularity_bytes`` (a page of its layout) is the
+    ``block_size`` unless the config has one, and with ``pin_memory`` the
+    pool is pinned by hostpool (``cuda``, required unless the config says
+    otherwise), in the foreground: SGLang's kernels address the buffer as
+    registered memory at once. Raises :class:`hostpool.ConfigError` for a bad
+    config, ``ImportError`` without SGLang.
+    """
+    parsed = None
+    if config is not None:
+        from hostpool import _engine_config
+
+        parsed = _engine_config.load(config, what="hostpool.sglang.install(config)")
+    _install(parsed, None)
+
+
+def _install(config: dict[str, Any] | None, error: hostpool.Error | None) -> None:
+    global _state
+    import importlib
+
+    common = importlib.import_module(_COMMON)
+    base = importlib.import_module(_BASE)
+    with _state_lock:
+        if _state is None:
+            state = {
+                "alloc": common.alloc_with_host_register,
+                "available": base.available_host_memory_bytes,
+            }
+        else:
+            state = dict(_state)
+        state["config"], state["error"] = config, error
+        common.alloc_with_host_register = _alloc_with_host_register
+        # ALLOC_MEMORY_FUNCS is a defaultdict that caches the function per
+        # device type on first lookup: replace the cached copies too.
+        for key, func in list(common.ALLOC_MEMORY_FUNCS.items()):
+            if func is state["alloc"]:
+                common.ALLOC_MEMORY_FUNCS[key] = _alloc_with_host_register
+        base.available_host_memory_bytes = _available_host_memory_bytes
+        _state = state
+
+
+def uninstall() -> None:
+    """Restore SGLang's functions (buffers already made stay until SGLang drops them)."""
+    global _state
+    import sys
+
+    with _state_lock:
+        state, _state = _state, None
+        if state is None:
+            return
+        common, base = sys.modules.get(_COMMON), sys.modules.get(_BASE)
+        if common is not None:
+            if common.alloc_with_host_register is _alloc_with_host_register:
+                common.alloc_with_host_register = state["alloc"]
+            for key, func in list(common.ALLOC_MEMORY_FUNCS.items()):
+                if func is _alloc_with_host_register:
+                    common.ALLOC_MEMORY_FUNCS[key] = state["alloc"]
+        if base is not None and base.available_host_memory_bytes is _available_host_memory_bytes:
+            base.available_host_memory_bytes = state["available"]
+
+
+def _current() -> dict[str, Any]:
+    state = _state
+    if state is None:
+        raise RuntimeError("hostpool.sglang is not installed")
+    if state["error"] is not None:
+        raise state["error"]
+    return state
+
+
+def _alloc_with_host_register(
+    dims: tuple[int, ...],
+    dtype: torch.dtype,
+    device: str,
+    pin_memory: bool,
+    allocator: Any = None,
+    registration_granularity_bytes: int | None = None,
+) -> torch.Tensor:
+    """SGLang's ``alloc_with_host_register``, as a hostpool pool (see :func:`install`)."""
+    state = _state
+    if state is None:  # uninstalled while SGLang held this function
+        import sys
+
+        return sys.modules[_COMMON].alloc_with_host_register(
+            dims, dtype, device, pin_memory, allocator, registration_granularity_bytes
+        )
+    state = _current()
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"SGLang's host KV buffer is host memory; got device={device!r}")
+    dims = tuple(int(d) for d in dims)
+    nbytes = math.prod(dims) * dtype.itemsize
+    if nbytes <= 0:
+        return torch.empty(dims, dtype=dtype)
+    config = dict(state["config"] or {})
+    config["size"] = nbytes
+    if registration_granularity_bytes and "block_size" not in config:
+        config["block_size"] = int(registration_granularity_bytes)
+    if pin_memory:
+        pin = dict(config.get("pin") or {})
+        pin.setdefault("kind", "cuda")
+        pin.setdefault("required", True)
+        config["pin"] = pin
+    pool = hostpool.Pool.from_config(config)
+    try:
+        if pin_memory:
+            if pool.pin_status().get("background"):
+                pool.wait_pinned()  # SGLang uses the buffer as registered memory at once
+            if not pool.pinned:
+                raise hostpool.PinError(
+                    f"SGLang asked for a pinned host KV buffer (pin_memory) and hostpool could not "
+                    f"pin it: {pool.pin_reason or 'pin is off in ' + ENV_VAR}; pin it "
+                    f"(pin = {{kind = \"cuda\"}}) or start SGLang without pinned host memory"
+                )
+        tensor = as_tensor(pool, torch.uint8)[:nbytes].view(dtype).view(dims)
+    except BaseException:
+        pool.close()
+        raise
+    # hostpool pinned it: SGLang's destroy() must not unregister it.
+    setattr(tensor, _REGISTERED_RANGES, [])
+    _pools[pool.addr] = pool
+    _log.info(
+        "SGLang host KV buffer %s %s (%d bytes) in a hostpool pool: %s, %d-byte pages, pinned: %s",
+        dims,
+        dtype,
+        nbytes,
+        pool.backing,
+        pool.page_size,
+        pool.pinned,
+    )
+    return tensor
+
+
+def _available_host_memory_bytes(*args: Any, **kwargs: Any) -> int:
+    """What the configured backing can hold, from hostpool's capacity checks.
+
+    SGLang subtracts a 10 GiB reserve of system RAM from this; huge pages are
+    not system RAM, so for a huge page backing it is added back.
+    """
+    state = _current()
+    config = dict(state["config"] or {})
+    config["size"] = 4096
+    config.pop("block_size", None)
+    config.pop("sharing", None)
+    plan = hostpool.plan(config)
+    frees = [c["free"] for c in plan.get("capacity", []) if c.get("free") is not None]
+    if not frees:
+        return state["available"](*args, **kwargs)
+    free = min(frees)
+    if plan.get("backing") == "hugetlbfs":
+        import sys
+
+        free += getattr(sys.modules[_BASE], "HICACHE_HOST_MEMORY_RESERVE_BYTES", 0)
+    return int(free)
+
+
+def _sglang_plugin() -> None:
+    """The ``sglang.srt.plugins`` entry point: :func:`install` when ``HOSTPOOL_SGLANG`` is set.
+
+    SGLang's ``load_plugins()`` only logs what a plugin raises, so a bad
+    config never passes unnoticed: it installs anyway, and the first host KV
+    buffer SGLang builds raises hostpool's error, failing SGLang's start
+    (never a silent fall back to SGLang's own memory).
+    """
+    value = os.environ.get(ENV_VAR)
+    if value is None:
+        _log.debug("%s is not set: SGLang keeps its own host KV memory", ENV_VAR)
+        return
+    try:
+        from hostpool import _engine_config
+
+        config, error = _engine_config.load(value, what=ENV_VAR), None
+    except hostpool.Error as e:
+        config, error = None, e
+    _install(config, error)
+    if error is not None:
+        _log.error("%s: %s (SGLang's host KV pool will fail with this error)", ENV_VAR, error)
+    else:
+        _log.info("SGLang's host KV buffers are hostpool pools (%s)", ENV_VAR)
