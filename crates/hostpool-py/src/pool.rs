@@ -255,7 +255,10 @@ fn opt_size(key: &str, v: Option<&Bound<'_, PyAny>>) -> Result<Option<pool_core:
     }
 }
 
-pub fn json_dict<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyAny>> {
+pub fn json_dict<'py, T: serde::Serialize>(
+    py: Python<'py>,
+    value: &T,
+) -> PyResult<Bound<'py, PyAny>> {
     let text = serde_json::to_string(value)
         .map_err(|e| errors::raise(py, "Error", format!("could not be written as JSON: {e}")))?;
     py.import("json")?.call_method1("loads", (text,))

@@ -220,6 +220,22 @@ impl<'de> Deserialize<'de> for ByteSize {
                     .map_err(|_| E::custom(format!("size {v} is negative")))
             }
             fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<ByteSize, E> {
+                // JSON gives a float for `1e10`, and for an integer beyond
+                // u64 (Python's json.dumps(10**30)).
+                const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+                if v.is_finite() && v.fract() == 0.0 && v >= 0.0 && v < TWO_POW_64 {
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    return Ok(ByteSize(v as u64));
+                }
+                if v.is_finite() && v >= TWO_POW_64 {
+                    return Err(E::custom(format!(
+                        "size {v} bytes is more than 16 EiB, beyond what a 64-bit byte count holds; \
+                         a pool is at most 64 PiB"
+                    )));
+                }
+                if v < 0.0 {
+                    return Err(E::custom(format!("size {v} is negative")));
+                }
                 Err(E::custom(format!(
                     "size {v} is not a whole number of bytes; write a string with a unit such as \"1.5GiB\""
                 )))
@@ -235,6 +251,21 @@ impl<'de> Deserialize<'de> for ByteSize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_floats_are_whole_bytes_or_say_what_is_wrong() {
+        let parse = |text: &str| serde_json::from_str::<ByteSize>(text).map_err(|e| e.to_string());
+        assert_eq!(parse("1e10"), Ok(ByteSize(10_000_000_000)));
+        assert_eq!(parse("4096.0"), Ok(ByteSize(4096)));
+        let huge = parse("1000000000000000000000000000000").unwrap_err();
+        assert!(
+            huge.contains("more than 16 EiB") && huge.contains("64 PiB"),
+            "{huge}"
+        );
+        let frac = parse("1.5").unwrap_err();
+        assert!(frac.contains("not a whole number"), "{frac}");
+        assert!(parse("-1.0").unwrap_err().contains("negative"));
+    }
 
     #[test]
     fn iec_units_parse_to_exact_bytes() {

@@ -202,3 +202,9 @@ def test_a_bad_variable_fails_sglangs_host_pool_with_hostpools_error():
     got = _plugin({"HOSTPOOL_SGLANG": "treads = 1"})
     assert got["installed"] is True
     assert "HOSTPOOL_SGLANG" in got.get("error", "") and "treads" in got["error"], got
+
+
+def test_the_versions_tested_are_the_readmes():
+    from engine_support import installed_versions_are_the_readmes
+
+    installed_versions_are_the_readmes({"SGLang": "sglang"})

@@ -266,6 +266,11 @@ def test_a_bad_hostpool_table_fails_when_vllm_builds_the_spec(engine_id, table, 
         factory.OffloadingSpecFactory.create_spec(_offloading_config(engine_id, _extra(table)))
 
 
+def test_an_absurd_cpu_bytes_to_use_fails_with_the_limit(engine_id):
+    with pytest.raises(hostpool.ConfigError, match="64 PiB"):
+        factory.OffloadingSpecFactory.create_spec(_offloading_config(engine_id, _extra({}, size=10**30)))
+
+
 class _RecordingHandler:
     """Stands in for vLLM's CUDA transfer handler (it asserts CUDA tensors)."""
 
@@ -559,3 +564,9 @@ def test_the_specs_workers_share_one_pool_through_vllms_own_worker(engine_id):
         assert registered == [], "vLLM registered the pool hostpool pinned"
         assert set(shm) - before == set()
     assert shm_files() == before
+
+
+def test_the_versions_tested_are_the_readmes():
+    from engine_support import installed_versions_are_the_readmes
+
+    installed_versions_are_the_readmes({"vLLM": "vllm", "LMCache": "lmcache"})

@@ -198,7 +198,6 @@ def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) ->
     :class:`hostpool.ConfigError` for a bad config, ``ImportError`` without
     LMCache.
     """
-    global _installed
     parsed = None if config is None else _load_config(config, "hostpool.lmcache.install(config)")
     _install(parsed, None)
 
