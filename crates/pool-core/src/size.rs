@@ -223,7 +223,7 @@ impl<'de> Deserialize<'de> for ByteSize {
                 // JSON gives a float for `1e10`, and for an integer beyond
                 // u64 (Python's json.dumps(10**30)).
                 const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
-                if v.is_finite() && v.fract() == 0.0 && v >= 0.0 && v < TWO_POW_64 {
+                if v.is_finite() && v.fract() == 0.0 && (0.0..TWO_POW_64).contains(&v) {
                     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                     return Ok(ByteSize(v as u64));
                 }
