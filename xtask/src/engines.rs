@@ -24,9 +24,6 @@ use crate::python;
 /// The engines, by folder under `tests/engines`.
 pub const ENGINES: &[&str] = &["vllm", "sglang"];
 
-/// Written into an environment once every requirement is installed.
-const READY: &str = ".hostpool-ready";
-
 /// Where the hostpool wheel is built, under the workspace root.
 const WHEEL_DIR: &str = "target/engine-wheel";
 
@@ -45,35 +42,24 @@ fn ensure_venv(root: &Path, engine: &str) -> Result<PathBuf, String> {
     let nodeps = dir.join("requirements-nodeps.txt");
     let pins = format!("{}\n--no-deps\n{}", read(&base)?, read(&nodeps)?);
     let venv = python::cache_dir().join(format!("engine-{engine}-{}", python::hash(&pins)));
-    let python = venv.join("bin/python");
-    if venv.join(READY).exists() && python.exists() {
-        eprintln!("xtask: engines: {engine}: using {}", venv.display());
-        return Ok(venv);
-    }
-    eprintln!(
-        "xtask: engines: {engine}: creating {} (torch and the engine: several GB, minutes, once)",
-        venv.display()
-    );
-    let system = std::env::var_os("PYTHON").unwrap_or_else(|| "python3".into());
-    python::run(
-        Command::new(&system)
-            .args(["-m", "venv", "--clear"])
-            .arg(&venv),
-        "python3 -m venv",
+    python::cached_venv(
+        &venv,
+        &pins,
+        &format!("the {engine} engine tests (torch and the engine: several GB, minutes, once)"),
+        |python| {
+            python::run(
+                python::pip_install(python).arg("-r").arg(&base),
+                &format!("pip install -r tests/engines/{engine}/requirements.txt"),
+            )?;
+            python::run(
+                python::pip_install(python)
+                    .arg("--no-deps")
+                    .arg("-r")
+                    .arg(&nodeps),
+                &format!("pip install --no-deps -r tests/engines/{engine}/requirements-nodeps.txt"),
+            )
+        },
     )?;
-    python::run(
-        python::pip_install(&python).arg("-r").arg(&base),
-        &format!("pip install -r tests/engines/{engine}/requirements.txt"),
-    )?;
-    python::run(
-        python::pip_install(&python)
-            .arg("--no-deps")
-            .arg("-r")
-            .arg(&nodeps),
-        &format!("pip install --no-deps -r tests/engines/{engine}/requirements-nodeps.txt"),
-    )?;
-    std::fs::write(venv.join(READY), pins)
-        .map_err(|e| format!("cannot write {}: {e}", venv.join(READY).display()))?;
     Ok(venv)
 }
 

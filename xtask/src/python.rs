@@ -69,29 +69,46 @@ pub(crate) fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
     let requirements = std::fs::read_to_string(root.join(REQUIREMENTS))
         .map_err(|e| format!("cannot read {REQUIREMENTS}: {e}"))?;
     let venv = venv_dir(&requirements);
+    cached_venv(
+        &venv,
+        &requirements,
+        &format!("python: {REQUIREMENTS} (torch is large: this takes minutes, once)"),
+        |python| {
+            run(
+                pip_install(python).arg("-r").arg(root.join(REQUIREMENTS)),
+                "pip install -r requirements-test.txt",
+            )
+        },
+    )?;
+    Ok(venv)
+}
+
+/// `venv`, made with `python3 -m venv` and filled by `fill` (given its
+/// python) unless a finished one is there: one whose ready mark holds
+/// `pins`, written only once `fill` succeeded. `what` names it in messages.
+pub(crate) fn cached_venv(
+    venv: &Path,
+    pins: &str,
+    what: &str,
+    fill: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<PathBuf, String> {
     let python = venv.join("bin/python");
     if venv.join(READY).exists() && python.exists() {
-        eprintln!("xtask: python: using {}", venv.display());
-        return Ok(venv);
+        eprintln!("xtask: using {} for {what}", venv.display());
+        return Ok(python);
     }
-    eprintln!(
-        "xtask: python: creating {} with {REQUIREMENTS} (torch is large: this takes minutes, once)",
-        venv.display()
-    );
+    eprintln!("xtask: creating {} for {what}", venv.display());
     let system = std::env::var_os("PYTHON").unwrap_or_else(|| "python3".into());
     run(
         Command::new(&system)
             .args(["-m", "venv", "--clear"])
-            .arg(&venv),
+            .arg(venv),
         "python3 -m venv",
     )?;
-    run(
-        pip_install(&python).arg("-r").arg(root.join(REQUIREMENTS)),
-        "pip install -r requirements-test.txt",
-    )?;
-    std::fs::write(venv.join(READY), requirements)
+    fill(&python)?;
+    std::fs::write(venv.join(READY), pins)
         .map_err(|e| format!("cannot write {}: {e}", venv.join(READY).display()))?;
-    Ok(venv)
+    Ok(python)
 }
 
 /// What the tests need from the environment, for `cargo test` and pytest

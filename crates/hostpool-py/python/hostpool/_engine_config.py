@@ -16,7 +16,7 @@ from typing import Any
 
 import hostpool
 
-__all__ = ["load", "from_env"]
+__all__ = ["load", "from_env", "for_plugin"]
 
 # As the CLI's --config: a config is small.
 _MAX_BYTES = 1 << 20
@@ -59,6 +59,25 @@ def from_env(var: str) -> dict[str, Any] | None:
     if value is None:
         return None
     return load(value, what=var)
+
+
+def for_plugin(var: str) -> tuple[dict[str, Any] | None, hostpool.Error | None] | None:
+    """What an engine's plugin entry point installs: ``None`` when ``var`` is unset,
+    else ``(config, None)`` or, for a config that does not load, ``(None, error)``.
+
+    Never raises: the engines run plugins at start, and one that raises
+    either kills every process (vLLM) or is only logged (SGLang); the plugin
+    installs the error instead, to be raised at first use.
+    """
+    value = os.environ.get(var)
+    if value is None:
+        return None
+    try:
+        return load(value, what=var), None
+    except hostpool.Error as e:
+        return None, e
+    except Exception as e:  # never raise into the engine
+        return None, hostpool.ConfigError(f"{var}: {e}")
 
 
 def _read_file(path: str, what: str) -> dict[str, Any]:

@@ -340,18 +340,13 @@ def _vllm_general_plugin() -> None:
     hostpool's error (LMCache never silently falls back to its own memory);
     without LMCache it logs and does nothing.
     """
-    value = os.environ.get(ENV_VAR)
-    if value is None:
+    from hostpool import _engine_config
+
+    loaded = _engine_config.for_plugin(ENV_VAR)
+    if loaded is None:
         _log.debug("%s is not set: LMCache keeps its own CPU memory", ENV_VAR)
         return
-    try:
-        from hostpool import _engine_config
-
-        config, error = _engine_config.load(value, what=ENV_VAR), None
-    except hostpool.Error as e:
-        config, error = None, e
-    except Exception as e:  # never raise into vLLM
-        config, error = None, hostpool.ConfigError(f"{ENV_VAR}: {e}")
+    config, error = loaded
     try:
         _install(config, error)
     except ImportError as e:

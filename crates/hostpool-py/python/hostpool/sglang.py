@@ -351,16 +351,13 @@ def _sglang_plugin() -> None:
     buffer SGLang builds raises hostpool's error, failing SGLang's start
     (never a silent fall back to SGLang's own memory).
     """
-    value = os.environ.get(ENV_VAR)
-    if value is None:
+    from hostpool import _engine_config
+
+    loaded = _engine_config.for_plugin(ENV_VAR)
+    if loaded is None:
         _log.debug("%s is not set: SGLang keeps its own host KV memory", ENV_VAR)
         return
-    try:
-        from hostpool import _engine_config
-
-        config, error = _engine_config.load(value, what=ENV_VAR), None
-    except hostpool.Error as e:
-        config, error = None, e
+    config, error = loaded
     _install(config, error)
     if error is not None:
         _log.error("%s: %s (SGLang's host KV pool will fail with this error)", ENV_VAR, error)
