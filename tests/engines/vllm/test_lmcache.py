@@ -67,12 +67,15 @@ def test_a_numa_mapping_binds_the_pool_to_its_node(installed):
     alloc.close()
 
 
-def test_an_shm_name_is_a_shared_pool_with_nothing_in_dev_shm(installed):
+def test_an_shm_name_is_a_shared_pool_with_nothing_in_dev_shm(installed, caplog):
     before = shm_files()
-    alloc = MixedMemoryAllocator(4 * MiB, shm_name=f"/lmcache-test-{id(installed)}")
+    with caplog.at_level("WARNING", logger="hostpool.lmcache"):
+        alloc = MixedMemoryAllocator(4 * MiB, shm_name=f"/lmcache-test-{id(installed)}")
     pool = _in_a_pool(alloc.buffer)
     assert pool.report["sharing"]["name"].startswith("lmcache-test-")
     assert shm_files() == before
+    # LMCache's multiprocess workers shm_open that name: they are told, not left to guess.
+    assert any("will not find it" in r.getMessage() for r in caplog.records), caplog.text
     alloc.close()
 
 

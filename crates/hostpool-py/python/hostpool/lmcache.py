@@ -296,9 +296,20 @@ def _allocate_cpu_memory(
     if use_hugepages and "dir" not in config:
         config.setdefault("backing", "hugetlbfs")
     if shm_name:
-        sharing = dict(config.get("sharing") or {"world": 1, "rank": 0})
-        sharing["name"] = shm_name.lstrip("/")
+        given = config.get("sharing") or {}
+        sharing = {"world": 1, "rank": 0, **given, "name": shm_name.lstrip("/")}
         config["sharing"] = sharing
+        if sharing["world"] == 1:
+            # Not silent: LMCache's multiprocess workers shm_open this name.
+            _log.warning(
+                "LMCache's buffer %r is named so that other processes can shm_open it; as a hostpool "
+                "pool it has no name in /dev/shm, so they will not find it (LMCache's multiprocess "
+                "workers then fall back to pickle transport). Give %s a sharing table with the "
+                "world and rank of the processes that share it, or leave LMCache's shm buffers to "
+                "LMCache (uninstall)",
+                shm_name,
+                ENV_VAR,
+            )
     pool = hostpool.Pool.from_config(config)
     with _lock:
         _pools[pool.addr] = pool
