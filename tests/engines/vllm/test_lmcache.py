@@ -105,6 +105,17 @@ def test_uninstall_restores_lmcaches_functions():
         mm._free_cpu_memory(buf, MiB)
 
 
+def test_a_buffer_lmcache_made_before_install_is_freed_by_lmcache():
+    alloc = PinMemoryAllocator(MiB)  # LMCache's own path (on CPU: its fallback tensor)
+    assert alloc.buffer.data_ptr() not in hl.allocations()
+    hl.install()
+    try:
+        alloc.close()  # through hostpool's _free_cpu_memory, handed to LMCache's own
+        assert alloc._unregistered
+    finally:
+        hl.uninstall()
+
+
 def test_a_bad_config_is_a_config_error():
     with pytest.raises(hostpool.ConfigError, match="treads"):
         hl.install({"treads": 1})

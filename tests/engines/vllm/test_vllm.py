@@ -258,6 +258,8 @@ def test_vllms_factory_loads_the_spec_from_the_extra_config(engine_id):
         ({"sharing": {"world": 4}}, "parallel config"),
         ({"pin": {"kind": "cuda", "backgroud": True}}, "backgroud"),
         ({"backing": "nonesuch"}, "nonesuch"),
+        ({"dir": "/nonexistent/hugepages"}, "/nonexistent/hugepages"),
+        ({"block_size": 0}, "block_size"),
         ("dir=/dev/shm", "must be a table"),
     ],
 )
