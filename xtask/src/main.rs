@@ -59,9 +59,12 @@ commands:
              `cargo test --workspace --all-targets ARGS...` with
              HOSTPOOL_TEST_* exported, then restore everything (also on
              failure or Ctrl-C). Needs root for the huge page part; without
-             it the tests run with huge page tests skipped.
-          5. cargo bench --workspace --no-run
-        --no-lint  run step 4 alone (no fmt, clippy, doc or bench build).
+             it the tests run with huge page tests skipped. Then the
+             Python tests and the engine tests (tests/engines, each engine
+             in its own cached environment), in the same huge page session.
+          5. cargo test --workspace --doc (the doctests)
+          6. cargo bench --workspace --no-run
+        --no-lint  run step 4 alone (no fmt, clippy, doc, doctests or bench build).
   hugepages up
         Do the same huge page setup for manual work and keep it; prints the
         environment to use (eval \"$(cargo xtask hugepages up)\").

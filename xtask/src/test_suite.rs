@@ -8,7 +8,10 @@
 //! 4. the test suite: sets up a [`Session`] (or explains why it cannot), runs
 //!    `cargo test --workspace --all-targets ARGS...` with the session's
 //!    variables plus `RUST_BACKTRACE=1`, and restores
-//! 5. `cargo bench --workspace --no-run`
+//! 5. `cargo test --workspace --doc`: the doctests, which `--all-targets`
+//!    leaves out (the `compile_fail` proof that a `Region` cannot outlive
+//!    its pool among them)
+//! 6. `cargo bench --workspace --no-run`
 //!
 //! `--no-lint` (before any `--`) runs step 4 alone, and so does the
 //! `XTASK_TEST_CMD` self-test hook. Returns 0 or the failing step's
@@ -80,6 +83,10 @@ fn steps(lint: bool) -> Vec<(&'static str, Step)> {
             ),
         ),
         (SUITE, Step::Suite),
+        (
+            "cargo test --workspace --doc",
+            cargo(&["test", "--workspace", "--doc"], vec![]),
+        ),
         (
             "cargo bench --workspace --no-run",
             cargo(&["bench", "--workspace", "--no-run"], vec![]),
@@ -302,12 +309,13 @@ mod tests {
     #[test]
     fn the_static_checks_come_first_and_no_lint_runs_the_suite_alone() {
         let names: Vec<&str> = steps(true).iter().map(|(name, _)| *name).collect();
-        assert_eq!(names.len(), 5);
+        assert_eq!(names.len(), 6);
         assert!(names[0].starts_with("cargo fmt"));
         assert!(names[1].starts_with("cargo clippy"));
         assert!(names[2].contains("cargo doc"));
         assert!(matches!(steps(true)[3].1, Step::Suite));
-        assert!(names[4].starts_with("cargo bench"));
+        assert_eq!(names[4], "cargo test --workspace --doc");
+        assert!(names[5].starts_with("cargo bench"));
         let only = steps(false);
         assert_eq!(only.len(), 1);
         assert!(matches!(only[0].1, Step::Suite));

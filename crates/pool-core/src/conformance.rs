@@ -252,11 +252,12 @@ pub fn prefault_residency(config: &PoolConfig, populates_at_map: bool) -> Result
 }
 
 /// The mappings of /proc/self/maps that lie within `[start, end)`.
-fn maps_within(start: u64, end: u64) -> Vec<(u64, u64)> {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return Vec::new();
-    };
-    maps.lines()
+fn maps_within(start: u64, end: u64) -> Result<Vec<(u64, u64)>, String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| {
+        format!("/proc/self/maps cannot be read ({e}), so what teardown left cannot be checked")
+    })?;
+    Ok(maps
+        .lines()
         .filter_map(|l| {
             let (a, b) = l.split_whitespace().next()?.split_once('-')?;
             Some((
@@ -264,8 +265,9 @@ fn maps_within(start: u64, end: u64) -> Vec<(u64, u64)> {
                 u64::from_str_radix(b, 16).ok()?,
             ))
         })
-        .filter(|(a, b)| *a >= start && *b <= end)
-        .collect()
+        // Every mapping that overlaps the range, not only those inside it.
+        .filter(|(a, b)| *a < end && *b > start)
+        .collect())
 }
 
 /// Teardown reports no issues, the mapping is gone, and so are the files.
@@ -282,7 +284,7 @@ pub fn teardown_leaves_nothing(config: &PoolConfig) -> Result<(), String> {
     let files: Vec<PathBuf> = pool.files();
     // A segmented pool is one mapping per segment: together they must tile
     // the range exactly.
-    let mut live = maps_within(start, end);
+    let mut live = maps_within(start, end)?;
     live.sort_unstable();
     let tiles = live.first().map(|m| m.0) == Some(start)
         && live.last().map(|m| m.1) == Some(end)
@@ -296,7 +298,7 @@ pub fn teardown_leaves_nothing(config: &PoolConfig) -> Result<(), String> {
     let mut left = Vec::new();
     // Other threads may map new memory into the freed range; only the pool's
     // own mappings, start and end alike, count as left behind.
-    let after = maps_within(start, end);
+    let after = maps_within(start, end)?;
     for m in live.iter().filter(|m| after.contains(m)) {
         left.push(format!(
             "mapping {:#x}-{:#x} still in /proc/self/maps",

@@ -17,6 +17,22 @@
 //! }
 //! ```
 //!
+//! Its twin, the same code with the read before the teardown, compiles: so
+//! the example above fails for the borrow alone, not for a typo (rustdoc on
+//! stable does not check the error code).
+//!
+//! ```no_run
+//! use pool_core::{ByteSize, Pool, PoolConfig, PoolPlan, Quiet};
+//!
+//! fn fresh(plan: &PoolPlan) -> pool_core::Result<()> {
+//!     let pool = Pool::build(plan, &Quiet)?;
+//!     let region = pool.region().unwrap();
+//!     let _ = region.read_byte(0);
+//!     pool.teardown();
+//!     Ok(())
+//! }
+//! ```
+//!
 //! Every access a `Region` offers to the memory is either the kernel's
 //! (`madvise`, `mincore`, `mbind`) or a relaxed atomic byte access, so
 //! concurrent use from several threads, or from peer processes sharing the
