@@ -53,7 +53,8 @@ commands:
           1. cargo fmt --all --check
           2. cargo clippy --workspace --all-targets -- -D warnings
           3. RUSTDOCFLAGS=\"-D warnings\" cargo doc --workspace --no-deps
-          4. the test suite: reserve huge pages (2 MiB: >= 1024, 1 GiB: >= 2
+          4. cargo test --workspace --doc (the doctests)
+          5. the test suite: reserve huge pages (2 MiB: >= 1024, 1 GiB: >= 2
              where the kernel allows), mount hugetlbfs under
              /tmp/hostpool-xtask-<pid>, run
              `cargo test --workspace --all-targets ARGS...` with
@@ -62,9 +63,8 @@ commands:
              it the tests run with huge page tests skipped. Then the
              Python tests and the engine tests (tests/engines, each engine
              in its own cached environment), in the same huge page session.
-          5. cargo test --workspace --doc (the doctests)
           6. cargo bench --workspace --no-run
-        --no-lint  run step 4 alone (no fmt, clippy, doc, doctests or bench build).
+        --no-lint  run step 5 alone (no fmt, clippy, doc, doctests or bench build).
   hugepages up
         Do the same huge page setup for manual work and keep it; prints the
         environment to use (eval \"$(cargo xtask hugepages up)\").

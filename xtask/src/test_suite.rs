@@ -5,12 +5,12 @@
 //! 2. `cargo clippy --workspace --all-targets -- -D warnings`
 //! 3. `cargo doc --workspace --no-deps` with `-D warnings` added to
 //!    `RUSTDOCFLAGS`
-//! 4. the test suite: sets up a [`Session`] (or explains why it cannot), runs
-//!    `cargo test --workspace --all-targets ARGS...` with the session's
-//!    variables plus `RUST_BACKTRACE=1`, and restores
-//! 5. `cargo test --workspace --doc`: the doctests, which `--all-targets`
+//! 4. `cargo test --workspace --doc`: the doctests, which `--all-targets`
 //!    leaves out (the `compile_fail` proof that a `Region` cannot outlive
 //!    its pool among them)
+//! 5. the test suite: sets up a [`Session`] (or explains why it cannot), runs
+//!    `cargo test --workspace --all-targets ARGS...` with the session's
+//!    variables plus `RUST_BACKTRACE=1`, and restores
 //! 6. `cargo bench --workspace --no-run`
 //!
 //! `--no-lint` (before any `--`) runs step 4 alone, and so does the
@@ -82,11 +82,11 @@ fn steps(lint: bool) -> Vec<(&'static str, Step)> {
                 vec![("RUSTDOCFLAGS", rustdocflags)],
             ),
         ),
-        (SUITE, Step::Suite),
         (
             "cargo test --workspace --doc",
             cargo(&["test", "--workspace", "--doc"], vec![]),
         ),
+        (SUITE, Step::Suite),
         (
             "cargo bench --workspace --no-run",
             cargo(&["bench", "--workspace", "--no-run"], vec![]),
@@ -313,8 +313,8 @@ mod tests {
         assert!(names[0].starts_with("cargo fmt"));
         assert!(names[1].starts_with("cargo clippy"));
         assert!(names[2].contains("cargo doc"));
-        assert!(matches!(steps(true)[3].1, Step::Suite));
-        assert_eq!(names[4], "cargo test --workspace --doc");
+        assert_eq!(names[3], "cargo test --workspace --doc");
+        assert!(matches!(steps(true)[4].1, Step::Suite));
         assert!(names[5].starts_with("cargo bench"));
         let only = steps(false);
         assert_eq!(only.len(), 1);
