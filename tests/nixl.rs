@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{TempDir, output_text as text, run_hostpool as hostpool};
+use support::{TempDir, assert_tiles_on_unit, output_text as text, run_hostpool as hostpool};
 
 fn deps_file(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -226,15 +226,7 @@ fn a_block_off_the_page_is_registered_in_regions_on_its_lcm_with_the_page() {
         .collect();
     // floor(1 MiB / 244 KiB) = 4 units a region.
     assert_eq!(regions[0], (0, 4 * UNIT), "{d}");
-    for w in regions.windows(2) {
-        assert_eq!(w[0].0 + w[0].1, w[1].0, "contiguous: {regions:?}");
-    }
-    let (last, len) = *regions.last().unwrap();
-    assert_eq!(last + len, 16 << 20, "the whole pool: {regions:?}");
-    for &(offset, _) in &regions[1..] {
-        assert_eq!(offset % UNIT, 0, "boundary {offset}: {regions:?}");
-        assert_eq!(offset % BLOCK, 0, "boundary {offset} splits a block");
-    }
+    assert_tiles_on_unit(&regions, 16 << 20, UNIT, BLOCK, "NIXL regions");
 }
 
 #[test]

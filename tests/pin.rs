@@ -4,7 +4,9 @@
 
 mod support;
 
-use support::{fake_driver_dir, output_text as text, real_driver_present, run_hostpool};
+use support::{
+    assert_tiles_on_unit, fake_driver_dir, output_text as text, real_driver_present, run_hostpool,
+};
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -159,21 +161,13 @@ fn with_the_fake_driver_a_block_off_the_page_pins_in_chunks_on_its_lcm_with_the_
             })
             .collect();
         assert!(calls.len() > 2, "background {background}: {calls:?}");
-        assert_eq!(calls[0].0, 0, "{calls:?}");
-        for w in calls.windows(2) {
-            assert_eq!(w[0].0 + w[0].1, w[1].0, "contiguous: {calls:?}");
-        }
-        let (last, len) = *calls.last().unwrap();
-        assert_eq!(last + len, SIZE, "the whole pool: {calls:?}");
-        for &(offset, _) in &calls[1..] {
-            assert_eq!(
-                offset % UNIT,
-                0,
-                "background {background}: boundary {offset} is not a multiple of lcm(31232, 4096)"
-            );
-            assert_eq!(offset % BLOCK, 0, "boundary {offset} splits a block");
-            assert_eq!(offset % 4096, 0, "boundary {offset} is off the page");
-        }
+        assert_tiles_on_unit(
+            &calls,
+            SIZE,
+            UNIT,
+            BLOCK,
+            &format!("background {background}"),
+        );
         // floor(1 MiB / 244 KiB) = 4 units a chunk.
         assert_eq!(calls[0].1, 4 * UNIT, "background {background}: {calls:?}");
     }

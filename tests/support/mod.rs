@@ -73,3 +73,34 @@ pub fn output_text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// `pieces` (`(offset in the pool, len)`, in order: pin chunks, registered
+/// regions) tile a pool of `size` bytes from 0, and every interior boundary
+/// is a multiple of `unit` (lcm(block, page)), of `block` and of the 4 KiB
+/// page. `what` says which run it is in the messages.
+pub fn assert_tiles_on_unit(pieces: &[(u64, u64)], size: u64, unit: u64, block: u64, what: &str) {
+    assert!(!pieces.is_empty(), "{what}: nothing");
+    assert_eq!(pieces[0].0, 0, "{what}: starts at 0: {pieces:?}");
+    for w in pieces.windows(2) {
+        assert_eq!(w[0].0 + w[0].1, w[1].0, "{what}: contiguous: {pieces:?}");
+    }
+    let (last, len) = *pieces.last().unwrap();
+    assert_eq!(last + len, size, "{what}: the whole pool: {pieces:?}");
+    for &(offset, _) in &pieces[1..] {
+        assert_eq!(
+            offset % unit,
+            0,
+            "{what}: boundary {offset} is not a multiple of lcm(block, page) = {unit}: {pieces:?}"
+        );
+        assert_eq!(
+            offset % block,
+            0,
+            "{what}: boundary {offset} splits a block"
+        );
+        assert_eq!(
+            offset % 4096,
+            0,
+            "{what}: boundary {offset} is off the page"
+        );
+    }
+}
