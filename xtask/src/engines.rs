@@ -101,7 +101,6 @@ fn build_wheel(root: &Path) -> Result<PathBuf, String> {
 pub fn test(env: &[(String, String)]) -> Result<i32, String> {
     let root = cmd::workspace_root();
     let wheel = build_wheel(&root)?;
-    let target = root.join("target/debug");
     let mut worst = 0;
     for engine in ENGINES {
         let venv = ensure_venv(&root, engine)?;
@@ -112,23 +111,9 @@ pub fn test(env: &[(String, String)]) -> Result<i32, String> {
                 .arg(&wheel),
             &format!("pip install the hostpool wheel into the {engine} environment"),
         )?;
-        let mut path = std::ffi::OsString::from(venv.join("bin"));
-        if let Some(old) = std::env::var_os("PATH") {
-            path.push(":");
-            path.push(old);
-        }
-        let mut pytest = Command::new(&python);
-        pytest
-            .current_dir(&root)
-            .args(["-m", "pytest"])
-            .arg(engine_dir(&root, engine))
-            .args(["-q", "-ra", "-p", "no:cacheprovider"])
-            .env("PATH", &path)
-            .env("HOSTPOOL_BIN", target.join("hostpool"))
-            .env("HOSTPOOL_FAKE_CUDA", target.join("libfake_cuda.so"))
-            .env("VLLM_CONFIGURE_LOGGING", "0")
-            .env("UCX_NET_DEVICES", "lo")
-            .envs(env.iter().map(|(k, v)| (k, v)));
+        // The UCX loopback setting is in `env`, from the NIXL environment.
+        let mut pytest = python::pytest(&venv, &engine_dir(&root, engine), env);
+        pytest.env("VLLM_CONFIGURE_LOGGING", "0");
         eprintln!("xtask: engines: pytest tests/engines/{engine}");
         let code = cmd::run_step(&mut pytest, &format!("pytest tests/engines/{engine}"))?;
         eprintln!("xtask: engines: pytest tests/engines/{engine} exited with status {code}");

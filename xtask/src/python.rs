@@ -146,19 +146,13 @@ pub fn nixl_env() -> Result<Vec<(String, String)>, String> {
 pub fn test(env: &[(String, String)]) -> Result<i32, String> {
     let root = cmd::workspace_root();
     let venv = ensure_venv(&root)?;
-    let python = venv.join("bin/python");
-    let mut path = std::ffi::OsString::from(venv.join("bin"));
-    if let Some(old) = std::env::var_os("PATH") {
-        path.push(":");
-        path.push(old);
-    }
     // The README's install command, so the tests check it too.
     eprintln!("xtask: python: pip install ./crates/hostpool-py");
     run(
-        pip_install(&python)
+        pip_install(&venv.join("bin/python"))
             .current_dir(&root)
             .args(["--force-reinstall", "--no-deps", "./crates/hostpool-py"])
-            .env("PATH", &path),
+            .env("PATH", venv_path(&venv)),
         "pip install ./crates/hostpool-py",
     )?;
     // The CLI and the CUDA double the tests use: built by `cargo test`.
@@ -166,25 +160,41 @@ pub fn test(env: &[(String, String)]) -> Result<i32, String> {
         cmd::cargo().args(["build", "--quiet", "-p", "hostpool", "-p", "fake-cuda"]),
         "cargo build -p hostpool -p fake-cuda",
     )?;
+    eprintln!("xtask: python: pytest tests/python");
+    cmd::run_step(
+        &mut pytest(&venv, Path::new("tests/python"), env),
+        "pytest tests/python",
+    )
+}
+
+/// `PATH` with `venv`'s `bin` first.
+fn venv_path(venv: &Path) -> std::ffi::OsString {
+    let mut path = std::ffi::OsString::from(venv.join("bin"));
+    if let Some(old) = std::env::var_os("PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    path
+}
+
+/// `python -m pytest DIR -q -ra -p no:cacheprovider` with `venv`'s python,
+/// from the workspace root, with `venv` first on `PATH`, the CLI and the
+/// CUDA double the tests use (`HOSTPOOL_BIN`, `HOSTPOOL_FAKE_CUDA`), and
+/// `env`.
+pub(crate) fn pytest(venv: &Path, dir: &Path, env: &[(String, String)]) -> Command {
+    let root = cmd::workspace_root();
     let target = root.join("target/debug");
-    let mut pytest = Command::new(&python);
+    let mut pytest = Command::new(venv.join("bin/python"));
     pytest
         .current_dir(&root)
-        .args([
-            "-m",
-            "pytest",
-            "tests/python",
-            "-q",
-            "-ra",
-            "-p",
-            "no:cacheprovider",
-        ])
-        .env("PATH", &path)
+        .args(["-m", "pytest"])
+        .arg(dir)
+        .args(["-q", "-ra", "-p", "no:cacheprovider"])
+        .env("PATH", venv_path(venv))
         .env("HOSTPOOL_BIN", target.join("hostpool"))
         .env("HOSTPOOL_FAKE_CUDA", target.join("libfake_cuda.so"))
         .envs(env.iter().map(|(k, v)| (k, v)));
-    eprintln!("xtask: python: pytest tests/python");
-    cmd::run_step(&mut pytest, "pytest tests/python")
+    pytest
 }
 
 #[cfg(test)]

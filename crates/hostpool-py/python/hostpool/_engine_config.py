@@ -69,11 +69,10 @@ def for_plugin(var: str) -> tuple[dict[str, Any] | None, hostpool.Error | None] 
     either kills every process (vLLM) or is only logged (SGLang); the plugin
     installs the error instead, to be raised at first use.
     """
-    value = os.environ.get(var)
-    if value is None:
+    if var not in os.environ:
         return None
     try:
-        return load(value, what=var), None
+        return from_env(var), None
     except hostpool.Error as e:
         return None, e
     except Exception as e:  # never raise into the engine

@@ -198,14 +198,12 @@ def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) ->
     :class:`hostpool.ConfigError` for a bad config, ``ImportError`` without
     LMCache.
     """
-    parsed = None if config is None else _load_config(config, "hostpool.lmcache.install(config)")
+    parsed = None
+    if config is not None:
+        from hostpool import _engine_config
+
+        parsed = _engine_config.load(config, what="hostpool.lmcache.install(config)")
     _install(parsed, None)
-
-
-def _load_config(config: Any, what: str) -> dict[str, Any]:
-    from hostpool import _engine_config
-
-    return _engine_config.load(config, what=what)
 
 
 def _install(config: dict[str, Any] | None, error: hostpool.Error | None) -> None:
@@ -248,12 +246,17 @@ def uninstall() -> None:
                     setattr(module, name, state.originals[name])
 
 
+def _torch_dev() -> Any:
+    """LMCache's device module (``memory_management.torch_dev``), or ``None``."""
+    return getattr(sys.modules.get(_MM), "torch_dev", None)
+
+
 def _numa_node(numa_mapping: Any) -> int | None:
     """The NUMA node LMCache would bind: its map's entry for the current device."""
     if not numa_mapping:
         return None
     device = 0
-    torch_dev = getattr(sys.modules.get(_MM), "torch_dev", None)
+    torch_dev = _torch_dev()
     try:
         if torch_dev is not None and torch_dev.is_available():
             device = torch_dev.current_device()
@@ -335,7 +338,7 @@ def _free_cpu_memory(
             return
         original = state.originals["_free_cpu_memory"] if state else sys.modules[_MM]._free_cpu_memory
         return original(buffer, size, numa_mapping, shm_name, use_hugepages)
-    torch_dev = getattr(sys.modules.get(_MM), "torch_dev", None)
+    torch_dev = _torch_dev()
     if torch_dev is not None and torch_dev.is_available():
         torch_dev.synchronize()  # as LMCache: no copy may still read the buffer
     for issue in free(addr):

@@ -61,10 +61,6 @@ _log = logging.getLogger("hostpool.torch")
 # the ranges are vLLM's for the same arguments, though no file exists here.
 _MIN_SEGMENT_BYTES = 1 << 30
 
-# Keys of a pool config that a region fills in itself.
-_REGION_OWNED_KEYS = ("size",)
-
-
 class RegionFullError(hostpool.CapacityError, AssertionError):
     """A view that does not fit in its slot or row.
 
@@ -226,12 +222,11 @@ class HostPoolRegion:
         pool_config: Mapping[str, Any] | None,
     ) -> dict[str, Any]:
         config = dict(pool_config or {})
-        for key in _REGION_OWNED_KEYS:
-            if key in config:
-                raise hostpool.ConfigError(
-                    f"pool_config has `{key}`, which the region sets itself "
-                    f"(num_chunks x kv_bytes_per_chunk = {total} bytes): remove it"
-                )
+        if "size" in config:
+            raise hostpool.ConfigError(
+                f"pool_config has `size`, which the region sets itself "
+                f"(num_chunks x kv_bytes_per_chunk = {total} bytes): remove it"
+            )
         config["size"] = total
         config.setdefault("block_size", row)
         sharing = config.get("sharing")

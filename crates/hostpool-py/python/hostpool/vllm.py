@@ -50,10 +50,7 @@ _log = logging.getLogger("hostpool.vllm")
 EXTRA_CONFIG_KEY = "hostpool"
 """The table of ``kv_connector_extra_config`` that holds the pool config."""
 
-# What vLLM decides, not the pool config.
-_FROM_VLLM = {
-    "size": "the size comes from kv_connector_extra_config's cpu_bytes_to_use",
-}
+# What vLLM decides in a sharing table, not the pool config.
 _SHARING_FROM_VLLM = ("name", "world", "rank")
 
 
@@ -76,11 +73,11 @@ def pool_config_from(extra_config: Mapping[str, Any], size: int | None = None) -
             f"config keys such as {{\"dir\": \"/dev/hugepages\"}}, not {table!r}"
         )
     config = dict(table)
-    for key, why in _FROM_VLLM.items():
-        if key in config:
-            raise hostpool.ConfigError(
-                f"kv_connector_extra_config.{EXTRA_CONFIG_KEY} has `{key}`: {why}; remove it"
-            )
+    if "size" in config:
+        raise hostpool.ConfigError(
+            f"kv_connector_extra_config.{EXTRA_CONFIG_KEY} has `size`: the size comes from "
+            "kv_connector_extra_config's cpu_bytes_to_use; remove it"
+        )
     sharing = config.get("sharing")
     if sharing is not None:
         if not isinstance(sharing, Mapping):
@@ -159,11 +156,12 @@ class HostPoolOffloadingSpec(CPUOffloadingSpec):
             populate_shard=(worker_index, world_size) if self.replicated_layout else None,
             pool_config=self.region_pool_config(),
         )
+        pool = region.pool  # set: the region was just built
         _log.info(
             "CPU offload region of %d bytes on hostpool (%s, %d-byte pages, pinned: %s)",
             region.total_size_bytes,
-            region.pool.backing if region.pool else "?",
-            region.pool.page_size if region.pool else 0,
+            pool.backing,
+            pool.page_size,
             region.is_pinned,
         )
         try:
