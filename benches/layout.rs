@@ -1,6 +1,6 @@
 //! Layout math at pool scale: how long planning a 400 GiB pool takes.
 //!
-//! Run with `cargo bench -p hostpool --bench layout`.
+//! Run with `cargo bench -p hostpool-cli --bench layout`.
 
 use std::hint::black_box;
 

@@ -378,7 +378,8 @@ fn a_held_pool_reports_when_usable_then_a_line_when_pinned_in_the_background() {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     let end: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
-    assert_eq!(end["pin"]["state"], "pinned", "{end}");
+    assert_eq!(end["pin"]["status"], "pinned", "{end}");
+    assert_eq!(end["pin"]["state"], end["pin"]["status"], "{end}");
     assert_eq!(end["pin"]["pinned_bytes"], 64 << 20);
     assert_eq!(end["pin"]["chunks"], 4);
     assert!(

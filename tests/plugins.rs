@@ -191,7 +191,7 @@ fn config(tag: &str, pin: Option<Value>, reg_a: Option<Value>, reg_b: Option<Val
         table("test-reg-b", Some(b));
     }
     if c.plugins.contains_key("test-pin") {
-        c.pin.kind = "test-pin".into();
+        c.pin.kind = Some("test-pin".into());
     }
     for r in ["test-reg-a", "test-reg-b"] {
         if c.plugins.contains_key(r) {
@@ -321,7 +321,7 @@ fn a_bad_key_in_a_plugin_table_is_rejected_by_that_plugin() {
 #[test]
 fn unknown_pinner_names_the_available_ones_sorted() {
     let mut c = config("unknown", None, None, None);
-    c.pin.kind = "cudaa".into();
+    c.pin.kind = Some("cudaa".into());
     let e = PoolPlan::new(c).unwrap_err();
     assert!(e.to_string().contains("unknown pinner `cudaa`"), "{e}");
     assert!(

@@ -186,3 +186,50 @@ fn the_workspace_denies_unsafe_code_and_every_crate_takes_its_lints() {
         );
     }
 }
+
+/// The normal (linked) dependencies of `package`, by name, from `cargo tree`.
+fn linked_packages(package: &str, features: &[&str]) -> Vec<String> {
+    let mut cargo = std::process::Command::new(env!("CARGO"));
+    cargo
+        .current_dir(root())
+        .args(["tree", "--offline", "-e", "normal", "--prefix", "none"])
+        .args(["--format", "{p}", "-p", package]);
+    for f in features {
+        cargo.args(["--features", f]);
+    }
+    let out = cargo.output().expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// What only the CLI links.
+const CLI_ONLY: [&str; 4] = ["clap", "indicatif", "bench-support", "hostpool-cli"];
+
+#[test]
+fn the_python_extension_and_the_library_link_no_cli_code() {
+    for package in ["hostpool-py", "hostpool"] {
+        let linked = linked_packages(package, &[]);
+        assert!(
+            linked.iter().any(|p| p == "pool-core") && linked.iter().any(|p| p == "backing-anon"),
+            "{package} links the plugins: {linked:?}"
+        );
+        for cli in CLI_ONLY {
+            assert!(
+                !linked.iter().any(|p| p == cli),
+                "{package} links {cli}, which only the CLI needs: {linked:?}"
+            );
+        }
+    }
+    // The check can fail: the CLI itself links all of them.
+    let cli = linked_packages("hostpool-cli", &[]);
+    for dep in ["clap", "indicatif", "bench-support"] {
+        assert!(cli.iter().any(|p| p == dep), "hostpool-cli: {cli:?}");
+    }
+}

@@ -91,7 +91,7 @@ def hostpool_bin() -> pathlib.Path:
     """The `hostpool` CLI built from this tree."""
     exe = _target_file("hostpool", "HOSTPOOL_BIN")
     if exe is None:
-        pytest.fail("the hostpool binary is not built: run `cargo build -p hostpool`")
+        pytest.fail("the hostpool binary is not built: run `cargo build -p hostpool-cli`")
     return exe
 
 

@@ -162,7 +162,7 @@ def test_view_is_bounded():
         ({"size": True}, "not a bool"),
         ({"size": 0}, "size"),
         ({"size": "1MiB", "backing": "nope"}, "unknown backing `nope`"),
-        ({"size": "1MiB", "prefault": "fast"}, "not a method"),
+        ({"size": "1MiB", "prefault": "fast"}, "not a prefault method"),
         ({"size": "1MiB", "threads": 0}, "1 or more"),
         ({"size": "1MiB", "pin_required": True}, "needs a pinner"),
         ({"size": "1MiB", "dir": 5}, "must be a path"),

@@ -99,6 +99,10 @@ def test_every_rank_sees_the_others_writes(shared_kwargs):
 
 
 def test_a_rank_killed_mid_setup_is_named_by_every_other(shared_kwargs):
+    import hostpool._hostpool
+
+    # The victim stalls at a failpoint: only a test build has them.
+    assert hostpool._hostpool._FAILPOINTS, "build with --features failpoints (cargo xtask test does)"
     procs, results = _run(f"py-kill-{os.getpid()}", shared_kwargs, kill_rank=2)
     assert procs[2].exitcode == -signal.SIGKILL
     dead_pid = procs[2].pid

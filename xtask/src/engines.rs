@@ -83,6 +83,9 @@ fn build_wheel(root: &Path) -> Result<PathBuf, String> {
                 "--quiet",
                 "-m",
                 "crates/hostpool-py/Cargo.toml",
+                // The vLLM kill test arms a failpoint.
+                "--features",
+                "failpoints",
                 "-o",
             ])
             .arg(&out),

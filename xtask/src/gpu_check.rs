@@ -477,7 +477,7 @@ fn background_section(md: &mut String, hostpool: &Path, size: u64) {
 /// Here: build the release binaries and say what to run there.
 fn prepare() -> Result<i32, String> {
     let code = cmd::run_step(
-        cmd::cargo().args(["build", "--release", "-p", "hostpool", "-p", "xtask"]),
+        cmd::cargo().args(["build", "--release", "-p", "hostpool-cli", "-p", "xtask"]),
         "cargo build --release",
     )?;
     if code != 0 {

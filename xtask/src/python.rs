@@ -152,13 +152,26 @@ pub fn test(env: &[(String, String)]) -> Result<i32, String> {
         pip_install(&venv.join("bin/python"))
             .current_dir(&root)
             .args(["--force-reinstall", "--no-deps", "./crates/hostpool-py"])
+            // The test hooks the kill tests arm (HOSTPOOL_TEST_FAILPOINTS),
+            // which a plain install leaves out.
+            .env("MATURIN_PEP517_ARGS", "--features failpoints")
             .env("PATH", venv_path(&venv)),
         "pip install ./crates/hostpool-py",
     )?;
-    // The CLI and the CUDA double the tests use: built by `cargo test`.
+    // The CLI (with its test hooks, as `cargo test` builds it) and the CUDA
+    // double the tests use.
     run(
-        cmd::cargo().args(["build", "--quiet", "-p", "hostpool", "-p", "fake-cuda"]),
-        "cargo build -p hostpool -p fake-cuda",
+        cmd::cargo().args([
+            "build",
+            "--quiet",
+            "-p",
+            "hostpool-cli",
+            "-p",
+            "fake-cuda",
+            "--features",
+            "hostpool-cli/failpoints",
+        ]),
+        "cargo build -p hostpool-cli -p fake-cuda --features hostpool-cli/failpoints",
     )?;
     eprintln!("xtask: python: pytest tests/python");
     cmd::run_step(

@@ -12,6 +12,10 @@
 //!    `cargo test --workspace --all-targets ARGS...` with the session's
 //!    variables plus `RUST_BACKTRACE=1`, and restores
 //! 6. `cargo bench --workspace --no-run`
+//! 7. the release binary: the README's first command
+//!    (`cargo run --release -p hostpool-cli -- alloc`), with a failpoint
+//!    armed that would fail it in a test build, must succeed: test hooks are
+//!    not in what operators run ([`release`])
 //!
 //! `--no-lint` (before any `--`) runs step 4 alone, and so does the
 //! `XTASK_TEST_CMD` self-test hook. Returns 0 or the failing step's
@@ -42,7 +46,13 @@ enum Step {
     },
     /// The test suite with huge pages ([`suite`]).
     Suite,
+    /// The release binary ignores the test hooks ([`release`]).
+    Release,
 }
+
+/// The failpoint the release check arms: in a test build it makes the
+/// anonymous pool's `mmap` fail.
+const RELEASE_FAILPOINT: &str = "anon-mmap=ENOMEM";
 
 /// The steps, in order, with their display names; only the suite when
 /// `lint` is false.
@@ -90,6 +100,10 @@ fn steps(lint: bool) -> Vec<(&'static str, Step)> {
         (
             "cargo bench --workspace --no-run",
             cargo(&["bench", "--workspace", "--no-run"], vec![]),
+        ),
+        (
+            "cargo run --release -p hostpool-cli -- alloc, with a failpoint armed",
+            Step::Release,
         ),
     ]
 }
@@ -147,6 +161,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
 fn run_one(name: &str, step: Step, cargo_test_args: &[String]) -> Result<i32, String> {
     match step {
         Step::Suite => suite(cargo_test_args),
+        Step::Release => release(),
         Step::Cargo { args, env } => {
             let mut command: Command = cmd::cargo();
             command.args(args).envs(env);
@@ -243,6 +258,42 @@ fn suite(args: &[String]) -> Result<i32, String> {
     Ok(code)
 }
 
+/// Runs the README's first command with [`RELEASE_FAILPOINT`] armed: the
+/// release build must ignore it (exit 0), and the variable's name must not
+/// be in the binary at all. Returns 0 or 1.
+fn release() -> Result<i32, String> {
+    let mut run = cmd::cargo();
+    run.args(["run", "--release", "--quiet", "-p", "hostpool-cli", "--"])
+        .args(["alloc", "--size", "64MiB", "--json"])
+        .env("HOSTPOOL_TEST_FAILPOINTS", RELEASE_FAILPOINT)
+        .stdout(std::process::Stdio::null());
+    let code = cmd::run_step(&mut run, "cargo run --release -p hostpool-cli -- alloc")?;
+    if code != 0 {
+        eprintln!(
+            "xtask: the release binary exited with {code} with HOSTPOOL_TEST_FAILPOINTS={RELEASE_FAILPOINT}: \
+             a test hook is compiled into it (pool-core's `failpoints` feature must stay off)"
+        );
+        return Ok(1);
+    }
+    let binary = cmd::workspace_root().join("target/release/hostpool");
+    let bytes =
+        std::fs::read(&binary).map_err(|e| format!("cannot read {}: {e}", binary.display()))?;
+    for needle in [
+        "HOSTPOOL_TEST_FAILPOINTS",
+        "HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS",
+    ] {
+        if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+            eprintln!(
+                "xtask: {} names {needle}: a test hook is compiled in",
+                binary.display()
+            );
+            return Ok(1);
+        }
+    }
+    eprintln!("xtask: the release binary ignored the failpoints and names neither variable");
+    Ok(0)
+}
+
 /// The command that runs the tests, and how to describe it.
 fn test_command(args: &[String]) -> (Command, String) {
     if let Some(script) = std::env::var_os(TEST_CMD_VAR) {
@@ -309,13 +360,14 @@ mod tests {
     #[test]
     fn the_static_checks_come_first_and_no_lint_runs_the_suite_alone() {
         let names: Vec<&str> = steps(true).iter().map(|(name, _)| *name).collect();
-        assert_eq!(names.len(), 6);
+        assert_eq!(names.len(), 7);
         assert!(names[0].starts_with("cargo fmt"));
         assert!(names[1].starts_with("cargo clippy"));
         assert!(names[2].contains("cargo doc"));
         assert_eq!(names[3], "cargo test --workspace --doc");
         assert!(matches!(steps(true)[4].1, Step::Suite));
         assert!(names[5].starts_with("cargo bench"));
+        assert!(matches!(steps(true)[6].1, Step::Release));
         let only = steps(false);
         assert_eq!(only.len(), 1);
         assert!(matches!(only[0].1, Step::Suite));

@@ -6,7 +6,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use pool_core::host::memlock::MemlockPolicy;
-use pool_core::{ByteSize, Error, PinScope, PoolConfig, PrefaultChoice, Rendezvous, SharingConfig};
+use pool_core::{ByteSize, Choice, Error, PinScope, PoolConfig, PrefaultChoice, SharingConfig};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyString};
 
@@ -62,49 +62,30 @@ pub fn path(key: &str, value: &Bound<'_, PyAny>) -> Result<PathBuf, Error> {
     })
 }
 
-/// The prefault method by its CLI name.
-pub fn prefault(value: &str) -> Result<PrefaultChoice, Error> {
-    match value.replace('_', "-").as_str() {
-        "auto" => Ok(PrefaultChoice::Auto),
-        "populate-write" => Ok(PrefaultChoice::PopulateWrite),
-        "touch" => Ok(PrefaultChoice::Touch),
-        "none" => Ok(PrefaultChoice::None),
-        other => Err(Error::config(format!(
-            "prefault `{other}` is not a method: use \"auto\", \"populate-write\", \"touch\" or \"none\""
-        ))),
-    }
-}
+/// A keyword argument that names one of pool-core's choices (`prefault`,
+/// `pin_scope`, `memlock_bound`, `rendezvous`): a `str`, read with the same
+/// `FromStr` as config files and flags (`_` taken as `-`). A wrong name or
+/// type is a `ConfigError` that lists the values there are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Parsed<T>(pub T);
 
-/// `pin_scope`.
-pub fn pin_scope(value: &str) -> Result<PinScope, Error> {
-    match value {
-        "pool" => Ok(PinScope::Pool),
-        "shard" => Ok(PinScope::Shard),
-        other => Err(Error::config(format!(
-            "pin_scope `{other}` is not a scope: use \"pool\" (the whole pool) or \"shard\" (this rank's shard)"
-        ))),
-    }
-}
+impl<'a, 'py, T: Choice> FromPyObject<'a, 'py> for Parsed<T> {
+    type Error = PyErr;
 
-/// `memlock_bound`.
-pub fn memlock_bound(value: &str) -> Result<MemlockPolicy, Error> {
-    match value {
-        "check" => Ok(MemlockPolicy::Check),
-        "ignore" => Ok(MemlockPolicy::Ignore),
-        other => Err(Error::config(format!(
-            "memlock_bound `{other}` is not a policy: use \"check\" or \"ignore\""
-        ))),
-    }
-}
-
-/// `rendezvous`.
-pub fn rendezvous(value: &str) -> Result<Rendezvous, Error> {
-    match value {
-        "socket" => Ok(Rendezvous::Socket),
-        "file" => Ok(Rendezvous::File),
-        other => Err(Error::config(format!(
-            "rendezvous `{other}` is not a rendezvous: use \"socket\" (default) or \"file\""
-        ))),
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let py = obj.py();
+        let parsed = match obj.cast::<PyString>() {
+            Ok(text) => T::parse(&text.to_string()).map_err(|e| Error::config(e.to_string())),
+            Err(_) => Err(Error::config(format!(
+                "a {} must be a str such as \"{}\", not {}",
+                T::WHAT,
+                T::ALL[0].1,
+                type_name(&obj)
+            ))),
+        };
+        parsed
+            .map(Parsed)
+            .map_err(|e| crate::errors::to_py(py, &e, None))
     }
 }
 
@@ -160,11 +141,7 @@ impl Args {
             numa_node: self.numa_node,
             ..PoolConfig::default()
         };
-        config.pin.kind = match self.pin {
-            None => "off".to_string(),
-            Some(kind) if kind == "off" || kind.is_empty() => "off".to_string(),
-            Some(kind) => kind,
-        };
+        config.pin.kind = self.pin.and_then(pool_core::pin_kind_from);
         if self.pin_required && !config.pin.is_on() {
             return Err(Error::config(
                 "pin_required=True needs a pinner: pass pin=\"cuda\" or pin=\"mlock\"",

@@ -81,6 +81,8 @@ fn plan<'py>(py: Python<'py>, source: &Bound<'py, PyAny>) -> PyResult<Bound<'py,
 fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Whether this build reads HOSTPOOL_TEST_FAILPOINTS (test wheels only).
+    m.add("_FAILPOINTS", pool_core::failpoint::ENABLED)?;
     m.add_class::<pool::PyPool>()?;
     m.add_class::<pool::PyShared>()?;
     m.add_function(wrap_pyfunction!(plugins, m)?)?;

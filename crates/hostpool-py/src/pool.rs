@@ -10,12 +10,15 @@
 
 use std::sync::Mutex;
 
-use pool_core::{Error, PinStatus, Pool, PoolPlan, PoolReport};
+use pool_core::host::memlock::MemlockPolicy;
+use pool_core::{
+    Error, PinScope, PinStatus, Pool, PoolPlan, PoolReport, PrefaultChoice, Rendezvous,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyType};
 
-use crate::config::{self, Args};
+use crate::config::{self, Args, Parsed};
 use crate::{build, errors, logs};
 
 /// How a shared pool's ranks find each other: `Shared(name, world, rank)`.
@@ -38,8 +41,7 @@ pub struct PyShared {
     #[pyo3(get)]
     barrier_timeout: f64,
     /// `"socket"` (default: nothing in any directory) or `"file"`.
-    #[pyo3(get)]
-    rendezvous: String,
+    rendezvous: Rendezvous,
 }
 
 impl std::fmt::Display for PyShared {
@@ -52,7 +54,7 @@ impl std::fmt::Display for PyShared {
             self.rank,
             self.attach_timeout,
             self.barrier_timeout,
-            self.rendezvous
+            self.rendezvous.to_string()
         )
     }
 }
@@ -60,7 +62,11 @@ impl std::fmt::Display for PyShared {
 #[pymethods]
 impl PyShared {
     #[new]
-    #[pyo3(signature = (name, world, rank, attach_timeout=30.0, barrier_timeout=600.0, rendezvous="socket"))]
+    #[pyo3(signature = (
+        name, world, rank, attach_timeout = pool_core::DEFAULT_ATTACH_TIMEOUT_SECS,
+        barrier_timeout = pool_core::DEFAULT_BARRIER_TIMEOUT_SECS,
+        rendezvous = Parsed(Rendezvous::Socket),
+    ))]
     fn new(
         py: Python<'_>,
         name: String,
@@ -68,7 +74,7 @@ impl PyShared {
         rank: i64,
         attach_timeout: f64,
         barrier_timeout: f64,
-        rendezvous: &str,
+        rendezvous: Parsed<Rendezvous>,
     ) -> PyResult<PyShared> {
         let shared = (|| {
             let world = u32::try_from(world).map_err(|_| {
@@ -88,7 +94,7 @@ impl PyShared {
                 rank,
                 attach_timeout,
                 barrier_timeout,
-                rendezvous: rendezvous.to_string(),
+                rendezvous: rendezvous.0,
             };
             shared.config()?.validate()?;
             Ok(shared)
@@ -98,6 +104,12 @@ impl PyShared {
 
     fn __repr__(&self) -> String {
         self.to_string()
+    }
+
+    /// `"socket"` (default: nothing in any directory) or `"file"`.
+    #[getter]
+    fn rendezvous(&self) -> &'static str {
+        pool_core::Choice::name(self.rendezvous)
     }
 
     /// Pickled as its arguments, so it can be passed to spawned ranks.
@@ -114,7 +126,7 @@ impl PyShared {
                 s.rank,
                 s.attach_timeout,
                 s.barrier_timeout,
-                s.rendezvous.clone(),
+                s.rendezvous.to_string(),
             ),
         )
     }
@@ -128,7 +140,7 @@ impl PyShared {
             rank: self.rank,
             attach_timeout_secs: self.attach_timeout,
             barrier_timeout_secs: self.barrier_timeout,
-            rendezvous: config::rendezvous(&self.rendezvous)?,
+            rendezvous: self.rendezvous,
             control_dir: None,
         })
     }
@@ -280,8 +292,9 @@ impl PyPool {
     #[new]
     #[pyo3(signature = (
         size = None, *, backing = "auto", dir = None, page_size = None, numa_node = None,
-        threads = None, prefault = "auto", block_size = None, shared = None, pin = None,
-        pin_required = false, register = None, pin_scope = "pool", memlock_bound = "check",
+        threads = None, prefault = Parsed(PrefaultChoice::Auto), block_size = None, shared = None, pin = None,
+        pin_required = false, register = None, pin_scope = Parsed(PinScope::Pool),
+        memlock_bound = Parsed(MemlockPolicy::Check),
         pin_background = false, background_chunk = None, progress = None,
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -293,14 +306,14 @@ impl PyPool {
         page_size: Option<&Bound<'_, PyAny>>,
         numa_node: Option<i64>,
         threads: Option<i64>,
-        prefault: &str,
+        prefault: Parsed<PrefaultChoice>,
         block_size: Option<&Bound<'_, PyAny>>,
         shared: Option<PyRef<'_, PyShared>>,
         pin: Option<String>,
         pin_required: bool,
         register: Option<&Bound<'_, PyAny>>,
-        pin_scope: &str,
-        memlock_bound: &str,
+        pin_scope: Parsed<PinScope>,
+        memlock_bound: Parsed<MemlockPolicy>,
         pin_background: bool,
         background_chunk: Option<&Bound<'_, PyAny>>,
         progress: Option<Bound<'_, PyAny>>,
@@ -322,15 +335,15 @@ impl PyPool {
                     })
                     .transpose()?,
                 threads: threads.map(config::threads).transpose()?,
-                prefault: config::prefault(prefault)?,
+                prefault: prefault.0,
                 block_size: opt_size("block_size", block_size)?,
                 sharing: shared.map(|s| s.config()).transpose()?,
                 pin,
                 pin_required,
-                pin_scope: config::pin_scope(pin_scope)?,
+                pin_scope: pin_scope.0,
                 pin_background,
                 background_chunk: opt_size("background_chunk", background_chunk)?,
-                memlock_bound: config::memlock_bound(memlock_bound)?,
+                memlock_bound: memlock_bound.0,
                 register: match register {
                     Some(r) if !r.is_none() => config::register(r)?,
                     _ => Vec::new(),
@@ -399,7 +412,7 @@ impl PyPool {
     fn pinned(&self) -> bool {
         let state = self.lock();
         match &state.pool {
-            Some(pool) => pool.pin_status().state == pool_core::PinState::Pinned,
+            Some(pool) => pool.pin_status().status == pool_core::PinStatus::Pinned,
             None => self.info.pinned,
         }
     }
@@ -428,7 +441,7 @@ impl PyPool {
             match (&state.pool, &state.closed) {
                 (Some(pool), _) => pool.pin_status(),
                 (None, _) => pool_core::PinProgress::settled(
-                    pool_core::PinState::Off,
+                    pool_core::PinStatus::Off,
                     None,
                     Some("the pool is closed".into()),
                     0.0,
@@ -475,7 +488,7 @@ impl PyPool {
                 Some(Ok(p)) => p,
             };
             let over = deadline.is_some_and(|d| std::time::Instant::now() >= d);
-            if progress.state != pool_core::PinState::Pinning || over {
+            if progress.status != pool_core::PinStatus::Pinning || over {
                 return json_dict(py, &progress);
             }
             py.check_signals()?;

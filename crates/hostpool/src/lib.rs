@@ -1,8 +1,11 @@
 //! `hostpool`: large host-memory pools for GPU KV-cache offload.
 //!
-//! This facade links every built-in plugin and ships the `hostpool` CLI. A
-//! program that embeds hostpool depends on this crate (or on `pool-core` plus
-//! the plugin crates it wants, naming each one so it is linked).
+//! This library links every built-in plugin and re-exports [`pool_core`]: a
+//! program that embeds hostpool (the Python package among them) depends on
+//! this crate, or on `pool-core` plus the plugin crates it wants, naming each
+//! one so it is linked. The `hostpool` command lives beside it, in
+//! `hostpool-cli`, so an embedder links no CLI code (no clap, no progress
+//! bars, no benchmarks).
 //!
 //! ```no_run
 //! use hostpool::pool_core::{ByteSize, Pool, PoolConfig, PoolPlan, Quiet};
@@ -26,6 +29,3 @@ use pinner_cuda as _;
 use pinner_mlock as _;
 use registrar_nixl as _;
 use registrar_rdma as _;
-
-pub mod cli;
-mod sys;

@@ -185,7 +185,7 @@ fn pinner(name: &str, config: &PoolConfig) -> Box<dyn pool_core::Pinner> {
 /// thread other than the one that built it).
 fn unpin_on_another_thread() -> Value {
     let mut config = child_config();
-    config.pin.kind = "off".into();
+    config.pin.kind = None;
     let plan = PoolPlan::new(config.clone()).unwrap();
     let pool = Pool::build(&plan, &Quiet).unwrap();
     let region = pool.region().unwrap();

@@ -13,7 +13,7 @@ fn config(size: u64, required: bool, ignore: bool) -> PoolConfig {
         backing: "anon".into(),
         ..PoolConfig::default()
     };
-    c.pin.kind = "mlock".into();
+    c.pin.kind = Some("mlock".into());
     c.pin.required = required;
     if ignore {
         c.pin.memlock_bound = pool_core::host::memlock::MemlockPolicy::Ignore;

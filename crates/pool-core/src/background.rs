@@ -27,10 +27,11 @@ use crate::sys::Region;
 /// The default chunk of a background pin.
 pub const DEFAULT_CHUNK: u64 = 256 << 20;
 
-/// Where a pin stands.
+/// Where a pin stands: the report's `pin.status`, and the `status` of
+/// [`Pool::pin_status`](crate::Pool::pin_status) and the CLI's second report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum PinState {
+pub enum PinStatus {
     /// No pinner asked for.
     Off,
     /// A background pin is running.
@@ -39,15 +40,17 @@ pub enum PinState {
     Pinned,
     /// A required pin failed; nothing stays pinned.
     Failed,
-    /// A best-effort pin did not (fully) happen; what is pinned stays.
+    /// A best-effort pin did not (fully) happen (or stopped part way); what
+    /// is pinned stays; the reason says why.
     Skipped,
 }
 
-/// A pin's progress (`Pool::pin_status`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// A pin's progress (`Pool::pin_status`), written with its status twice,
+/// as `status` and, as earlier releases wrote it, `state`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct PinProgress {
-    /// The state.
-    pub state: PinState,
+    /// Where the pin stands.
+    pub status: PinStatus,
     /// Bytes pinned so far.
     pub pinned_bytes: u64,
     /// Bytes to pin in all.
@@ -68,20 +71,38 @@ pub struct PinProgress {
     pub seconds: f64,
 }
 
+impl Serialize for PinProgress {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = s.serialize_struct("PinProgress", 10)?;
+        out.serialize_field("status", &self.status)?;
+        out.serialize_field("state", &self.status)?;
+        out.serialize_field("pinned_bytes", &self.pinned_bytes)?;
+        out.serialize_field("total_bytes", &self.total_bytes)?;
+        out.serialize_field("ranges", &self.ranges)?;
+        out.serialize_field("chunks", &self.chunks)?;
+        out.serialize_field("error", &self.error)?;
+        out.serialize_field("background", &self.background)?;
+        out.serialize_field("paused", &self.paused)?;
+        out.serialize_field("seconds", &self.seconds)?;
+        out.end()
+    }
+}
+
 impl PinProgress {
-    /// A pin that is over: `state`, with everything or nothing pinned.
+    /// A pin that is over: `status`, with everything or nothing pinned.
     pub fn settled(
-        state: PinState,
+        status: PinStatus,
         extent: Option<Extent>,
         error: Option<String>,
         seconds: f64,
     ) -> PinProgress {
-        let ranges: Vec<Extent> = match (state, extent) {
-            (PinState::Pinned, Some(e)) if e.len > 0 => vec![e],
+        let ranges: Vec<Extent> = match (status, extent) {
+            (PinStatus::Pinned, Some(e)) if e.len > 0 => vec![e],
             _ => Vec::new(),
         };
         PinProgress {
-            state,
+            status,
             pinned_bytes: ranges.iter().map(|r| r.len).sum(),
             total_bytes: extent.map_or(0, |e| e.len),
             chunks: ranges.len(),
@@ -117,10 +138,10 @@ impl Shared {
 
     fn update(&self, f: impl FnOnce(&mut PinProgress)) {
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        let was_pinning = p.state == PinState::Pinning;
+        let was_pinning = p.status == PinStatus::Pinning;
         f(&mut p);
         // Only a running pin can be paused.
-        p.paused &= p.state == PinState::Pinning;
+        p.paused &= p.status == PinStatus::Pinning;
         // The clock stops when the pin ends: a later pause or teardown does
         // not move it.
         if was_pinning {
@@ -194,7 +215,7 @@ impl Background {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             progress: Mutex::new(PinProgress {
-                state: PinState::Pinning,
+                status: PinStatus::Pinning,
                 pinned_bytes: 0,
                 total_bytes: extent.len,
                 ranges: Vec::new(),
@@ -237,7 +258,7 @@ impl Background {
     pub(crate) fn pause(&self, paused: bool) -> bool {
         let mut running = false;
         self.shared.update(|p| {
-            running = p.state == PinState::Pinning;
+            running = p.status == PinStatus::Pinning;
             p.paused = paused && running;
         });
         running
@@ -261,7 +282,7 @@ impl Background {
             .progress
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        while p.state == PinState::Pinning && crate::interrupt::requested().is_none() {
+        while p.status == PinStatus::Pinning && crate::interrupt::requested().is_none() {
             let slice = Duration::from_millis(50);
             let wait = match deadline {
                 Some(d) => {
@@ -339,8 +360,8 @@ fn run(
         shared.wait_while_paused();
         if shared.stop.load(Ordering::SeqCst) {
             shared.update(|p| {
-                if p.state == PinState::Pinning {
-                    p.state = PinState::Skipped;
+                if p.status == PinStatus::Pinning {
+                    p.status = PinStatus::Skipped;
                     p.error =
                         Some("stopped: the pool was released while it was being pinned".into());
                 }
@@ -382,7 +403,7 @@ fn run(
                         format!("{} step(s) could not be undone", issues.len())
                     };
                     shared.update(|p| {
-                        p.state = PinState::Failed;
+                        p.status = PinStatus::Failed;
                         p.pinned_bytes = 0;
                         p.ranges.clear();
                         p.chunks = 0;
@@ -391,7 +412,7 @@ fn run(
                 } else {
                     tracing::warn!("{what}; the pinned prefix stays pinned, the rest pageable");
                     shared.update(|p| {
-                        p.state = PinState::Skipped;
+                        p.status = PinStatus::Skipped;
                         p.error = Some(format!(
                             "{what}; the first {} stay pinned",
                             format_bytes(p.pinned_bytes)
@@ -403,8 +424,8 @@ fn run(
         }
     }
     shared.update(|p| {
-        if p.state == PinState::Pinning {
-            p.state = PinState::Pinned;
+        if p.status == PinStatus::Pinning {
+            p.status = PinStatus::Pinned;
         }
     });
     pins

@@ -43,8 +43,7 @@ pub const POOL_KEYS: &[&str] = &[
 ];
 
 /// How pages are faulted in before the pool is handed out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PrefaultChoice {
     /// `populate-write` where the kernel has it, else `touch`.
     #[default]
@@ -58,13 +57,21 @@ pub enum PrefaultChoice {
     None,
 }
 
+crate::choice::choice!(PrefaultChoice, "prefault method", {
+    Auto => "auto", "populate-write where the kernel has it, else touch",
+    PopulateWrite => "populate-write", "madvise(MADV_POPULATE_WRITE): the kernel's own path",
+    Touch => "touch", "one read-modify-write per page",
+    None => "none", "no prefault: pages fault on first use",
+});
+
 /// Pinning: which pinner, and whether a failure fails the pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PinConfig {
-    /// The pinner's name, or `off`.
-    #[serde(default = "off")]
-    pub kind: String,
+    /// The pinner's name; `None` for no pinning, written `"off"` in config
+    /// files and reports.
+    #[serde(default, with = "pin_kind")]
+    pub kind: Option<String>,
     /// Fail the pool when pinning fails (otherwise warn and leave it pageable).
     #[serde(default)]
     pub required: bool,
@@ -86,8 +93,7 @@ pub struct PinConfig {
 }
 
 /// What a pinner pins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PinScope {
     /// The whole pool.
     #[default]
@@ -96,14 +102,38 @@ pub enum PinScope {
     Shard,
 }
 
-fn off() -> String {
-    "off".to_string()
+crate::choice::choice!(PinScope, "pin scope", {
+    Pool => "pool", "the whole pool",
+    Shard => "shard", "this rank's shard of a shared pool",
+});
+
+/// What config files and reports call no pinner.
+pub const PIN_OFF: &str = "off";
+
+/// `pin.kind` as config files write it: a pinner's name, or `"off"` (or
+/// nothing) for none.
+mod pin_kind {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(kind: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(kind.as_deref().unwrap_or(super::PIN_OFF))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        Ok(super::pin_kind_from(String::deserialize(d)?))
+    }
+}
+
+/// A pinner's name, with `"off"` and `""` meaning none.
+pub fn pin_kind_from(name: impl Into<String>) -> Option<String> {
+    let name = name.into();
+    (name != PIN_OFF && !name.is_empty()).then_some(name)
 }
 
 impl Default for PinConfig {
     fn default() -> Self {
         PinConfig {
-            kind: off(),
+            kind: None,
             required: false,
             memlock_bound: crate::host::memlock::MemlockPolicy::Check,
             scope: PinScope::Pool,
@@ -116,7 +146,12 @@ impl Default for PinConfig {
 impl PinConfig {
     /// Whether a pinner was asked for.
     pub fn is_on(&self) -> bool {
-        self.kind != "off"
+        self.kind.is_some()
+    }
+
+    /// The pinner's name, or `"off"`, as reports write it.
+    pub fn kind_name(&self) -> &str {
+        self.kind.as_deref().unwrap_or(PIN_OFF)
     }
 }
 
@@ -147,13 +182,16 @@ pub struct SharingConfig {
     pub control_dir: Option<PathBuf>,
 }
 
+/// The default attach timeout: how long a rank waits for the creator, and
+/// for ranks that never attach.
+pub const DEFAULT_ATTACH_TIMEOUT_SECS: f64 = 30.0;
+
 fn default_attach_timeout() -> f64 {
-    30.0
+    DEFAULT_ATTACH_TIMEOUT_SECS
 }
 
 /// How the ranks of a shared pool meet.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Rendezvous {
     /// A unix socket in the abstract namespace; the memory is passed as file
     /// descriptors and never has a name in any directory.
@@ -163,15 +201,10 @@ pub enum Rendezvous {
     File,
 }
 
-impl Rendezvous {
-    /// Its name in config and reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Rendezvous::Socket => "socket",
-            Rendezvous::File => "file",
-        }
-    }
-}
+crate::choice::choice!(Rendezvous, "rendezvous", {
+    Socket => "socket", "a unix socket in the abstract namespace (ranks of one network namespace)",
+    File => "file", "a control file in the control directory (ranks that share a directory)",
+});
 
 /// The default barrier timeout: ten minutes, enough to prefault hundreds of
 /// GiB of 4 KiB pages per rank.

@@ -8,11 +8,22 @@
 //! the process stops there until a signal ends it, so a test can kill it at
 //! that exact step. An unknown name is ignored. Without the variable every
 //! check is one relaxed load of a cached empty list.
+//!
+//! Only a build with the cargo feature `failpoints` reads the variable (the
+//! tests turn it on, as fail-rs does): in any other build [`check`] and
+//! [`stall`] are empty, inlined away, and the variable's name is not in the
+//! binary. `cargo xtask test` runs the release binary with a failpoint armed
+//! and checks that it is ignored.
 
 use std::io;
+#[cfg(feature = "failpoints")]
 use std::sync::OnceLock;
 
-/// The variable that arms failpoints.
+/// Whether this build reads [`ENV`] (the cargo feature `failpoints`).
+pub const ENABLED: bool = cfg!(feature = "failpoints");
+
+/// The variable that arms failpoints, in a build with the feature.
+#[cfg(feature = "failpoints")]
 pub const ENV: &str = "HOSTPOOL_TEST_FAILPOINTS";
 
 /// The failpoints hostpool checks, for documentation and tests.
@@ -27,17 +38,20 @@ pub const NAMES: [&str; 7] = [
 ];
 
 /// What an armed failpoint does.
+#[cfg(feature = "failpoints")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
     Errno(i32),
     Stall,
 }
 
+#[cfg(feature = "failpoints")]
 fn armed() -> &'static [(String, Action)] {
     static ARMED: OnceLock<Vec<(String, Action)>> = OnceLock::new();
     ARMED.get_or_init(|| std::env::var(ENV).map(|v| parse(&v)).unwrap_or_default())
 }
 
+#[cfg(feature = "failpoints")]
 fn parse(spec: &str) -> Vec<(String, Action)> {
     spec.split(',')
         .filter_map(|item| {
@@ -56,11 +70,13 @@ fn parse(spec: &str) -> Vec<(String, Action)> {
         .collect()
 }
 
+#[cfg(feature = "failpoints")]
 fn action(name: &str) -> Option<Action> {
     armed().iter().find(|(n, _)| n == name).map(|&(_, a)| a)
 }
 
 /// The error the failpoint `name` is armed with, if any.
+#[cfg(feature = "failpoints")]
 pub fn check(name: &str) -> Option<io::Error> {
     match action(name)? {
         Action::Errno(errno) => Some(io::Error::from_raw_os_error(errno)),
@@ -68,8 +84,16 @@ pub fn check(name: &str) -> Option<io::Error> {
     }
 }
 
+/// No failpoint is ever armed in a build without the feature.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn check(_name: &str) -> Option<io::Error> {
+    None
+}
+
 /// Stop here for good when the failpoint `name` is armed with `stall`
 /// (the test then kills the process at this step).
+#[cfg(feature = "failpoints")]
 pub fn stall(name: &str) {
     if action(name) == Some(Action::Stall) {
         tracing::warn!("failpoint {name}: stalling until killed");
@@ -79,7 +103,26 @@ pub fn stall(name: &str) {
     }
 }
 
-#[cfg(test)]
+/// No failpoint is ever armed in a build without the feature.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn stall(_name: &str) {}
+
+/// Sleep for the milliseconds the variable `var` holds, if it holds a
+/// number (the CLI's `HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS`).
+#[cfg(feature = "failpoints")]
+pub fn delay(var: &str) {
+    if let Some(ms) = std::env::var(var).ok().and_then(|v| v.parse().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// No failpoint is ever armed in a build without the feature.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn delay(_var: &str) {}
+
+#[cfg(all(test, feature = "failpoints"))]
 mod tests {
     use super::*;
 

@@ -22,6 +22,7 @@
 //! - `conformance` (feature `conformance`): the suite every backing runs.
 
 mod background;
+mod choice;
 mod config;
 mod error;
 mod pool;
@@ -40,10 +41,12 @@ pub mod prefault;
 pub mod shared;
 pub mod sys;
 
-pub use background::{DEFAULT_CHUNK as DEFAULT_BACKGROUND_CHUNK, PinProgress, PinState};
+pub use background::{DEFAULT_CHUNK as DEFAULT_BACKGROUND_CHUNK, PinProgress, PinStatus};
+pub use choice::{Choice, ChoiceError};
 pub use config::{
-    DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS, MAX_ATTACH_TIMEOUT_SECS, POOL_KEYS,
-    PinConfig, PinScope, PoolConfig, PrefaultChoice, Rendezvous, SharingConfig,
+    DEFAULT_ATTACH_TIMEOUT_SECS, DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS,
+    MAX_ATTACH_TIMEOUT_SECS, PIN_OFF, POOL_KEYS, PinConfig, PinScope, PoolConfig, PrefaultChoice,
+    Rendezvous, SharingConfig, pin_kind_from,
 };
 pub use error::{Context, Error, Result, TeardownIssue};
 pub use layout::{Extent, MappedSize, PageSize};
@@ -52,8 +55,8 @@ pub use plugin::{
     Registrar, RegistrarPlugin, Registration,
 };
 pub use pool::{
-    NUMA_SAMPLES, Observer, Phase, Phases, PinPlanReport, PinReport, PinStatus, PlanReport, Pool,
-    PoolPlan, PoolReport, PrefaultPlanReport, Quiet, RegistrationReport,
+    NUMA_SAMPLES, Observer, Phase, Phases, PinPlanReport, PinReport, PlanReport, Pool, PoolPlan,
+    PoolReport, PrefaultPlanReport, Quiet, RegistrationReport,
 };
 pub use size::{ByteSize, SizeError};
 pub use sys::{Region, Span};

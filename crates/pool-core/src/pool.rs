@@ -12,6 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::background::PinStatus;
 use crate::config::PoolConfig;
 use crate::error::{Context, Result, TeardownIssue};
 use crate::host::capacity::{self, CapacityCheck};
@@ -130,8 +131,8 @@ impl PoolPlan {
             backing_plan.size.page(),
             config.threads,
         )?;
-        let pinner = if config.pin.is_on() {
-            let p = plugin::lookup::<PinnerPlugin>(&config.pin.kind)?;
+        let pinner = if let Some(kind) = &config.pin.kind {
+            let p = plugin::lookup::<PinnerPlugin>(kind)?;
             Some(std::sync::Arc::from((p.build)(
                 config.plugin_table(p.name),
             )?))
@@ -286,7 +287,7 @@ impl PoolPlan {
                 bytes: self.prefault.extent.len,
             },
             pin: PinPlanReport {
-                kind: self.config.pin.kind.clone(),
+                kind: self.config.pin.kind_name().to_string(),
                 required: self.config.pin.required,
             },
             registrations: self
@@ -457,22 +458,6 @@ pub struct PinPlanReport {
     pub required: bool,
 }
 
-/// Whether the pool is pinned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PinStatus {
-    /// No pinner asked for.
-    Off,
-    /// Pinned.
-    Pinned,
-    /// Best-effort pinning did not happen (or stopped part way); see `reason`.
-    Skipped,
-    /// A background pin is running ([`Pool::pin_status`] has its progress).
-    Pinning,
-    /// A required background pin failed; nothing stays pinned.
-    Failed,
-}
-
 /// The `pin` object of the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct PinReport {
@@ -638,7 +623,7 @@ impl Pool {
                     ..Phases::default()
                 },
                 pin: PinReport {
-                    kind: plan.config.pin.kind.clone(),
+                    kind: plan.config.pin.kind_name().to_string(),
                     status: PinStatus::Off,
                     reason: None,
                     details: Value::Null,
@@ -834,7 +819,7 @@ impl Pool {
             && self.report.pin.status != PinStatus::Off
         {
             return crate::PinProgress::settled(
-                crate::PinState::Skipped,
+                PinStatus::Skipped,
                 None,
                 Some(format!(
                     "this process inherited the pool from pid {owner} through fork: pins and \
@@ -848,15 +833,8 @@ impl Pool {
             return bg.progress();
         }
         let pin = &self.report.pin;
-        let state = match pin.status {
-            PinStatus::Off => crate::PinState::Off,
-            PinStatus::Pinned => crate::PinState::Pinned,
-            PinStatus::Skipped => crate::PinState::Skipped,
-            PinStatus::Pinning => crate::PinState::Pinning,
-            PinStatus::Failed => crate::PinState::Failed,
-        };
         crate::PinProgress::settled(
-            state,
+            pin.status,
             self.pin_extent,
             pin.reason.clone(),
             self.report.phases.pin.unwrap_or(0.0),
@@ -876,7 +854,7 @@ impl Pool {
             Some(bg) if self.inherited_from().is_none() => bg.wait(timeout),
             _ => self.pin_status(),
         };
-        if progress.state == crate::PinState::Failed {
+        if progress.status == PinStatus::Failed {
             return Err(crate::background::failure(&progress, &self.report.pin.kind));
         }
         Ok(progress)
@@ -943,11 +921,10 @@ impl Pool {
             if let Some(bg) = self.background.take() {
                 let (progress, undone) = bg.stop();
                 issues.extend(undone);
-                self.report.pin.status = match progress.state {
-                    crate::PinState::Pinned => PinStatus::Pinned,
-                    crate::PinState::Failed => PinStatus::Failed,
-                    crate::PinState::Off => PinStatus::Off,
-                    crate::PinState::Skipped | crate::PinState::Pinning => PinStatus::Skipped,
+                // A pin stopped part way is skipped, whatever it pinned.
+                self.report.pin.status = match progress.status {
+                    PinStatus::Pinning => PinStatus::Skipped,
+                    done => done,
                 };
                 self.report.pin.reason = progress.error.clone();
                 if let Some(d) = self.report.pin.details.as_object_mut() {

@@ -14,15 +14,14 @@
 //!
 //! One function serves every pinner and registrar: [`check`].
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::host::capacity::meminfo;
 use crate::layout::format_bytes;
 
 /// Whether pinners check the memlock bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MemlockPolicy {
     /// Check it (default).
     #[default]
@@ -30,6 +29,11 @@ pub enum MemlockPolicy {
     /// Do not check it.
     Ignore,
 }
+
+crate::choice::choice!(MemlockPolicy, "memlock bound policy", {
+    Check => "check", "compare the pool with the memlock bound before pinning",
+    Ignore => "ignore", "do not",
+});
 
 /// What the process's limits are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -171,7 +171,7 @@ impl DoctorContext<'_> {
     /// Whether the pool asked for pins with `pinner`.
     pub fn pins_with(&self, pinner: &str) -> bool {
         self.config()
-            .is_some_and(|c| c.pin.is_on() && c.pin.kind == pinner)
+            .is_some_and(|c| c.pin.kind.as_deref() == Some(pinner))
     }
 
     /// Whether the pool asked for registers with `registrar`.

@@ -1046,7 +1046,7 @@ impl SharingReport {
             role,
             shard: shard.into(),
             control_file,
-            rendezvous: sharing.rendezvous.name(),
+            rendezvous: crate::choice::Choice::name(sharing.rendezvous),
         })
         .ok()
     }

@@ -67,7 +67,7 @@ fn rendezvous_finding(sharing: &pool_core::SharingConfig) -> Finding {
     };
     Finding::new("pool", "rendezvous", value)
         .info(why)
-        .details(json!({"rendezvous": sharing.rendezvous.name()}))
+        .details(json!({"rendezvous": sharing.rendezvous.to_string()}))
 }
 
 /// The plan, its capacity checks, the memlock bound of its pin, what the
@@ -101,8 +101,8 @@ pub(super) fn findings(
         out.push(rendezvous_finding(sharing));
     }
 
-    if config.pin.is_on() {
-        let item = format!("pin {} memlock", config.pin.kind);
+    if let Some(kind) = &config.pin.kind {
+        let item = format!("pin {kind} memlock");
         let pin_bytes = if config.pin.scope == PinScope::Shard && config.sharing.is_some() {
             report.prefault.bytes
         } else {

@@ -1,7 +1,13 @@
 //! The `hostpool` command. See `hostpool --help` and the README.
 
+mod cli;
+mod sys;
+
+// Every built-in plugin, linked through the library.
+use hostpool as _;
+
 fn main() {
-    let code = hostpool::cli::main();
+    let code = cli::main();
     if registrar_nixl::loaded() {
         // The nixl-cu12 wheel's UCX can crash in exit() (see
         // `registrar_nixl::loaded`): the output is flushed, the pool torn

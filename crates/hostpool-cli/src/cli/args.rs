@@ -4,8 +4,9 @@
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
-use clap::{Args, ValueEnum};
-use pool_core::{ByteSize, Error, PoolConfig, PrefaultChoice};
+use clap::Args;
+use pool_core::host::memlock::MemlockPolicy;
+use pool_core::{ByteSize, Error, PinScope, PoolConfig, PrefaultChoice, Rendezvous};
 
 /// Flags that describe a pool; each overrides the same key of `--config`.
 #[derive(Debug, Clone, Default, Args)]
@@ -30,7 +31,7 @@ pub struct PoolArgs {
     pub threads: Option<NonZeroUsize>,
     /// Prefault method.
     #[arg(long, value_enum, value_name = "METHOD")]
-    pub prefault: Option<PrefaultArg>,
+    pub prefault: Option<PrefaultChoice>,
     /// Pin the pool with this pinner.
     #[arg(long, value_name = "KIND")]
     pub pin: Option<String>,
@@ -39,10 +40,10 @@ pub struct PoolArgs {
     pub pin_required: bool,
     /// Check the memlock bound before pinning (check), or not (ignore).
     #[arg(long, value_enum, value_name = "POLICY")]
-    pub memlock_bound: Option<MemlockArg>,
+    pub memlock_bound: Option<MemlockPolicy>,
     /// Pin the whole pool, or in a shared pool only this rank's shard.
     #[arg(long, value_enum, value_name = "SCOPE")]
-    pub pin_scope: Option<ScopeArg>,
+    pub pin_scope: Option<PinScope>,
     /// Pin in the background: the pool is usable once prefaulted, and pinned
     /// chunk by chunk in address order (`pin.background`).
     #[arg(long)]
@@ -73,70 +74,10 @@ pub struct PoolArgs {
     /// directory) or `file` (a control file, for ranks that share only a
     /// directory).
     #[arg(long, value_enum, requires = "shared")]
-    pub rendezvous: Option<RendezvousArg>,
+    pub rendezvous: Option<Rendezvous>,
     /// Bind the pool's pages to this NUMA node.
     #[arg(long, value_name = "N")]
     pub numa_node: Option<u32>,
-}
-
-/// `--memlock-bound` values.
-/// `--rendezvous`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RendezvousArg {
-    /// A unix socket in the abstract namespace (ranks of one network namespace).
-    Socket,
-    /// A control file in the control directory (ranks that share a directory).
-    File,
-}
-
-impl From<RendezvousArg> for pool_core::Rendezvous {
-    fn from(r: RendezvousArg) -> Self {
-        match r {
-            RendezvousArg::Socket => pool_core::Rendezvous::Socket,
-            RendezvousArg::File => pool_core::Rendezvous::File,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum MemlockArg {
-    /// Compare the pool with the memlock bound before pinning.
-    Check,
-    /// Do not.
-    Ignore,
-}
-
-/// `--pin-scope` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ScopeArg {
-    /// The whole pool.
-    Pool,
-    /// This rank's shard of a shared pool.
-    Shard,
-}
-
-/// `--prefault` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PrefaultArg {
-    /// populate-write where the kernel has it, else touch.
-    Auto,
-    /// madvise(MADV_POPULATE_WRITE).
-    PopulateWrite,
-    /// One read-modify-write per page.
-    Touch,
-    /// No prefault.
-    None,
-}
-
-impl From<PrefaultArg> for PrefaultChoice {
-    fn from(a: PrefaultArg) -> Self {
-        match a {
-            PrefaultArg::Auto => PrefaultChoice::Auto,
-            PrefaultArg::PopulateWrite => PrefaultChoice::PopulateWrite,
-            PrefaultArg::Touch => PrefaultChoice::Touch,
-            PrefaultArg::None => PrefaultChoice::None,
-        }
-    }
 }
 
 /// The config from `--config` (or the embedded default) with flags applied.
@@ -164,10 +105,10 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
         config.threads = Some(threads);
     }
     if let Some(prefault) = args.prefault {
-        config.prefault = prefault.into();
+        config.prefault = prefault;
     }
     if let Some(pin) = &args.pin {
-        config.pin.kind = pin.clone();
+        config.pin.kind = pool_core::pin_kind_from(pin.as_str());
     }
     if args.pin_required {
         config.pin.required = true;
@@ -179,16 +120,10 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
         config.pin.background_chunk = Some(chunk);
     }
     if let Some(m) = args.memlock_bound {
-        config.pin.memlock_bound = match m {
-            MemlockArg::Check => pool_core::host::memlock::MemlockPolicy::Check,
-            MemlockArg::Ignore => pool_core::host::memlock::MemlockPolicy::Ignore,
-        };
+        config.pin.memlock_bound = m;
     }
     if let Some(scope) = args.pin_scope {
-        config.pin.scope = match scope {
-            ScopeArg::Pool => pool_core::PinScope::Pool,
-            ScopeArg::Shard => pool_core::PinScope::Shard,
-        };
+        config.pin.scope = scope;
     }
     if !args.register.is_empty() {
         config.register = args.register.clone();
@@ -205,21 +140,20 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
             attach_timeout_secs: args
                 .attach_timeout
                 .or(previous.as_ref().map(|p| p.attach_timeout_secs))
-                .unwrap_or(30.0),
+                .unwrap_or(pool_core::DEFAULT_ATTACH_TIMEOUT_SECS),
             barrier_timeout_secs: args
                 .barrier_timeout
                 .or(previous.as_ref().map(|p| p.barrier_timeout_secs))
                 .unwrap_or(pool_core::DEFAULT_BARRIER_TIMEOUT_SECS),
             rendezvous: args
                 .rendezvous
-                .map(Into::into)
                 .or(previous.as_ref().map(|p| p.rendezvous))
                 .unwrap_or_default(),
             control_dir: previous.and_then(|p| p.control_dir),
         });
     } else if let Some(s) = config.sharing.as_mut() {
         if let Some(r) = args.rendezvous {
-            s.rendezvous = r.into();
+            s.rendezvous = r;
         }
         if let Some(t) = args.attach_timeout {
             s.attach_timeout_secs = t;

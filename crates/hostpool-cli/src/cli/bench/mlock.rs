@@ -92,7 +92,7 @@ enum Mlocked {
 fn mlock_once(memory: &Memory, size: u64) -> Result<Mlocked, Error> {
     let mut config = memory.config(size);
     config.prefault = PrefaultChoice::PopulateWrite;
-    config.pin.kind = "mlock".into();
+    config.pin.kind = Some("mlock".into());
     config.pin.required = false;
     let plan = pool_core::PoolPlan::new(config)?;
     let pool = Pool::build(&plan, &Quiet)?;

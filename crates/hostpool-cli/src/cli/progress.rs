@@ -61,13 +61,9 @@ impl Observer for Bars {
 
 /// Test hook: `HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS=N` makes this process
 /// sleep N ms as prefault starts, so that tests can kill a rank while it is
-/// provably mid-prefault. Not for production use.
+/// provably mid-prefault. Only in builds with pool-core's `failpoints`.
 fn failpoint(phase: Phase) {
-    if phase == Phase::Prefault
-        && let Some(ms) = std::env::var("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
+    if phase == Phase::Prefault {
+        pool_core::failpoint::delay("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS");
     }
 }

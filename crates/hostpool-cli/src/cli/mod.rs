@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 use pool_core::Error;
 
 pub use alloc::AllocArgs;
-pub use args::{MemlockArg, PoolArgs, PrefaultArg, ScopeArg, resolve_config};
+pub use args::{PoolArgs, resolve_config};
 pub use gc::GcArgs;
 pub use plan::PlanArgs;
 pub use plugins::PluginsArgs;

@@ -52,7 +52,7 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
     let plan = PoolPlan::new(config)?;
     let show_progress = !args.json && std::io::stderr().is_terminal();
     let observer = progress::Bars::new(show_progress);
-    if args.verify_copy && plan.config.pin.kind != "cuda" {
+    if args.verify_copy && plan.config.pin.kind.as_deref() != Some("cuda") {
         return Err(Error::config(
             "--verify-copy needs --pin cuda: it copies through the GPU from the pinned pool",
         ));
@@ -118,7 +118,7 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
             }
             if pinning {
                 let progress = pool.pin_status();
-                if progress.state != pool_core::PinState::Pinning {
+                if progress.status != pool_core::PinStatus::Pinning {
                     pinning = false;
                     print_pin_end(&progress, args.json)?;
                 }
@@ -171,6 +171,8 @@ fn forward(signals: TerminationSignals) {
 fn print_pin_end(progress: &pool_core::PinProgress, json: bool) -> Result<(), Error> {
     let text = if json {
         // One line, so that scripts read the two reports line by line.
+        // `pin.status`, as the ready report has it (and `pin.state`, as
+        // earlier releases wrote it).
         serde_json::to_string(&serde_json::json!({ "pin": progress })).map_err(|e| {
             Error::Plugin {
                 what: "the pin report".into(),
@@ -181,7 +183,7 @@ fn print_pin_end(progress: &pool_core::PinProgress, json: bool) -> Result<(), Er
     } else {
         format!(
             "hostpool: background pin {}: {} of {} in {} chunk(s), {:.3} s{}",
-            serde_json::to_value(progress.state)
+            serde_json::to_value(progress.status)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_default(),
