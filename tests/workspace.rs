@@ -1,6 +1,7 @@
 //! Rules of the workspace that the README states, checked on the sources:
 //! `unsafe` only in `sys` modules, under a workspace lint every crate obeys.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -232,4 +233,256 @@ fn the_python_extension_and_the_library_link_no_cli_code() {
     for dep in ["clap", "indicatif", "bench-support"] {
         assert!(cli.iter().any(|p| p == dep), "hostpool-cli: {cli:?}");
     }
+}
+
+/// The first segment of each path in `tail`, the text right after a `::`:
+/// `pool::X` gives `pool`, `{a, b::c, D as E}` gives `a`, `b` and `D`.
+fn first_segments(tail: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let Some(group) = tail.strip_prefix('{') else {
+        return vec![ident(tail)].into_iter().filter(|s| !s.is_empty()).collect();
+    };
+    let mut out = Vec::new();
+    let (mut depth, mut item_start) = (0usize, 0usize);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                out.push(ident(&group[item_start..i]));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(ident(&group[item_start..i]));
+                item_start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+/// The names a root file's `pub use module::...;` statements re-export,
+/// each with the module it comes from (`pub use background::{A as B, C}`
+/// gives `B` and `C` from `background`).
+fn root_reexports(root: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (i, _) in root.match_indices("pub use ") {
+        let stmt = &root[i + 8..];
+        let stmt = &stmt[..stmt.find(';').unwrap_or(stmt.len())];
+        let Some((module, rest)) = stmt.split_once("::") else {
+            continue;
+        };
+        let rest = rest.trim();
+        let items: Vec<&str> = match rest.strip_prefix('{') {
+            Some(group) => group.trim_end_matches('}').split(',').collect(),
+            None => vec![rest],
+        };
+        for item in items {
+            let name = match item.split_once(" as ") {
+                Some((_, alias)) => alias,
+                None => item.rsplit("::").next().unwrap_or(item),
+            };
+            let name = name.trim().trim_matches(|c| c == '{' || c == '}');
+            if !name.is_empty() {
+                out.push((name.to_string(), module.trim().to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// A source file's code: without its `#[cfg(test)] mod ...` blocks (whose
+/// `super::` means the file's own module) and without `//` comments (a doc
+/// link is no dependency).
+fn code_of(text: &str) -> String {
+    let text = text.find("#[cfg(test)]\nmod ").map_or(text, |at| &text[..at]);
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(at) if !l[..at].contains('"') => &l[..at],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level modules each top-level module of the crate in `src` uses,
+/// through every spelling: `crate::m::X`, `crate::{m, n}`, `super::` that
+/// reaches the crate root, and names the root re-exports (`crate::X` where
+/// the root says `pub use m::X`).
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let root_file = ["lib.rs", "main.rs"]
+        .iter()
+        .map(|f| src.join(f))
+        .find(|p| p.exists())
+        .expect("a crate root");
+    let root_text = std::fs::read_to_string(&root_file).unwrap();
+    let reexports = root_reexports(&root_text);
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut modules: Vec<(Vec<String>, String)> = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(src).unwrap();
+        if rel.starts_with("bin") || file == root_file {
+            continue;
+        }
+        let mut path: Vec<String> = rel
+            .with_extension("")
+            .iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect();
+        if path.last().is_some_and(|l| l == "mod") {
+            path.pop();
+        }
+        modules.push((path, std::fs::read_to_string(&file).unwrap()));
+    }
+    let tops: BTreeSet<String> = modules.iter().map(|(p, _)| p[0].clone()).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (path, text) in &modules {
+        let text = &code_of(text);
+        let top = &path[0];
+        let deps = graph.entry(top.clone()).or_default();
+        let mut rooted: Vec<&str> = Vec::new();
+        for (i, _) in text.match_indices("crate::") {
+            let before = text[..i].chars().next_back();
+            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+                rooted.push(&text[i + 7..]);
+            }
+        }
+        for (i, _) in text.match_indices("super::") {
+            if text[..i].ends_with("super::") {
+                continue;
+            }
+            let mut tail = &text[i..];
+            let mut up = 0;
+            while let Some(rest) = tail.strip_prefix("super::") {
+                up += 1;
+                tail = rest;
+            }
+            if up >= path.len() {
+                rooted.push(tail);
+            }
+        }
+        for tail in rooted {
+            for seg in first_segments(tail) {
+                let dep = if tops.contains(&seg) {
+                    Some(seg)
+                } else {
+                    reexports
+                        .iter()
+                        .find(|(name, _)| *name == seg)
+                        .map(|(_, m)| m.clone())
+                };
+                if let Some(dep) = dep.filter(|d| d != top && tops.contains(d)) {
+                    deps.insert(dep);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle in `graph`, if it has one.
+fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut c = path[at..].to_vec();
+            c.push(node.to_string());
+            return Some(c);
+        }
+        if !done.insert(node.to_string()) {
+            return None;
+        }
+        path.push(node.to_string());
+        for dep in graph.get(node).into_iter().flatten() {
+            if let Some(c) = visit(dep, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|n| visit(n, graph, &mut Vec::new(), &mut done))
+}
+
+/// Every crate's `src` in the workspace.
+fn crate_sources() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for parent in ["crates", "tests/out-of-tree"] {
+        for entry in std::fs::read_dir(root().join(parent)).unwrap().flatten() {
+            let src = entry.path().join("src");
+            if src.is_dir() {
+                out.push(src);
+            }
+        }
+    }
+    out.push(root().join("xtask/src"));
+    out.sort();
+    out
+}
+
+#[test]
+fn the_module_reader_sees_braces_super_and_root_reexports() {
+    assert_eq!(first_segments("pool::X"), ["pool"]);
+    assert_eq!(
+        first_segments("{a, b::{c, d}, D as E}; x"),
+        ["a", "b", "D"]
+    );
+    assert_eq!(
+        root_reexports("pub use background::{DEFAULT_CHUNK as CHUNK, PinStatus};\npub use sys::Region;"),
+        [
+            ("CHUNK".to_string(), "background".to_string()),
+            ("PinStatus".to_string(), "background".to_string()),
+            ("Region".to_string(), "sys".to_string()),
+        ]
+    );
+    // A planted crate whose only cycle goes through each blind spot of the
+    // old reader: braces, a root re-export, and `super::` from a top module.
+    let dir = std::env::temp_dir().join(format!("hostpool-modgraph-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("c")).unwrap();
+    std::fs::write(dir.join("lib.rs"), "mod a;\nmod b;\nmod c;\npub use a::Thing;\n").unwrap();
+    std::fs::write(dir.join("a.rs"), "pub struct Thing;\nuse crate::{b, c};\n").unwrap();
+    std::fs::write(dir.join("b.rs"), "pub fn f() -> crate::Thing { crate::Thing }\n").unwrap();
+    std::fs::write(dir.join("c/mod.rs"), "mod inner;\n").unwrap();
+    std::fs::write(dir.join("c/inner.rs"), "use super::super::Thing;\n").unwrap();
+    let graph = module_graph(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(graph["a"], BTreeSet::from(["b".to_string(), "c".to_string()]));
+    assert_eq!(graph["b"], BTreeSet::from(["a".to_string()]));
+    assert_eq!(graph["c"], BTreeSet::from(["a".to_string()]));
+    assert!(cycle(&graph).is_some());
+}
+
+#[test]
+fn no_crate_has_a_module_cycle() {
+    let mut checked = 0;
+    let mut cycles = Vec::new();
+    for src in crate_sources() {
+        let graph = module_graph(&src);
+        if let Some(c) = cycle(&graph) {
+            cycles.push(format!(
+                "{}: module cycle {}; graph: {graph:?}",
+                src.display(),
+                c.join(" -> ")
+            ));
+        }
+        checked += 1;
+    }
+    assert!(cycles.is_empty(), "{}", cycles.join("\n"));
+    assert!(checked >= 14, "only {checked} crates found");
 }

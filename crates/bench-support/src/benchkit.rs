@@ -270,7 +270,7 @@ impl FreshPool {
     /// `EINVAL` for no threads, or the errno of `pthread_create`.
     pub fn memset(&mut self, threads: usize) -> io::Result<Duration> {
         let start = Instant::now();
-        crate::sys::memset_fresh(self, threads)?;
+        crate::sys::memset_pool(&mut self.pool, threads)?;
         Ok(start.elapsed())
     }
 

@@ -1,6 +1,6 @@
 //! The only `unsafe` code of this crate: the C reference's functions
 //! (`benches/c/raw_populate.c`, compiled by `build.rs`; re-exported by
-//! [`crate::reference`]), the fill of a [`FreshPool`], and the one `mmap`
+//! [`crate::reference`]), the fill of a pool (`FreshPool::memset`), and the one `mmap`
 //! (with its `munmap`) that [`crate::benchkit::map_populate_once`] times.
 
 #![allow(unsafe_code)]
@@ -13,7 +13,6 @@ use std::ptr::NonNull;
 use pool_core::Region;
 use pool_core::layout::{PageSize, round_to_page};
 
-use crate::benchkit::FreshPool;
 
 unsafe extern "C" {
     fn hostpool_raw_populate(addr: *mut u8, len: usize, threads: c_int) -> c_int;
@@ -74,15 +73,19 @@ pub unsafe fn raw_memset(region: &Region<'_>, threads: usize) -> io::Result<()> 
 }
 
 /// Write `1` to every byte of `pool` with [`raw_memset`] on `threads`
-/// threads.
+/// threads. Safe: every `Region` borrows its pool, so `&mut` means none
+/// exists meanwhile.
 ///
 /// # Errors
-/// As for [`raw_memset`].
-pub(crate) fn memset_fresh(pool: &mut FreshPool, threads: usize) -> io::Result<()> {
-    // SAFETY: the pool is the FreshPool's own; nothing in this crate reads or
-    // writes its memory while the `&mut` borrow is held, and any other access
-    // would need unsafe code of the caller's.
-    unsafe { raw_memset(&pool.region(), threads) }
+/// As for [`raw_memset`]; `EINVAL` for a pool torn down.
+pub(crate) fn memset_pool(pool: &mut pool_core::Pool, threads: usize) -> io::Result<()> {
+    let region = pool
+        .region()
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: the exclusive borrow of the pool rules out any other Region of
+    // it, so nothing else in this process reads or writes its memory during
+    // the call.
+    unsafe { raw_memset(&region, threads) }
 }
 
 /// Write `1` to every byte of `mmap` with [`raw_memset`] on `threads`
