@@ -20,7 +20,7 @@ mod doctor;
 use pool_core::host::capacity;
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
-use pool_core::sys::{self, AnonMapOptions, Mmap};
+use pool_core::{AnonMapOptions, Mmap};
 use pool_core::{
     Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Region, Result,
     TeardownIssue,
@@ -120,7 +120,7 @@ impl Backing for AnonBacking {
                 sharing.name
             )));
         }
-        let base = PageSize::new(sys::base_page_size() as u64)?;
+        let base = PageSize::new(pool_core::base_page_size() as u64)?;
         if let Some(asked) = config.page_size
             && asked.get() != base.get()
         {
@@ -171,7 +171,7 @@ impl Backing for AnonBacking {
         let align = if self.options.thp {
             usize::try_from(thp_size()).unwrap_or(2 << 20)
         } else {
-            sys::base_page_size()
+            pool_core::base_page_size()
         };
         let mapped = match pool_core::failpoint::check("anon-mmap") {
             Some(e) => Err(e),
@@ -354,7 +354,7 @@ mod tests {
     fn byte_after_a_child_writes(table: Option<serde_json::Value>) -> u8 {
         let pool = Pool::build(&PoolPlan::new(config(1 << 20, table)).unwrap(), &Quiet).unwrap();
         let region = pool.region().unwrap();
-        pool_core::sys::child_writes_byte(&region, 4096, 0xab).unwrap();
+        pool_core::child_writes_byte(&region, 4096, 0xab).unwrap();
         let seen = region.read_byte(4096).unwrap();
         assert!(pool.teardown().teardown_issues.is_empty());
         seen

@@ -27,7 +27,7 @@ use pool_core::layout::{Extent, PageSize, SegmentSpec, format_bytes, round_to_pa
 use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
 use pool_core::shared::{self, SharedPoolSpec};
 use pool_core::{
-    Backing, BackingPlan, BackingPlugin, ByteSize, Context, Error, Mapping, PoolConfig, Result, sys,
+    Backing, BackingPlan, BackingPlugin, ByteSize, Context, Error, Mapping, PoolConfig, Result,
 };
 use serde::{Deserialize, Serialize};
 
@@ -141,7 +141,7 @@ impl Backing for ShmBacking {
     fn plan(&self, config: &PoolConfig) -> Result<BackingPlan> {
         let dir = dir_of(config);
         check_dir(&dir)?;
-        let base = PageSize::new(sys::base_page_size() as u64)?;
+        let base = PageSize::new(pool_core::base_page_size() as u64)?;
         if let Some(asked) = config.page_size
             && asked.get() != base.get()
         {

@@ -13,7 +13,6 @@ use std::ptr::NonNull;
 use pool_core::Region;
 use pool_core::layout::{PageSize, round_to_page};
 
-
 unsafe extern "C" {
     fn hostpool_raw_populate(addr: *mut u8, len: usize, threads: c_int) -> c_int;
     fn hostpool_raw_memset(addr: *mut u8, len: usize, threads: c_int) -> c_int;
@@ -93,7 +92,7 @@ pub(crate) fn memset_pool(pool: &mut pool_core::Pool, threads: usize) -> io::Res
 ///
 /// # Errors
 /// As for [`raw_memset`].
-pub fn memset_mmap(mmap: &mut pool_core::sys::Mmap, threads: usize) -> io::Result<()> {
+pub fn memset_mmap(mmap: &mut pool_core::Mmap, threads: usize) -> io::Result<()> {
     // SAFETY: the exclusive borrow of the owner rules out any other access
     // from this process during the call.
     unsafe { raw_memset(&mmap.region(), threads) }
@@ -187,13 +186,13 @@ mod tests {
     use std::ptr::NonNull;
 
     use pool_core::layout::{PageSize, round_to_page};
-    use pool_core::sys::{AnonMapOptions, base_page_size, unmap};
+    use pool_core::{AnonMapOptions, base_page_size};
 
     use super::*;
 
     /// A private anonymous mapping of `len` bytes, unmapped on drop.
     struct Anon {
-        mmap: pool_core::sys::Mmap,
+        mmap: pool_core::Mmap,
         len: usize,
     }
 
@@ -201,7 +200,7 @@ mod tests {
         fn new(len: usize) -> Anon {
             let page = base_page_size();
             let size = round_to_page(len as u64, PageSize::BASE_4K).unwrap();
-            let mmap = pool_core::sys::Mmap::anonymous(
+            let mmap = pool_core::Mmap::anonymous(
                 size,
                 AnonMapOptions {
                     shared: false,
@@ -313,7 +312,7 @@ mod tests {
         }
         // SAFETY: our mapping and fd; nothing refers to them any more.
         unsafe {
-            unmap(base.as_ptr(), len).unwrap();
+            assert_eq!(libc::munmap(base.as_ptr().cast(), len), 0);
             libc::close(fd);
         }
     }

@@ -173,7 +173,7 @@ struct State {
     /// but releases the buffer export at once, so a tensor it made can
     /// outlive `close()`; its pointer then reaches zero pages of ours, never
     /// memory mapped there later.
-    placeholders: Vec<pool_core::sys::Placeholder>,
+    placeholders: Vec<pool_core::Placeholder>,
 }
 
 /// A host-memory pool: built, prefaulted, pinned and registered as asked.
@@ -252,8 +252,8 @@ impl PyPool {
     }
 
     /// Tear down, keeping the address range (see [`State::placeholders`]).
-    fn teardown(py: Python<'_>, pool: Pool) -> (PoolReport, Vec<pool_core::sys::Placeholder>) {
-        let torn = py.detach(|| pool_core::sys::with_placeholders(|| pool.teardown()));
+    fn teardown(py: Python<'_>, pool: Pool) -> (PoolReport, Vec<pool_core::Placeholder>) {
+        let torn = py.detach(|| pool_core::with_placeholders(|| pool.teardown()));
         logs::flush(py);
         torn
     }

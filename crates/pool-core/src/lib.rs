@@ -17,8 +17,9 @@
 //!   exclusive files, memfds, files stitched into one mapping);
 //! - [`layout`]: the pure layout math; [`prefault`]: the prefault engine;
 //!   [`shared`]: pools shared by the ranks of one engine; [`gc`];
-//! - [`sys`]: the system calls, the only `unsafe` in this crate, and
-//!   [`Region`], the borrowed view of live pool memory;
+//! - at the root too, the owners of mappings ([`Mmap`], [`Reservation`])
+//!   and [`Region`], the borrowed view of live pool memory; the private
+//!   `sys` module behind them holds the crate's only `unsafe`;
 //! - `conformance` (feature `conformance`): the suite every backing runs.
 
 mod background;
@@ -39,7 +40,7 @@ pub mod layout;
 pub mod plugin;
 pub mod prefault;
 pub mod shared;
-pub mod sys;
+mod sys;
 
 pub use background::{DEFAULT_CHUNK as DEFAULT_BACKGROUND_CHUNK, PinProgress, PinStatus};
 pub use choice::{Choice, ChoiceError};
@@ -59,96 +60,12 @@ pub use pool::{
     PoolReport, PrefaultPlanReport, Quiet, RegistrationReport,
 };
 pub use size::{ByteSize, SizeError};
-pub use sys::{Region, Span};
+#[cfg(feature = "conformance")]
+pub use sys::child_writes_byte;
+pub use sys::{
+    AnonMapOptions, FixedMapError, Mmap, Placeholder, Region, Reservation, Span, base_page_size,
+    populate_write_supported, with_placeholders,
+};
 
 /// Re-exported so plugin crates submit records with the same `inventory`.
 pub use inventory;
-
-#[cfg(test)]
-mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
-    use std::path::Path;
-
-    /// `crate::X` references of each top-level module's sources.
-    fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
-        fn walk(dir: &Path, top: Option<&str>, graph: &mut BTreeMap<String, BTreeSet<String>>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-                if path.is_dir() {
-                    walk(&path, Some(top.unwrap_or(&name)), graph);
-                    continue;
-                }
-                let module = top.map_or(name.clone(), str::to_string);
-                if module == "lib" {
-                    continue;
-                }
-                let text = std::fs::read_to_string(&path).unwrap();
-                let deps = graph.entry(module.clone()).or_default();
-                for (i, _) in text.match_indices("crate::") {
-                    let dep: String = text[i + 7..]
-                        .chars()
-                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                        .collect();
-                    if !dep.is_empty() && dep != module {
-                        deps.insert(dep);
-                    }
-                }
-            }
-        }
-        let mut graph = BTreeMap::new();
-        walk(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-            None,
-            &mut graph,
-        );
-        graph
-    }
-
-    /// A cycle through `from`, if the graph has one.
-    fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
-        fn visit(
-            node: &str,
-            graph: &BTreeMap<String, BTreeSet<String>>,
-            path: &mut Vec<String>,
-            done: &mut BTreeSet<String>,
-        ) -> Option<Vec<String>> {
-            if let Some(at) = path.iter().position(|n| n == node) {
-                let mut c = path[at..].to_vec();
-                c.push(node.to_string());
-                return Some(c);
-            }
-            if !done.insert(node.to_string()) {
-                return None;
-            }
-            path.push(node.to_string());
-            for dep in graph.get(node).into_iter().flatten() {
-                if let Some(c) = visit(dep, graph, path, done) {
-                    return Some(c);
-                }
-            }
-            path.pop();
-            None
-        }
-        let mut done = BTreeSet::new();
-        graph
-            .keys()
-            .find_map(|n| visit(n, graph, &mut Vec::new(), &mut done))
-    }
-
-    #[test]
-    fn the_modules_depend_on_each_other_without_cycles() {
-        let graph = module_graph();
-        assert!(
-            graph.contains_key("plugin") && graph.contains_key("host"),
-            "{graph:?}"
-        );
-        assert_eq!(cycle(&graph), None, "module graph: {graph:#?}");
-        // The check itself finds a cycle when there is one.
-        let mut bad = graph.clone();
-        bad.entry("layout".into())
-            .or_default()
-            .insert("pool".into());
-        assert!(cycle(&bad).is_some());
-    }
-}

@@ -41,7 +41,12 @@ pub struct AnonMapOptions {
 ///
 /// # Errors
 /// The `mmap` errno, e.g. `ENOMEM` when the kernel refuses the size.
-pub fn map_anonymous(len: usize, opts: AnonMapOptions) -> io::Result<NonNull<u8>> {
+///
+/// # Safety
+/// The caller owns the returned mapping: it must unmap it exactly once (at
+/// once wrapped in an owner, [`Mmap`]) and hand out no reference that
+/// outlives that.
+pub(crate) unsafe fn map_anonymous(len: usize, opts: AnonMapOptions) -> io::Result<NonNull<u8>> {
     let page = base_page_size();
     let align = opts.align.max(page);
     if len == 0 || !align.is_power_of_two() {
@@ -221,13 +226,16 @@ pub fn populate_write_probe() -> io::Result<bool> {
             return Err(errno(e));
         }
         let page = base_page_size();
-        let p = map_anonymous(
-            page,
-            AnonMapOptions {
-                shared: false,
-                align: page,
-            },
-        )
+        // SAFETY: owned here and unmapped below.
+        let p = unsafe {
+            map_anonymous(
+                page,
+                AnonMapOptions {
+                    shared: false,
+                    align: page,
+                },
+            )
+        }
         .map_err(errno)?;
         // SAFETY: p is the one-page mapping made just above.
         let outcome = unsafe { populate_write(p.as_ptr(), page) };
@@ -276,60 +284,9 @@ pub unsafe fn resident_base_pages(addr: *mut u8, len: usize) -> io::Result<u64> 
     Ok(total)
 }
 
-/// Copy `len` bytes of `pattern`-derived data into the range and read it
-/// back: the data-path check of the conformance suite.
-///
-/// # Safety
-/// `[addr, addr + len)` must be mapped read-write and owned by the caller, and
-/// nothing else may access it during the call.
-pub unsafe fn write_pattern(addr: *mut u8, len: usize, stride: usize, seed: u8) {
-    let mut off = 0;
-    while off < len {
-        // SAFETY: off < len inside the caller's exclusive mapping.
-        unsafe { ptr::write_volatile(addr.add(off), pattern_byte(off, seed)) };
-        off += stride;
-    }
-    if len > 0 {
-        // SAFETY: len - 1 < len, inside the mapping.
-        unsafe { ptr::write_volatile(addr.add(len - 1), pattern_byte(len - 1, seed)) };
-    }
-}
-
-/// Check what [`write_pattern`] wrote; returns the first offset that differs.
-///
-/// # Safety
-/// As for [`write_pattern`].
-pub unsafe fn check_pattern(addr: *const u8, len: usize, stride: usize, seed: u8) -> Option<usize> {
-    let mut off = 0;
-    let check = |off: usize| {
-        // SAFETY: off < len inside the caller's mapping.
-        let v = unsafe { ptr::read_volatile(addr.add(off)) };
-        v == pattern_byte(off, seed)
-    };
-    while off < len {
-        if !check(off) {
-            return Some(off);
-        }
-        off += stride;
-    }
-    if len > 0 && !check(len - 1) {
-        return Some(len - 1);
-    }
-    None
-}
-
-fn pattern_byte(off: usize, seed: u8) -> u8 {
+pub(crate) fn pattern_byte(off: usize, seed: u8) -> u8 {
     let x = (off as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56;
     (x as u8) ^ seed
-}
-
-/// Fill the range with `byte` (`memset`), for benchmarks and tests.
-///
-/// # Safety
-/// `[addr, addr + len)` must be mapped read-write and exclusively the caller's.
-pub unsafe fn fill(addr: *mut u8, len: usize, byte: u8) {
-    // SAFETY: the caller guarantees exclusive access to the whole range.
-    unsafe { ptr::write_bytes(addr, byte, len) };
 }
 
 /// Fork a child that writes `value` at `offset` of `region` and exits, and
@@ -375,7 +332,11 @@ pub fn child_writes_byte(region: &Region<'_>, offset: u64, value: u8) -> io::Res
 ///
 /// # Errors
 /// The `mmap` errno.
-pub fn reserve(len: usize, align: usize) -> io::Result<NonNull<u8>> {
+///
+/// # Safety
+/// As for [`map_anonymous`]: the caller owns the reservation and unmaps it
+/// exactly once (its owner is [`Reservation`]).
+pub(crate) unsafe fn reserve(len: usize, align: usize) -> io::Result<NonNull<u8>> {
     let page = base_page_size();
     let align = align.max(page);
     if len == 0 || !align.is_power_of_two() {
@@ -448,7 +409,11 @@ pub unsafe fn map_file_fixed(
 ///
 /// # Errors
 /// The `mmap` errno.
-pub fn map_file(len: usize, fd: BorrowedFd<'_>) -> io::Result<NonNull<u8>> {
+///
+/// # Safety
+/// As for [`map_anonymous`]: the caller owns the mapping and unmaps it
+/// exactly once (its owner is [`SharedView`]).
+pub(crate) unsafe fn map_file(len: usize, fd: BorrowedFd<'_>) -> io::Result<NonNull<u8>> {
     // SAFETY: a fresh shared mapping at a kernel-chosen address aliases no
     // Rust object; the caller owns it and unmaps it.
     let p = unsafe {
@@ -502,8 +467,12 @@ impl<T: AtomicsOnly> SharedView<T> {
         if u64::try_from(size).unwrap_or(0) < len as u64 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let p = map_file(len, fd)?;
+        // SAFETY: the mapping goes into the view, which unmaps it once on
+        // drop, or is unmapped here at once.
+        let p = unsafe { map_file(len, fd) }?;
         if !(p.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
+            // SAFETY: the mapping made just above, never handed out.
+            let _ = unsafe { unmap(p.as_ptr(), len) };
             return Err(io::Error::from_raw_os_error(libc::EFAULT));
         }
         Ok(SharedView { ptr: p.cast(), len })
@@ -624,13 +593,16 @@ mod tests {
     fn aligned_anonymous_mapping_is_aligned_and_unmaps() {
         let align = 2 << 20;
         let len = 3 << 20;
-        let p = map_anonymous(
-            len,
-            AnonMapOptions {
-                shared: false,
-                align,
-            },
-        )
+        // SAFETY: owned here and unmapped below.
+        let p = unsafe {
+            map_anonymous(
+                len,
+                AnonMapOptions {
+                    shared: false,
+                    align,
+                },
+            )
+        }
         .unwrap();
         assert_eq!(
             p.as_ptr() as usize % align,
@@ -645,9 +617,6 @@ mod tests {
                 resident_base_pages(p.as_ptr(), len).unwrap(),
                 (len / base_page_size()) as u64
             );
-            write_pattern(p.as_ptr(), len, 4096, 7);
-            assert_eq!(check_pattern(p.as_ptr(), len, 4096, 7), None);
-            assert_eq!(check_pattern(p.as_ptr(), len, 4096, 8), Some(0));
             unmap(p.as_ptr(), len).unwrap();
         }
     }
@@ -656,13 +625,16 @@ mod tests {
     fn touch_faults_every_page_without_changing_data() {
         let page = base_page_size();
         let len = 64 * page;
-        let p = map_anonymous(
-            len,
-            AnonMapOptions {
-                shared: true,
-                align: page,
-            },
-        )
+        // SAFETY: owned here and unmapped below.
+        let p = unsafe {
+            map_anonymous(
+                len,
+                AnonMapOptions {
+                    shared: true,
+                    align: page,
+                },
+            )
+        }
         .unwrap();
         // SAFETY: fresh mapping owned here.
         unsafe {
@@ -676,22 +648,28 @@ mod tests {
 
     #[test]
     fn zero_length_and_bad_alignment_are_einval() {
-        let e = map_anonymous(
-            0,
-            AnonMapOptions {
-                shared: false,
-                align: 4096,
-            },
-        )
+        // SAFETY: both calls fail before they map anything.
+        let e = unsafe {
+            map_anonymous(
+                0,
+                AnonMapOptions {
+                    shared: false,
+                    align: 4096,
+                },
+            )
+        }
         .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
-        let e = map_anonymous(
-            4096,
-            AnonMapOptions {
-                shared: false,
-                align: 3 << 12,
-            },
-        )
+        // SAFETY: as above.
+        let e = unsafe {
+            map_anonymous(
+                4096,
+                AnonMapOptions {
+                    shared: false,
+                    align: 3 << 12,
+                },
+            )
+        }
         .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     }
@@ -701,7 +679,8 @@ mod tests {
         let fd =
             rustix::fs::memfd_create("hostpool-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&fd, 2 << 20).unwrap();
-        let r = reserve(4 << 20, 2 << 20).unwrap();
+        // SAFETY: unmapped below.
+        let r = unsafe { reserve(4 << 20, 2 << 20) }.unwrap();
         assert_eq!(r.as_ptr() as usize % (2 << 20), 0);
         // SAFETY: the second half of our own reservation.
         unsafe {

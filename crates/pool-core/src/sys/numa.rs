@@ -81,7 +81,8 @@ impl NodeMask {
         Ok(NodeMask { words })
     }
 
-    /// Whether `node` is in the set.
+    /// Whether `node` is in the set (for the tests).
+    #[cfg(test)]
     pub fn contains(&self, node: u32) -> bool {
         let node = node as usize;
         self.words
@@ -100,7 +101,8 @@ impl NodeMask {
         (self.bits() + 1) as c_ulong
     }
 
-    /// The words, as the kernel reads them.
+    /// The words, as the kernel reads them (for the tests).
+    #[cfg(test)]
     pub fn words(&self) -> &[c_ulong] {
         &self.words
     }
@@ -237,13 +239,16 @@ mod tests {
     use crate::sys::{AnonMapOptions, base_page_size, map_anonymous, resident_base_pages, unmap};
 
     fn anon(len: usize, shared: bool) -> *mut u8 {
-        map_anonymous(
-            len,
-            AnonMapOptions {
-                shared,
-                align: base_page_size(),
-            },
-        )
+        // SAFETY: each test unmaps what it maps.
+        unsafe {
+            map_anonymous(
+                len,
+                AnonMapOptions {
+                    shared,
+                    align: base_page_size(),
+                },
+            )
+        }
         .unwrap()
         .as_ptr()
     }

@@ -326,7 +326,10 @@ impl Mmap {
         let align = usize::try_from(size.page().get())
             .unwrap_or(usize::MAX)
             .max(opts.align);
-        let base = super::map_anonymous(mapped_usize(size)?, AnonMapOptions { align, ..opts })?;
+        // SAFETY: the new mapping goes straight into its owner, which unmaps
+        // it once, on drop or `unmap`.
+        let base =
+            unsafe { super::map_anonymous(mapped_usize(size)?, AnonMapOptions { align, ..opts }) }?;
         Ok(Mmap { base, size })
     }
 
@@ -512,7 +515,9 @@ impl Reservation {
     /// The `mmap` errno.
     pub fn new(size: MappedSize) -> io::Result<Reservation> {
         let align = usize::try_from(size.page().get()).unwrap_or(usize::MAX);
-        let base = super::reserve(mapped_usize(size)?, align)?;
+        // SAFETY: the reservation goes straight into its owner, which
+        // unmaps it once.
+        let base = unsafe { super::reserve(mapped_usize(size)?, align) }?;
         Ok(Reservation {
             mmap: Mmap { base, size },
             mapped: Vec::new(),

@@ -49,9 +49,7 @@ use pool_core::host::capacity::{self, CapacityCheck};
 use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoQuery, DoctorContext, Finding, parse_table};
-use pool_core::{
-    Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Result, sys,
-};
+use pool_core::{Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Result};
 use serde::{Deserialize, Serialize};
 
 /// The plugin name, as `backing = "file"` selects it.
@@ -379,7 +377,7 @@ impl Backing for FileBacking {
                  use backing shm-segmented (tmpfs) or hugetlbfs"
             )));
         }
-        let base = PageSize::new(sys::base_page_size() as u64)?;
+        let base = PageSize::new(pool_core::base_page_size() as u64)?;
         if let Some(asked) = config.page_size
             && asked.get() != base.get()
         {

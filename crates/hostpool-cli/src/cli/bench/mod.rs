@@ -153,7 +153,7 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
         threads: threads.clone(),
         mem_available_bytes: available,
         transparent_hugepage: thp_mode(),
-        populate_write_supported: pool_core::sys::populate_write_supported(),
+        populate_write_supported: pool_core::populate_write_supported(),
         huge_pages_free: [PageSize::HUGE_2M, PageSize::HUGE_1G]
             .into_iter()
             .map(|p| (benchkit::page_label(p), benchkit::free_huge_pages(p)))

@@ -14,7 +14,7 @@ pub(super) fn findings() -> Vec<Finding> {
             Finding::new("kernel", "release", format!("cannot be read: {e}")).info("mount /proc")
         }
     };
-    let populate = if pool_core::sys::populate_write_supported() {
+    let populate = if pool_core::populate_write_supported() {
         Finding::new(
             "kernel",
             "MADV_POPULATE_WRITE",
