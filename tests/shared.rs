@@ -362,6 +362,100 @@ fn four_ranks_share_a_hugetlbfs_pool_each_faulting_only_its_shard() {
     );
 }
 
+/// Free huge pages of `kib` KiB, from sysfs.
+fn free_huge(kib: u64) -> u64 {
+    std::fs::read_to_string(format!(
+        "/sys/kernel/mm/hugepages/hugepages-{kib}kB/free_hugepages"
+    ))
+    .ok()
+    .and_then(|s| s.trim().parse().ok())
+    .unwrap_or(0)
+}
+
+#[test]
+fn four_ranks_share_a_memfd_hugetlbfs_pool_without_a_mount() {
+    // A pod with huge pages but no hugetlbfs volume: the creator's memfd
+    // (MFD_HUGETLB) is passed to every rank over the socket.
+    if hugetlbfs_2m(64).is_none() {
+        return;
+    }
+    four_ranks_share_one_pool(
+        &[
+            "--backing",
+            "hugetlbfs",
+            "--page-size",
+            "2MiB",
+            "--size",
+            "128MiB",
+        ],
+        Path::new("/dev/shm"),
+        "memfd2m",
+        true,
+    );
+}
+
+#[test]
+fn four_ranks_share_a_memfd_pool_of_1gib_pages() {
+    let _serial = huge_pages_lock();
+    let free = free_huge(1 << 20);
+    if free < 4 {
+        // The kernel seldom finds four free 1 GiB pages on a fragmented
+        // node; `cargo xtask test` reserves what it can.
+        eprintln!("skip: needs 4 free 1 GiB huge pages, the kernel has {free}");
+        return;
+    }
+    let pool = name("memfd1g");
+    let before = free_huge(1 << 20);
+    let mut ranks = spawn_ranks(
+        &[
+            "--backing",
+            "hugetlbfs",
+            "--page-size",
+            "1GiB",
+            "--size",
+            "4GiB",
+        ],
+        &pool,
+        4,
+        &[],
+    );
+    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    for (r, rep) in reports.iter().enumerate() {
+        assert_eq!(rep["page_size"], 1u64 << 30, "rank {r}: {rep}");
+        assert_eq!(
+            rep["sharing"]["shard"]["len"],
+            1u64 << 30,
+            "rank {r}: {rep}"
+        );
+    }
+    assert_eq!(free_huge(1 << 20), before - 4, "one pool of four pages");
+    for child in ranks.iter() {
+        signal(child, libc::SIGTERM);
+    }
+    for (r, child) in ranks.iter_mut().enumerate() {
+        let st = wait_timeout(child, Duration::from_secs(30)).expect("rank exits after SIGTERM");
+        assert_eq!(st.code(), Some(0), "rank {r}: {}", stderr_of(child));
+    }
+    assert_eq!(free_huge(1 << 20), before, "every 1 GiB page given back");
+    assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
+}
+
+#[test]
+fn a_memfd_pool_cannot_use_the_file_rendezvous() {
+    let o = bin()
+        .args(["plan", "--backing", "hugetlbfs", "--page-size", "2MiB"])
+        .args(shared_flags("memfd-file", 2, 0))
+        .args(["--rendezvous", "file"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("rendezvous = \"socket\"") && err.contains("give dir"),
+        "{err}"
+    );
+}
+
 fn shm_config(segments: u32) -> TempFile {
     TempFile::new(
         &format!("shm{segments}.toml"),

@@ -135,10 +135,16 @@ fn resolve(config: &PoolConfig) -> Result<(PageSize, Source)> {
             Ok((PageSize::new(page_size)?, Source::Mount(dir.clone())))
         }
         None => {
-            if config.sharing.is_some() {
+            // A shared pool without a mount: the creator's memfd, passed to
+            // every rank over the socket (a pod with huge pages but no
+            // hugetlbfs volume). The file rendezvous opens files by name.
+            if let Some(s) = &config.sharing
+                && s.rendezvous == pool_core::Rendezvous::File
+            {
                 return Err(Error::config(
-                    "a shared hugetlbfs pool needs dir (a hugetlbfs mount every rank sees); a memfd cannot be \
-                     opened by name from another process",
+                    "a shared hugetlbfs pool without dir uses a memfd, which the file rendezvous \
+                     cannot open by name: use rendezvous = \"socket\" (the default), or give dir \
+                     (a hugetlbfs mount every rank sees)",
                 ));
             }
             let page = match asked.or_else(hugetlb::default_size) {
@@ -197,6 +203,14 @@ impl Backing for HugetlbfsBacking {
                 ));
                 vec![shared::data_path(d, &s.name, None)]
             }
+            (Some(s), Source::Memfd) => {
+                explain.push(format!(
+                    "shared by {} ranks as `{}` over the socket: the creator's memfd, passed to every \
+                     rank, never in any directory; rank {} prefaults its own shard, rounded to {page}",
+                    s.world, s.name, s.rank
+                ));
+                Vec::new()
+            }
             _ => {
                 explain.push(
                     "private: the file is never visible (O_TMPFILE, or unlinked at once)".into(),
@@ -229,7 +243,10 @@ impl Backing for HugetlbfsBacking {
         };
         let extent = Extent { offset: 0, len };
         let (_, source) = resolve(config)?;
-        if let (Some(sharing), Some(path)) = (&config.sharing, plan.files.first()) {
+        if let Some(sharing) = &config.sharing {
+            // A memfd pool has no file name: the socket rendezvous passes
+            // descriptors and reads no path.
+            let path = plan.files.first().cloned().unwrap_or_default();
             let dir = config.dir.as_deref();
             let recheck = || hugetlb::capacity_checks(len, page.get(), dir, config.numa_node);
             let create = |e: Extent| match &source {
@@ -239,7 +256,7 @@ impl Backing for HugetlbfsBacking {
             return shared::map_shared(SharedPoolSpec {
                 sharing,
                 size: plan.size,
-                files: vec![(path.clone(), extent)],
+                files: vec![(path, extent)],
                 capacity: &plan.capacity,
                 recheck: &recheck,
                 create: &create,

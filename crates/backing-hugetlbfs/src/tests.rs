@@ -164,7 +164,7 @@ fn a_page_size_the_kernel_lacks_is_not_available() {
 }
 
 #[test]
-fn a_shared_pool_needs_a_mount() {
+fn a_shared_pool_without_a_mount_needs_the_socket_rendezvous() {
     let mut c = config(2 << 20, None, Some(2 << 20));
     c.sharing = Some(pool_core::SharingConfig {
         name: "x".into(),
@@ -175,8 +175,25 @@ fn a_shared_pool_needs_a_mount() {
         rendezvous: pool_core::Rendezvous::File,
         control_dir: None,
     });
-    let e = PoolPlan::new(c).unwrap_err();
-    assert!(e.to_string().contains("needs dir"), "{e}");
+    let e = PoolPlan::new(c.clone()).unwrap_err();
+    assert!(e.is_usage(), "{e}");
+    assert!(e.to_string().contains("rendezvous = \"socket\""), "{e}");
+    // Over the socket, the creator's memfd is passed to every rank.
+    if let Some(s) = c.sharing.as_mut() {
+        s.rendezvous = pool_core::Rendezvous::Socket;
+    }
+    if hugetlb::pool(2 << 20).is_ok() {
+        let plan = PoolPlan::new(c).unwrap();
+        assert!(plan.report().files.is_empty(), "{:?}", plan.report());
+        assert!(
+            plan.report()
+                .explain
+                .iter()
+                .any(|l| l.contains("memfd, passed to every rank")),
+            "{:?}",
+            plan.report().explain
+        );
+    }
 }
 
 #[test]
