@@ -19,7 +19,8 @@ use std::io;
 #[cfg(feature = "failpoints")]
 use std::sync::OnceLock;
 
-/// Whether this build reads [`ENV`] (the cargo feature `failpoints`).
+/// Whether this build reads `HOSTPOOL_TEST_FAILPOINTS` (the cargo feature
+/// `failpoints`).
 pub const ENABLED: bool = cfg!(feature = "failpoints");
 
 /// The variable that arms failpoints, in a build with the feature.

@@ -15,7 +15,7 @@
 //! to that node succeeds with a warning: every page is on it anyway. With more
 //! than one node the refusal is an error that says what to do.
 //!
-//! The system calls themselves are in [`crate::sys::numa`], which explains
+//! The system calls themselves are in the private `sys::numa`, which explains
 //! why asking the kernel about a page that is not present would fault it in.
 
 use std::collections::BTreeMap;

@@ -252,7 +252,7 @@ pub fn populate_write_probe() -> io::Result<bool> {
     cached.map_err(io::Error::from_raw_os_error)
 }
 
-/// Whether [`populate_write_probe`] found the call supported (an error
+/// Whether `populate_write_probe` found the call supported (an error
 /// counts as no), for reports that only show the fact.
 pub fn populate_write_supported() -> bool {
     matches!(populate_write_probe(), Ok(true))

@@ -208,7 +208,7 @@ impl<'a> Region<'a> {
     }
 
     /// Fault `extent` in by touching one byte every `stride` bytes with an
-    /// atomic compare-and-exchange of 0 with 0 (see [`super::touch_pages`]).
+    /// atomic compare-and-exchange of 0 with 0 (see `touch_pages`).
     ///
     /// # Errors
     /// `ERANGE` for an extent outside the region or a zero stride.

@@ -1,0 +1,330 @@
+//! Building a pool: [`Pool::build_with`] is the README's arrow, one function
+//! per step: [`map`] → [`bind`] → [`prefault`] → [`rendezvous`] →
+//! [`attach`] (and the placement check) → [`pin`] → [`register`]. Every step
+//! after `map` works on the [`Pool`] that owns what is built so far, so an
+//! early return tears it down (its `Drop`).
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::report::{Phases, PinReport, PoolReport, RegistrationReport};
+use super::{NUMA_SAMPLES, Observer, Phase, Pool, PoolPlan, gone, timed};
+use crate::background::{Background, PinStatus};
+use crate::config::PinScope;
+use crate::error::{Context, Result};
+use crate::host::capacity;
+use crate::layout::Extent;
+use crate::plugin::{ExtentReport, Mapping, RankBarrier};
+use crate::prefault::{self, PrefaultMethod, PrefaultOutcome};
+use crate::sys::Region;
+
+impl Pool {
+    /// Build the pool a plan describes: refuse a capacity shortfall, map,
+    /// prefault, pin, register.
+    ///
+    /// # Errors
+    /// The first failing step's error, after everything built so far has been
+    /// torn down. A best-effort pin that fails is not an error: the report
+    /// says `skipped` with the reason.
+    pub fn build(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
+        Pool::build_with(plan, observer, None)
+    }
+
+    /// As [`Pool::build`], with the embedding engine's own barrier for a
+    /// shared pool (the built-in one uses the pool's control file).
+    ///
+    /// # Errors
+    /// As for [`Pool::build`], and [`crate::Error::Peer`] when a peer rank
+    /// failed, died or never attached.
+    pub fn build_with(
+        plan: &PoolPlan,
+        observer: &dyn Observer,
+        barrier: Option<&dyn RankBarrier>,
+    ) -> Result<Pool> {
+        // A shared pool's creator checks capacity itself: once it has
+        // reserved the pages, the counts look too low to joiners.
+        if plan.config.sharing.is_none() {
+            capacity::require(&plan.backing_plan.capacity)?;
+        }
+        let mut pool = map(plan, observer)?;
+        // From here on, an early return drops `pool`, which tears down.
+        bind(&mut pool, plan, barrier)?;
+        let faulted = prefault(&mut pool, plan, observer);
+        // Every rank of a shared pool meets its peers, even after a failure,
+        // so that they fail on its error instead of waiting for it.
+        let met = rendezvous(&mut pool, plan, &faulted, barrier);
+        pool.report.prefault = Some(faulted?);
+        met?;
+        attach(&mut pool, plan, observer)?;
+        check_placement(&mut pool, plan)?;
+        crate::interrupt::check()?;
+        pin(&mut pool, plan, observer)?;
+        crate::interrupt::check()?;
+        register(&mut pool, plan, observer)?;
+        Ok(pool)
+    }
+}
+
+/// The mapping the backing makes of its plan, in a [`Pool`] with its first
+/// report.
+fn map(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
+    let bp = &plan.backing_plan;
+    let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
+        plan.backing.map(bp, &plan.config)
+    });
+    let mapping = mapping?;
+    let report = first_report(plan, mapping.as_ref(), map_secs);
+    Ok(Pool {
+        mapping: Some(mapping),
+        pin: None,
+        background: None,
+        pin_extent: None,
+        registrations: Vec::new(),
+        report,
+        owner: std::process::id(),
+    })
+}
+
+fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolReport {
+    let bp = &plan.backing_plan;
+    let region = mapping.region();
+    PoolReport {
+        backing: bp.backing.to_string(),
+        page_size: region.page().get(),
+        logical_bytes: region.logical_len(),
+        mapped_bytes: region.mapped_len(),
+        address: format!("{:#x}", region.addr() as usize),
+        segments: bp
+            .segments
+            .iter()
+            .copied()
+            .map(ExtentReport::from)
+            .collect(),
+        options: bp.options.clone(),
+        prefault: None,
+        phases: Phases {
+            map: Some(map_secs),
+            ..Phases::default()
+        },
+        pin: PinReport {
+            kind: plan.config.pin.kind_name().to_string(),
+            status: PinStatus::Off,
+            reason: None,
+            details: Value::Null,
+        },
+        registrations: Vec::new(),
+        capacity: if mapping.checked_capacity() {
+            bp.capacity.clone()
+        } else {
+            Vec::new()
+        },
+        sharing: mapping.sharing(),
+        numa: None,
+        teardown_issues: Vec::new(),
+    }
+}
+
+/// Bind the pool's pages to `numa_node` before the first touch decides
+/// where they go. A shared pool's peers learn the cause rather than a
+/// vanished rank.
+fn bind(pool: &mut Pool, plan: &PoolPlan, barrier: Option<&dyn RankBarrier>) -> Result<()> {
+    let Some(node) = plan.config.numa_node else {
+        return Ok(());
+    };
+    let mapping = pool.mapping.as_mut().ok_or_else(gone)?;
+    if let Err(e) = crate::host::numa::bind(&mapping.region(), node) {
+        if plan.config.sharing.is_some() {
+            let _ = mapping.rendezvous(Err(e.to_string()), barrier);
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Fault this rank's pages in (its shard of a shared pool).
+fn prefault(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<PrefaultOutcome> {
+    let mapping = pool.mapping.as_ref().ok_or_else(gone)?;
+    let (outcome, secs) = timed(observer, Phase::Prefault, plan.prefault.extent.len, || {
+        // Touching a page the backing cannot supply is SIGBUS: have the
+        // backing allocate the range first, which fails cleanly instead.
+        if matches!(plan.prefault.method, PrefaultMethod::Touch(_)) {
+            mapping.reserve_for_touch(plan.prefault.extent)?;
+        }
+        prefault::run(&mapping.region(), &plan.prefault, &|done| {
+            observer.progress(Phase::Prefault, done)
+        })
+    });
+    pool.report.phases.prefault = Some(secs);
+    outcome
+}
+
+/// A shared pool's ranks meet at the barrier with their prefault's outcome.
+fn rendezvous(
+    pool: &mut Pool,
+    plan: &PoolPlan,
+    faulted: &Result<PrefaultOutcome>,
+    barrier: Option<&dyn RankBarrier>,
+) -> Result<()> {
+    if plan.config.sharing.is_none() {
+        return Ok(());
+    }
+    let mapping = pool.mapping.as_mut().ok_or_else(gone)?;
+    let t = Instant::now();
+    let met = mapping.rendezvous(
+        faulted.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+        barrier,
+    );
+    pool.report.phases.barrier = Some(t.elapsed().as_secs_f64());
+    met
+}
+
+/// A shared pool pinned whole: fill the page tables of the peers' shards
+/// now, in one pass, rather than let the driver fault them in one page at a
+/// time under its lock.
+fn attach(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> {
+    if plan.config.sharing.is_none()
+        || plan.pinner.is_none()
+        || plan.config.pin.scope != PinScope::Pool
+    {
+        return Ok(());
+    }
+    let region = pool.mapping.as_ref().ok_or_else(gone)?.region();
+    let (attached, secs) = timed(
+        observer,
+        Phase::Attach,
+        region.mapped_len() - plan.prefault.extent.len,
+        || attach_peers(&region, plan.prefault.extent),
+    );
+    pool.report.phases.attach = Some(secs);
+    attached
+}
+
+/// Where the pages went, when a node was asked for. Exact placement is
+/// required only where this process faulted every page: not in a shared
+/// pool (peers fault their shards), and not without prefault (pages are not
+/// in memory yet).
+fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
+    let Some(node) = plan.config.numa_node else {
+        return Ok(());
+    };
+    let region = pool.mapping.as_ref().ok_or_else(gone)?.region();
+    let placement = crate::host::numa::verify(&region, node, NUMA_SAMPLES)?;
+    pool.report.numa = Some(placement.clone());
+    let faulted_all = plan.config.sharing.is_none()
+        && !matches!(plan.prefault.method, PrefaultMethod::NoPrefault(_));
+    if faulted_all {
+        placement.require_exact()?;
+    }
+    Ok(())
+}
+
+/// Pin the whole pool, or with scope = shard only this rank's shard (an
+/// empty shard, more ranks than pages, pins nothing), in the foreground or
+/// on the background thread.
+fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> {
+    let Some(pinner) = &plan.pinner else {
+        return Ok(());
+    };
+    let region = pool.mapping.as_ref().ok_or_else(gone)?.region();
+    let pin_extent = match (plan.config.sharing.is_some(), plan.config.pin.scope) {
+        (true, PinScope::Shard) => plan.prefault.extent,
+        _ => Extent {
+            offset: 0,
+            len: region.mapped_len(),
+        },
+    };
+    pool.pin_extent = Some(pin_extent);
+    let Some(pin_region) = region.sub(pin_extent).filter(|_| pin_extent.len > 0) else {
+        pool.report.pin.status = PinStatus::Skipped;
+        pool.report.pin.reason =
+            Some("this rank's shard is empty (more ranks than pages): nothing to pin".into());
+        return Ok(());
+    };
+    if plan.config.pin.background {
+        // The pool stops (and joins) it in `release`, before it releases
+        // the mapping.
+        let started = Background::start(
+            region,
+            pin_extent,
+            std::sync::Arc::clone(pinner),
+            &plan.config,
+        )?;
+        pool.report.pin.status = PinStatus::Pinning;
+        pool.report.pin.details = serde_json::json!({
+            "background": true,
+            "chunk": started.chunk(),
+            "bytes": pin_extent.len,
+        });
+        pool.background = Some(started);
+        return Ok(());
+    }
+    let (pinned, secs) = timed(observer, Phase::Pin, pin_region.mapped_len(), || {
+        pinner.pin(pin_region, &plan.config)
+    });
+    pool.report.phases.pin = Some(secs);
+    match pinned {
+        Ok(pin) => {
+            pool.report.pin.status = PinStatus::Pinned;
+            pool.report.pin.details = pin.details();
+            pool.pin = Some(pin);
+        }
+        Err(e) if !plan.config.pin.required => {
+            tracing::warn!(
+                "pinning with {} skipped, the pool stays pageable: {e}",
+                pinner.name()
+            );
+            pool.report.pin.status = PinStatus::Skipped;
+            pool.report.pin.reason = Some(e.to_string());
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// Register the pool with each registrar, in order.
+fn register(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> {
+    if plan.registrars.is_empty() {
+        return Ok(());
+    }
+    let region = pool.mapping.as_ref().ok_or_else(gone)?.region();
+    let (registered, secs) = timed(observer, Phase::Register, region.mapped_len(), || {
+        for r in &plan.registrars {
+            let reg = r.register(region, &plan.config)?;
+            pool.report.registrations.push(RegistrationReport {
+                kind: r.name().to_string(),
+                details: reg.details(),
+            });
+            pool.registrations.push(reg);
+        }
+        Ok::<(), crate::Error>(())
+    });
+    pool.report.phases.register = Some(secs);
+    registered
+}
+
+/// Map every page outside `own` (pages the peers faulted) into this
+/// process's page tables with `MADV_POPULATE_READ`.
+fn attach_peers(region: &Region<'_>, own: Extent) -> Result<()> {
+    let before = Extent {
+        offset: 0,
+        len: own.offset,
+    };
+    let after = Extent {
+        offset: own.end(),
+        len: region.mapped_len() - own.end(),
+    };
+    for e in [before, after].into_iter().filter(|e| e.len > 0) {
+        region.populate_read(e).map_err(|source| {
+            let mut context = Context::new(e.len, region.page()).remedy(format!(
+                "attaching to the peers' pages at offset {} failed",
+                e.offset
+            ));
+            if let Some(addr) = region.at(e.offset) {
+                context = context.addr(addr as usize);
+            }
+            crate::Error::os("madvise(MADV_POPULATE_READ)", source, context)
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,455 @@
+//! [`PoolPlan`]: everything a build will do, resolved from the config
+//! without creating, mapping or reserving anything, and its report.
+
+use serde_json::Value;
+
+use super::report::{PinPlanReport, PlanReport, PrefaultPlanReport};
+use crate::config::PoolConfig;
+use crate::error::Result;
+use crate::host::capacity;
+use crate::layout::{Extent, MAX_POOL_BYTES, format_bytes};
+use crate::plugin::{
+    self, Backing, BackingPlan, ExtentReport, Pinner, PinnerPlugin, Registrar, RegistrarPlugin,
+};
+use crate::prefault::{self, FaultIn, PrefaultPlan};
+
+/// Everything a build will do, resolved from the config. Making a plan
+/// creates, maps and reserves nothing.
+#[derive(Debug)]
+pub struct PoolPlan {
+    /// The config the plan was made from.
+    pub config: PoolConfig,
+    /// Why this backing.
+    pub backing_reason: String,
+    /// The configured backing.
+    pub backing: Box<dyn Backing>,
+    /// What the backing will map.
+    pub backing_plan: BackingPlan,
+    /// How it will be prefaulted.
+    pub prefault: PrefaultPlan,
+    /// The pinner, when one is asked for (shared with a background pin).
+    pub pinner: Option<std::sync::Arc<dyn Pinner>>,
+    /// The registrars, in order.
+    pub registrars: Vec<Box<dyn Registrar>>,
+}
+
+impl PoolPlan {
+    /// Resolve a config: plugins, sizes, capacity checks and prefault.
+    ///
+    /// # Errors
+    /// Configuration errors (unknown plugins or tables, bad sizes, settings a
+    /// backing cannot honour). Capacity shortfalls are *not* errors here:
+    /// they are verdicts in the plan, and [`Pool::build`](crate::Pool::build) refuses them.
+    pub fn new(config: PoolConfig) -> Result<PoolPlan> {
+        check_size(&config)?;
+        check_dir(&config)?;
+        plugin::validate_plugin_tables(&config)?;
+        if let Some(node) = config.numa_node {
+            crate::host::numa::check_node(node)?;
+        }
+        let selection = plugin::select_backing(&config)?;
+        let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;
+        let backing_plan = backing.plan(&config)?;
+        if let Some(block) = config.block_size {
+            check_block(block.get(), backing_plan.size)?;
+        }
+        // A shared pool's rank faults only its own shard.
+        let extent = match &config.sharing {
+            Some(sharing) => {
+                sharing.validate()?;
+                crate::shared::shard(backing_plan.size, sharing)?
+            }
+            None => Extent {
+                offset: 0,
+                len: backing_plan.size.mapped(),
+            },
+        };
+        let prefault = prefault::plan(
+            config.prefault,
+            extent,
+            backing_plan.size.page(),
+            config.threads,
+        )?;
+        let pinner = if let Some(kind) = &config.pin.kind {
+            let p = plugin::lookup::<PinnerPlugin>(kind)?;
+            Some(std::sync::Arc::from((p.build)(
+                config.plugin_table(p.name),
+            )?))
+        } else {
+            if config.pin.background {
+                return Err(crate::Error::config(
+                    "background pinning needs a pinner: set pin.kind (--pin cuda or --pin mlock)",
+                ));
+            }
+            None
+        };
+        if config.pin.background_chunk.is_some_and(|c| c.get() == 0) {
+            return Err(crate::Error::config(
+                "pin.background_chunk is 0; give a size such as \"256MiB\", or leave it out",
+            ));
+        }
+        let registrars = config
+            .register
+            .iter()
+            .map(|name| {
+                let r = plugin::lookup::<RegistrarPlugin>(name)?;
+                (r.build)(config.plugin_table(r.name))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PoolPlan {
+            backing_reason: selection.reason,
+            backing,
+            backing_plan,
+            prefault,
+            pinner,
+            registrars,
+            config,
+        })
+    }
+
+    /// The plan as a serializable report (`hostpool plan --json`).
+    pub fn report(&self) -> PlanReport {
+        let bp = &self.backing_plan;
+        let mut explain = vec![self.backing_reason.clone()];
+        explain.extend(bp.explain.iter().cloned());
+        explain.extend(self.prefault.explain.iter().cloned());
+        explain.push(match &self.pinner {
+            Some(p) => format!(
+                "pin with {} ({})",
+                p.name(),
+                if self.config.pin.required {
+                    "required"
+                } else {
+                    "best effort"
+                }
+            ),
+            None => "no pinning (pin kind off)".to_string(),
+        });
+        for r in &self.registrars {
+            explain.push(format!("register with {}", r.name()));
+        }
+        if let Some(node) = self.config.numa_node {
+            explain.push(format!(
+                "bind to NUMA node {node} with mbind(MPOL_BIND) before prefault (first touch decides \
+                 placement), then check sampled pages with get_mempolicy"
+            ));
+        }
+        for c in &bp.capacity {
+            explain.push(format!(
+                "capacity {}: need {}, free {} ({}): {:?}",
+                c.resource,
+                format_bytes(c.need),
+                c.free.map_or("unknown".to_string(), format_bytes),
+                c.source,
+                c.verdict
+            ));
+        }
+        let size = bp.size;
+        let shards: Vec<ExtentReport> = match &self.config.sharing {
+            Some(s) => crate::layout::shards(size.mapped(), size.page(), s.world)
+                .map(|v| v.into_iter().map(ExtentReport::from).collect())
+                .unwrap_or_default(),
+            None => crate::layout::shards(
+                size.page().round_down(self.prefault.extent.len),
+                size.page(),
+                u32::try_from(self.prefault.threads).unwrap_or(1),
+            )
+            .map(|v| v.into_iter().map(ExtentReport::from).collect())
+            .unwrap_or_default(),
+        };
+        let pin_plan = self
+            .pinner
+            .as_ref()
+            .map_or(Value::Null, |p| p.plan(size, &self.config));
+        let registration_plans = self
+            .registrars
+            .iter()
+            .map(|r| serde_json::json!({"kind": r.name(), "plan": r.plan(size, &self.config)}))
+            .collect();
+        let prefault_cost = plugin::lookup::<plugin::BackingPlugin>(bp.backing)
+            .ok()
+            .and_then(|r| r.cost)
+            .unwrap_or(plugin::PrefaultCost::DEFAULT);
+        let predicted = crate::plugin::predict(
+            size,
+            &crate::plugin::CostInputs {
+                prefault: prefault_cost,
+                prefault_bytes: self.prefault.extent.len,
+                threads: self.prefault.threads,
+                pin: self
+                    .pinner
+                    .as_ref()
+                    .and_then(|p| plugin::lookup::<PinnerPlugin>(p.name()).ok())
+                    .and_then(|r| r.cost),
+                registrars: self
+                    .registrars
+                    .iter()
+                    .filter_map(|r| plugin::lookup::<RegistrarPlugin>(r.name()).ok())
+                    .filter_map(|r| r.cost)
+                    .collect(),
+            },
+        );
+        explain.push(format!(
+            "predicted: prefault {:.1} s{}{} ({})",
+            predicted.prefault,
+            predicted
+                .pin
+                .map(|p| format!(", pin {p:.1} s"))
+                .unwrap_or_default(),
+            predicted
+                .register
+                .map(|r| format!(", register {r:.1} s"))
+                .unwrap_or_default(),
+            predicted.basis
+        ));
+        PlanReport {
+            shards,
+            pin_plan,
+            registration_plans,
+            predicted_seconds: predicted,
+            backing: bp.backing.to_string(),
+            page_size: bp.size.page().get(),
+            logical_bytes: bp.size.logical(),
+            mapped_bytes: bp.size.mapped(),
+            segments: bp
+                .segments
+                .iter()
+                .copied()
+                .map(ExtentReport::from)
+                .collect(),
+            files: bp.files.iter().map(|p| p.display().to_string()).collect(),
+            options: bp.options.clone(),
+            prefault: PrefaultPlanReport {
+                method: self.prefault.method.name(),
+                threads: self.prefault.threads,
+                offset: self.prefault.extent.offset,
+                bytes: self.prefault.extent.len,
+            },
+            pin: PinPlanReport {
+                kind: self.config.pin.kind_name().to_string(),
+                required: self.config.pin.required,
+            },
+            registrations: self
+                .registrars
+                .iter()
+                .map(|r| r.name().to_string())
+                .collect(),
+            capacity: bp.capacity.clone(),
+            fits: bp
+                .capacity
+                .iter()
+                .all(|c| c.verdict != capacity::Verdict::Short),
+            explain,
+        }
+    }
+}
+
+/// `dir`, where it exists, must be a directory: a file or a device there
+/// (`--dir /dev/null`, whose devtmpfs passes for tmpfs) is bad input, not a
+/// failed `open`. A missing dir is left to the backings, which say how to
+/// make the one they serve.
+fn check_dir(config: &PoolConfig) -> Result<()> {
+    let Some(dir) = &config.dir else {
+        return Ok(());
+    };
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return Ok(());
+    };
+    if meta.is_dir() {
+        return Ok(());
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    let kind = if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "a file"
+    };
+    Err(crate::Error::config(format!(
+        "dir {} is not a directory (it is {kind}); give the directory the pool's files are to \
+         be made in",
+        dir.display()
+    )))
+}
+
+/// A pool larger than [`MAX_POOL_BYTES`] is a configuration error that names
+/// the limit.
+fn check_size(config: &PoolConfig) -> Result<()> {
+    let size = config.size.get();
+    if size > MAX_POOL_BYTES {
+        return Err(crate::Error::config(format!(
+            "size = {} ({size} bytes) is more than the {} a pool can have (the user address space \
+             of x86-64 with 5-level page tables); ask for at most {} (--size {})",
+            format_bytes(size),
+            format_bytes(MAX_POOL_BYTES),
+            format_bytes(MAX_POOL_BYTES),
+            format_bytes(MAX_POOL_BYTES).replace(' ', "")
+        )));
+    }
+    Ok(())
+}
+
+/// The caller's block is any positive number of bytes (an engine's copy unit:
+/// vLLM's 61 × 512 B, SGLang's 300 MiB pages). Registration chunks (CUDA
+/// chunks, RDMA and NIXL regions, background pin chunks) are cut on
+/// multiples of `lcm(block_size, page size)`, which is page-aligned and never
+/// splits a block, so that unit must fit in the pool; a zero block, a unit
+/// larger than the pool, or one that overflows 64 bits is a configuration
+/// error. Checked at plan time whatever the pin policy.
+fn check_block(block: u64, size: crate::layout::MappedSize) -> Result<()> {
+    let page = size.page();
+    let pool = size.mapped();
+    if block == 0 {
+        return Err(crate::Error::config(format!(
+            "block_size = 0 bytes is not a positive number of bytes, so there is no registration \
+             unit lcm(block_size, page size) to cut the {} ({pool} bytes) pool of {page} pages \
+             on; give the engine's block (its copy unit) in bytes, any positive size such as \
+             31232 or 2MiB, or leave block_size out to use the page size",
+            format_bytes(pool)
+        )));
+    }
+    let too_big = |unit: String| {
+        crate::Error::config(format!(
+            "block_size = {} ({block} bytes) with the {page} ({} bytes) page size gives a \
+             registration unit lcm(block_size, page size) = {unit}, more than the {} ({pool} \
+             bytes) pool, and registration chunks are cut on multiples of that unit; give a \
+             block_size whose lcm with the page size is at most the pool size (a smaller block, \
+             or one with more factors of two in common with the page), or a larger pool",
+            format_bytes(block),
+            page.get(),
+            format_bytes(pool)
+        ))
+    };
+    match crate::layout::lcm(page.get(), block) {
+        Ok(unit) if unit <= pool => Ok(()),
+        Ok(unit) => Err(too_big(format!("{} ({unit} bytes)", format_bytes(unit)))),
+        Err(_) => Err(too_big(
+            "more than 16 EiB (it overflows a 64-bit byte count)".into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{PageSize, round_to_page};
+    use crate::size::ByteSize;
+
+    #[test]
+    fn a_zero_block_or_one_whose_lcm_with_the_page_exceeds_the_pool_is_a_usage_error() {
+        let huge = round_to_page(4 << 30, PageSize::HUGE_1G).unwrap();
+        let small = round_to_page(8 << 20, PageSize::BASE_4K).unwrap();
+        let tiny = round_to_page(64 << 10, PageSize::BASE_4K).unwrap();
+        // 31232 = 61 × 512 and 4096 = 8 × 512: the lcm is 61 × 4096.
+        let vllm = 61 * 512;
+        let vllm_unit = 61 * 4096;
+        for (block, size, says) in [
+            (
+                0,
+                small,
+                vec![
+                    "block_size = 0 bytes",
+                    "not a positive number of bytes",
+                    "lcm(block_size, page size)",
+                    "4 KiB pages",
+                    "8 MiB (8388608 bytes) pool",
+                ],
+            ),
+            (
+                vllm,
+                tiny,
+                vec![
+                    "block_size = 30.50 KiB (31232 bytes)",
+                    "4 KiB (4096 bytes) page size",
+                    "lcm(block_size, page size) = 244 KiB (249856 bytes)",
+                    "more than the 64 KiB (65536 bytes) pool",
+                    "or a larger pool",
+                ],
+            ),
+            (
+                5 << 30,
+                huge,
+                vec![
+                    "block_size = 5 GiB",
+                    "1 GiB (1073741824 bytes) page size",
+                    "= 5 GiB (5368709120 bytes)",
+                    "more than the 4 GiB (4294967296 bytes) pool",
+                ],
+            ),
+            (
+                // Odd: 4097 GiB of unit for a 4 GiB pool.
+                4097,
+                huge,
+                vec![
+                    "(4097 bytes)",
+                    "= 4.00 TiB (4399120252928 bytes)",
+                    "4 GiB (4294967296 bytes) pool",
+                ],
+            ),
+            (
+                // Odd, so its lcm with a 1 GiB page overflows 64 bits.
+                u64::MAX,
+                huge,
+                vec![
+                    "18446744073709551615 bytes",
+                    "1 GiB (1073741824 bytes) page size",
+                    "more than 16 EiB",
+                    "4 GiB (4294967296 bytes) pool",
+                ],
+            ),
+        ] {
+            let e = check_block(block, size).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{e}");
+            let msg = e.to_string();
+            for want in says {
+                assert!(msg.contains(want), "{block}: wants {want:?}: {msg}");
+            }
+            assert!(!msg.contains("multiple of 4 KiB"), "the old rule: {msg}");
+        }
+        assert_eq!(crate::layout::lcm(4096, vllm), Ok(vllm_unit));
+        for (block, size) in [
+            (1, small),
+            (1000, small),
+            (vllm, small),
+            (4096, small),
+            (4097, round_to_page(32 << 20, PageSize::BASE_4K).unwrap()),
+            (2 << 20, huge),
+            (1 << 30, huge),
+            (64 << 10, huge),
+            (
+                300 << 20,
+                round_to_page(600 << 20, PageSize::HUGE_2M).unwrap(),
+            ),
+            // The unit exactly fills the pool.
+            (vllm, round_to_page(vllm_unit, PageSize::BASE_4K).unwrap()),
+        ] {
+            check_block(block, size).unwrap_or_else(|e| panic!("{block}: {e}"));
+        }
+    }
+
+    #[test]
+    fn pools_beyond_the_address_space_name_the_limit() {
+        let config = PoolConfig {
+            size: ByteSize(u64::MAX),
+            ..PoolConfig::default()
+        };
+        let e = check_size(&config).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("64 PiB") && !msg.contains("too large"),
+            "{msg}"
+        );
+        let config = PoolConfig {
+            size: ByteSize(MAX_POOL_BYTES),
+            ..PoolConfig::default()
+        };
+        check_size(&config).unwrap();
+    }
+}

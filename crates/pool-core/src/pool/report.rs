@@ -1,0 +1,158 @@
+//! The reports a plan and a pool give (`hostpool plan --json`, `hostpool
+//! alloc --json`): their field names are a contract.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::background::PinStatus;
+use crate::error::TeardownIssue;
+use crate::host::capacity::CapacityCheck;
+use crate::plugin::ExtentReport;
+use crate::prefault::PrefaultOutcome;
+
+/// `hostpool plan --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanReport {
+    /// Backing name.
+    pub backing: String,
+    /// Page size in bytes.
+    pub page_size: u64,
+    /// Bytes asked for.
+    pub logical_bytes: u64,
+    /// Bytes that will be mapped (rounded up to the page size).
+    pub mapped_bytes: u64,
+    /// Segments of the mapping.
+    pub segments: Vec<ExtentReport>,
+    /// Files that will be created.
+    pub files: Vec<String>,
+    /// Resolved backing options.
+    pub options: Value,
+    /// Prefault method and threads.
+    pub prefault: PrefaultPlanReport,
+    /// Pinning policy.
+    pub pin: PinPlanReport,
+    /// Registrars, in order.
+    pub registrations: Vec<String>,
+    /// Capacity checks and their verdicts.
+    pub capacity: Vec<CapacityCheck>,
+    /// Whether every capacity check passes (or is unknown).
+    pub fits: bool,
+    /// Prefault shards: one per rank of a shared pool, else one per thread.
+    pub shards: Vec<ExtentReport>,
+    /// What the pinner will do (for `cuda`: its registration chunks).
+    pub pin_plan: Value,
+    /// What each registrar will do (RDMA regions depend on each device's
+    /// `max_mr_size`, learnt at registration).
+    pub registration_plans: Vec<Value>,
+    /// Predicted seconds per phase.
+    pub predicted_seconds: crate::plugin::Predicted,
+    /// Every choice and why, one line each.
+    pub explain: Vec<String>,
+}
+
+/// Prefault part of a plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct PrefaultPlanReport {
+    /// Method name.
+    pub method: &'static str,
+    /// Threads.
+    pub threads: usize,
+    /// Start of the range to fault.
+    pub offset: u64,
+    /// Bytes to fault.
+    pub bytes: u64,
+}
+
+/// Pin part of a plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct PinPlanReport {
+    /// Pinner name or "off".
+    pub kind: String,
+    /// Whether failure fails the pool.
+    pub required: bool,
+}
+
+/// The `pin` object of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct PinReport {
+    /// Pinner name or "off".
+    pub kind: String,
+    /// Outcome.
+    pub status: PinStatus,
+    /// Why it was skipped, when it was.
+    pub reason: Option<String>,
+    /// The pinner's details (chunks, device).
+    pub details: Value,
+}
+
+/// One entry of the report's `registrations`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RegistrationReport {
+    /// Registrar name.
+    pub kind: String,
+    /// The registrar's details (devices, regions, keys).
+    pub details: Value,
+}
+
+/// Seconds per phase; phases that did not run are absent.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Phases {
+    /// Creating the mapping.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub map: Option<f64>,
+    /// Faulting pages in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefault: Option<f64>,
+    /// Waiting for the other ranks of a shared pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub barrier: Option<f64>,
+    /// Mapping the peers' shards before pinning a shared pool whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attach: Option<f64>,
+    /// Pinning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin: Option<f64>,
+    /// Registering.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub register: Option<f64>,
+    /// Releasing everything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub teardown: Option<f64>,
+}
+
+/// The report of a pool (`hostpool alloc --json`). Field names are a contract.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolReport {
+    /// Backing name.
+    pub backing: String,
+    /// Page size in bytes.
+    pub page_size: u64,
+    /// Bytes asked for.
+    pub logical_bytes: u64,
+    /// Bytes mapped.
+    pub mapped_bytes: u64,
+    /// Base address, hexadecimal.
+    pub address: String,
+    /// Segments of the mapping.
+    pub segments: Vec<ExtentReport>,
+    /// Resolved backing options.
+    pub options: Value,
+    /// What prefault did.
+    pub prefault: Option<PrefaultOutcome>,
+    /// Seconds per phase.
+    pub phases: Phases,
+    /// Pinning outcome.
+    pub pin: PinReport,
+    /// Registrations.
+    pub registrations: Vec<RegistrationReport>,
+    /// Capacity checks made before mapping.
+    pub capacity: Vec<CapacityCheck>,
+    /// Name, world, rank, role and shard of a shared pool; absent when private.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<Value>,
+    /// NUMA placement found after prefault, when a node was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numa: Option<crate::host::numa::Placement>,
+    /// Steps teardown could not undo (empty when all went well).
+    pub teardown_issues: Vec<TeardownIssue>,
+}
