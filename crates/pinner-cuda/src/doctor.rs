@@ -11,7 +11,7 @@ use crate::{CudaOptions, DriverInfo, NAME, probe_devices};
 /// The hook in this pinner's record.
 pub(crate) fn findings(ctx: &DoctorContext<'_>) -> Vec<Finding> {
     let probe = crate::sys::guarded(probe_devices)
-        .unwrap_or_else(|msg| Err(crate::panicked("cuda driver probe", &msg)));
+        .unwrap_or_else(|msg| Err(crate::probe::panicked("cuda driver probe", &msg)));
     let mut out = driver(&probe);
     if ctx.pins_with(NAME) {
         out.push(pool_device(ctx, &probe));
