@@ -18,7 +18,7 @@
 mod doctor;
 
 use pool_core::host::capacity;
-use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
+use pool_core::layout::{PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
 use pool_core::{AnonMapOptions, Mmap};
 use pool_core::{
@@ -153,21 +153,14 @@ impl Backing for AnonBacking {
                 );
             }
         }
-        Ok(BackingPlan {
-            backing: NAME,
-            size,
-            segments: vec![Extent {
-                offset: 0,
-                len: size.mapped(),
-            }],
-            files: Vec::new(),
-            capacity: capacity::ordinary_memory(size.mapped()),
-            options: serde_json::to_value(self.options).unwrap_or_default(),
-            explain,
-        })
+        let mut plan = BackingPlan::new(NAME, size);
+        plan.capacity = capacity::ordinary_memory(size.mapped());
+        plan.options = serde_json::to_value(self.options).unwrap_or_default();
+        plan.explain = explain;
+        Ok(plan)
     }
 
-    fn map(&self, plan: &BackingPlan, _config: &PoolConfig) -> Result<Box<dyn Mapping>> {
+    fn map(&self, plan: &BackingPlan) -> Result<Box<dyn Mapping>> {
         let align = if self.options.thp {
             usize::try_from(thp_size()).unwrap_or(2 << 20)
         } else {

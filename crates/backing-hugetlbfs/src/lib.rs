@@ -23,14 +23,13 @@
 
 mod doctor;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use pool_core::file::{self, MapContext, PoolFile};
+use pool_core::file;
 use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
-use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
-use pool_core::shared::{self, SharedPoolSpec};
-use pool_core::{Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Result};
+use pool_core::plugin::{AutoClaim, AutoQuery, FilePlan, MemorySource, PrefaultCost, parse_table};
+use pool_core::{Backing, BackingPlan, BackingPlugin, Error, PoolConfig, Result};
 
 pub mod host;
 use host as hugetlb;
@@ -195,13 +194,12 @@ impl Backing for HugetlbfsBacking {
             pool.available()
         ));
         explain.push("MAP_SHARED without MAP_NORESERVE: pages are reserved at mmap, so a shortage is an error, never SIGBUS".into());
-        let files = match (&config.sharing, &source) {
-            (Some(s), Source::Mount(d)) => {
+        match (&config.sharing, &source) {
+            (Some(s), Source::Mount(_)) => {
                 explain.push(format!(
                     "shared by {} ranks as `{}`; rank {} prefaults its own shard, rounded to {page}",
                     s.world, s.name, s.rank
                 ));
-                vec![shared::data_path(d, &s.name, None)]
             }
             (Some(s), Source::Memfd) => {
                 explain.push(format!(
@@ -209,82 +207,51 @@ impl Backing for HugetlbfsBacking {
                      rank, never in any directory; rank {} prefaults its own shard, rounded to {page}",
                     s.world, s.name, s.rank
                 ));
-                Vec::new()
             }
             _ => {
                 explain.push(
                     "private: the file is never visible (O_TMPFILE, or unlinked at once)".into(),
                 );
-                Vec::new()
             }
-        };
-        Ok(BackingPlan {
-            backing: NAME,
-            size,
-            segments: vec![Extent {
-                offset: 0,
-                len: size.mapped(),
-            }],
-            files,
-            capacity,
-            options: serde_json::json!({
-                "source": match &source { Source::Mount(_) => "mount", Source::Memfd => "memfd" },
-                "dir": dir.map(|d| d.display().to_string()),
-            }),
-            explain,
-        })
-    }
-
-    fn map(&self, plan: &BackingPlan, config: &PoolConfig) -> Result<Box<dyn Mapping>> {
-        let page = plan.size.page();
-        let len = plan.size.mapped();
-        let ctx = MapContext {
-            enomem_remedy: enomem_remedy(plan),
-        };
-        let extent = Extent { offset: 0, len };
-        let (_, source) = resolve(config)?;
-        if let Some(sharing) = &config.sharing {
-            // A memfd pool has no file name: the socket rendezvous passes
-            // descriptors and reads no path.
-            let path = plan.files.first().cloned().unwrap_or_default();
-            let dir = config.dir.as_deref();
-            let recheck = || hugetlb::capacity_checks(len, page.get(), dir, config.numa_node);
-            let create = |e: Extent| match &source {
-                Source::Mount(dir) => file::create_private(dir, e.len, page),
-                Source::Memfd => file::create_memfd("hostpool", e.len, page, true),
-            };
-            return shared::map_shared(SharedPoolSpec {
-                sharing,
-                size: plan.size,
-                files: vec![(path, extent)],
-                capacity: &plan.capacity,
-                recheck: &recheck,
-                create: &create,
-                map: ctx,
-            });
         }
-        let fd = match &source {
-            Source::Mount(dir) => file::create_private(dir, len, page)?,
-            Source::Memfd => file::create_memfd("hostpool", len, page, true)?,
+        let mut plan = BackingPlan::new(NAME, size);
+        plan.capacity = capacity;
+        plan.options = serde_json::json!({
+            "source": match &source { Source::Mount(_) => "mount", Source::Memfd => "memfd" },
+            "dir": dir.map(|d| d.display().to_string()),
+        });
+        plan.explain = explain;
+        let remedy = enomem_remedy(&plan);
+        let (recheck_dir, numa) = (dir.map(Path::to_path_buf), config.numa_node);
+        let recheck = move || {
+            hugetlb::capacity_checks(size.mapped(), page.get(), recheck_dir.as_deref(), numa)
         };
-        let id = file::file_id(&fd).map_err(|e| {
-            Error::os(
-                "fstat",
-                e,
-                Context::new(len, page).remedy("reading the new pool file's identity failed"),
-            )
-        })?;
-        let mapping = file::map_files(
-            vec![PoolFile {
-                fd,
-                path: None,
-                id,
-                extent,
-            }],
-            plan.size,
-            &ctx,
-        )?;
-        Ok(Box::new(mapping))
+        let files = match source {
+            Source::Mount(dir) => {
+                let create_dir = dir.clone();
+                FilePlan::new(
+                    vec![Extent {
+                        offset: 0,
+                        len: size.mapped(),
+                    }],
+                    move |e| file::create_private(&create_dir, e.len, page),
+                    recheck,
+                    remedy,
+                )
+                .named_in(dir, false)
+            }
+            Source::Memfd => FilePlan::new(
+                vec![Extent {
+                    offset: 0,
+                    len: size.mapped(),
+                }],
+                move |e| file::create_memfd("hostpool", e.len, page, true),
+                recheck,
+                remedy,
+            ),
+        };
+        plan.source = MemorySource::Files(files);
+        Ok(plan)
     }
 }
 

@@ -18,17 +18,13 @@ mod capacity;
 
 mod doctor;
 
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use pool_core::file::{self, MapContext, PoolFile};
+use pool_core::file;
 use pool_core::host::fs::{FsKind, filesystem_kind};
-use pool_core::layout::{Extent, PageSize, SegmentSpec, format_bytes, round_to_page, segments};
-use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
-use pool_core::shared::{self, SharedPoolSpec};
-use pool_core::{
-    Backing, BackingPlan, BackingPlugin, ByteSize, Context, Error, Mapping, PoolConfig, Result,
-};
+use pool_core::layout::{PageSize, SegmentSpec, format_bytes, round_to_page, segments};
+use pool_core::plugin::{AutoClaim, AutoQuery, FilePlan, MemorySource, PrefaultCost, parse_table};
+use pool_core::{Backing, BackingPlan, BackingPlugin, ByteSize, Error, PoolConfig, Result};
 use serde::{Deserialize, Serialize};
 
 /// The plugin name.
@@ -157,12 +153,6 @@ impl Backing for ShmBacking {
             (None, None) => SegmentSpec::Size(DEFAULT_SEGMENT_SIZE),
         };
         let segs = segments(&size, spec)?;
-        let files = match &config.sharing {
-            Some(s) => (0..segs.len())
-                .map(|i| shared::data_path(&dir, &s.name, Some(i)))
-                .collect(),
-            None => Vec::new(),
-        };
         let mut explain = vec![format!(
             "{} segment file(s) of up to {} on tmpfs {} stitched into one {} range ({base} pages)",
             segs.len(),
@@ -177,105 +167,33 @@ impl Backing for ShmBacking {
             ),
             None => "private: segment files are unlinked as soon as they are created".to_string(),
         });
-        Ok(BackingPlan {
-            backing: NAME,
-            size,
-            capacity: capacity::checks(size.mapped(), &dir),
-            segments: segs,
-            files,
-            options: serde_json::json!({
-                "dir": dir.display().to_string(),
-                "segments": self.options.segments,
-                "segment_size": self.options.segment_size.map(|s| s.get()),
-            }),
-            explain,
-        })
+        let mut plan = BackingPlan::new(NAME, size);
+        plan.capacity = capacity::checks(size.mapped(), &dir);
+        plan.options = serde_json::json!({
+            "dir": dir.display().to_string(),
+            "segments": self.options.segments,
+            "segment_size": self.options.segment_size.map(|s| s.get()),
+        });
+        plan.explain = explain;
+        plan.segments = segs.clone();
+        let remedy = format!(
+            "the kernel refused to map {} of tmpfs files from {}; free memory or ask for a smaller --size",
+            format_bytes(size.mapped()),
+            dir.display()
+        );
+        let page = size.page();
+        let (create_dir, recheck_dir) = (dir.clone(), dir.clone());
+        plan.source = MemorySource::Files(
+            FilePlan::new(
+                segs,
+                move |e| file::create_private(&create_dir, e.len, page),
+                move || capacity::checks(size.mapped(), &recheck_dir),
+                remedy,
+            )
+            .named_in(dir, true),
+        );
+        Ok(plan)
     }
-
-    fn map(&self, plan: &BackingPlan, config: &PoolConfig) -> Result<Box<dyn Mapping>> {
-        let dir = dir_of(config);
-        let ctx = MapContext {
-            enomem_remedy: format!(
-                "the kernel refused to map {} of tmpfs files from {}; free memory or ask for a smaller --size",
-                format_bytes(plan.size.mapped()),
-                dir.display()
-            ),
-        };
-        if let Some(sharing) = &config.sharing {
-            return shared::map_shared(SharedPoolSpec {
-                sharing,
-                size: plan.size,
-                files: plan
-                    .files
-                    .iter()
-                    .cloned()
-                    .zip(plan.segments.iter().copied())
-                    .collect(),
-                capacity: &plan.capacity,
-                recheck: &|| capacity::checks(plan.size.mapped(), &dir),
-                create: &|e| file::create_private(&dir, e.len, plan.size.page()),
-                map: ctx,
-            });
-        }
-        let page = plan.size.page();
-        let fds = create_segments(&dir, &plan.segments, page)?;
-        let files = fds
-            .into_iter()
-            .zip(plan.segments.iter().copied())
-            .map(|(fd, extent)| {
-                let id = file::file_id(&fd).map_err(|e| {
-                    Error::os(
-                        "fstat",
-                        e,
-                        Context::new(extent.len, plan.size.page())
-                            .remedy("reading a new segment's identity failed"),
-                    )
-                })?;
-                Ok(PoolFile {
-                    fd,
-                    path: None,
-                    id,
-                    extent,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Box::new(file::map_files(files, plan.size, &ctx)?))
-    }
-}
-
-/// Create the private segment files in parallel (each `O_TMPFILE` or
-/// unlinked at once, then sized).
-fn create_segments(dir: &Path, segs: &[Extent], page: PageSize) -> Result<Vec<OwnedFd>> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(segs.len())
-        .max(1);
-    let per = segs.len().div_ceil(threads);
-    let chunks: Vec<Result<Vec<OwnedFd>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = segs
-            .chunks(per)
-            .map(|chunk| {
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|e| file::create_private(dir, e.len, page))
-                        .collect()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::config("a segment-creating thread panicked")))
-            })
-            .collect()
-    });
-    let mut out = Vec::with_capacity(segs.len());
-    for c in chunks {
-        out.extend(c?);
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

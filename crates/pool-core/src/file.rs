@@ -20,7 +20,7 @@ use rustix::fs::{Mode, OFlags};
 
 use crate::error::{Context, Error, Result, TeardownIssue};
 use crate::layout::{Extent, MappedSize, PageSize, format_bytes};
-use crate::plugin::Mapping;
+use crate::plugin::{FilePlan, Mapping};
 use crate::sys::{FixedMapError, Mmap, Region, Reservation};
 
 /// `(st_dev, st_ino)`: what a path named when we opened it.
@@ -478,6 +478,80 @@ impl Mapping for FileMapping {
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
         self.release()
     }
+}
+
+/// Create the files a private pool's [`FilePlan`] asks for (in parallel,
+/// each private and already unlinked) and map them contiguously: the core's
+/// side of [`crate::plugin::MemorySource::Files`], so that no backing writes
+/// the file → [`PoolFile`] → [`map_files`] sequence itself.
+///
+/// # Errors
+/// The first file that could not be made (the others are closed), or as for
+/// [`map_files`].
+pub fn map_planned(plan: &FilePlan, size: MappedSize) -> Result<FileMapping> {
+    let fds = create_all(plan)?;
+    let files = fds
+        .into_iter()
+        .zip(plan.extents.iter().copied())
+        .map(|(fd, extent)| {
+            let id = file_id(&fd).map_err(|e| {
+                Error::os(
+                    "fstat",
+                    e,
+                    Context::new(extent.len, size.page())
+                        .remedy("reading a new pool file's identity failed"),
+                )
+            })?;
+            Ok(PoolFile {
+                fd,
+                path: None,
+                id,
+                extent,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    map_files(
+        files,
+        size,
+        &MapContext {
+            enomem_remedy: plan.enomem_remedy.clone(),
+        },
+    )
+}
+
+/// Every extent's file, made on as many threads as there are cores (a
+/// segmented pool of thousands of files is made in parallel).
+fn create_all(plan: &FilePlan) -> Result<Vec<OwnedFd>> {
+    let extents = &plan.extents;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(extents.len())
+        .max(1);
+    let per = extents.len().div_ceil(threads).max(1);
+    let create = &*plan.create;
+    let chunks: Vec<Result<Vec<OwnedFd>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = extents
+            .chunks(per)
+            .map(|chunk| s.spawn(move || chunk.iter().map(|e| create(*e)).collect()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Plugin {
+                        what: "pool files".into(),
+                        message: "a file-creating thread panicked".into(),
+                        source: None,
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(extents.len());
+    for c in chunks {
+        out.extend(c?);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -32,7 +32,14 @@ pub trait RankBarrier: Send + Sync {
 }
 
 /// What a backing will do, resolved from the config: pure, nothing created.
+///
+/// Built with [`BackingPlan::new`] and its fields (the struct is
+/// `#[non_exhaustive]`: a field added later breaks no plugin). What the
+/// memory is made of is [`BackingPlan::source`]: the backing's own mapping
+/// ([`MemorySource::Own`], made by [`Backing::map`]), or files the core
+/// creates, maps and shares ([`MemorySource::Files`]).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BackingPlan {
     /// The backing's name.
     pub backing: &'static str,
@@ -48,6 +55,111 @@ pub struct BackingPlan {
     pub options: Value,
     /// Why each choice was made, one line each.
     pub explain: Vec<String>,
+    /// What the memory is made of.
+    pub source: MemorySource,
+}
+
+impl BackingPlan {
+    /// A plan of `backing` for `size`: one segment, no files, no capacity
+    /// checks, no options, no explanation, memory of the backing's own.
+    pub fn new(backing: &'static str, size: MappedSize) -> BackingPlan {
+        BackingPlan {
+            backing,
+            size,
+            segments: vec![Extent {
+                offset: 0,
+                len: size.mapped(),
+            }],
+            files: Vec::new(),
+            capacity: Vec::new(),
+            options: Value::Null,
+            explain: Vec::new(),
+            source: MemorySource::Own,
+        }
+    }
+}
+
+/// What a pool's memory is made of.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum MemorySource {
+    /// The backing maps it itself, in [`Backing::map`] (anonymous memory).
+    Own,
+    /// Files, one per extent, that the core creates with the backing's
+    /// function, maps contiguously (`MAP_FIXED` into one reservation) and,
+    /// for a shared pool, shares: over the socket it passes their
+    /// descriptors, with the file rendezvous it names them in
+    /// [`FilePlan::dir`].
+    Files(FilePlan),
+}
+
+/// Creates one private, already-unlinked file of an extent's length: an
+/// `O_TMPFILE` in the pool's directory, or a memfd.
+pub type CreateFile = dyn Fn(Extent) -> Result<std::os::fd::OwnedFd> + Send + Sync;
+
+/// Capacity checks made again when the node may have changed since the plan.
+pub type Recheck = dyn Fn() -> Vec<CapacityCheck> + Send + Sync;
+
+/// The files of a [`MemorySource::Files`] pool: what the backing says, the
+/// core does.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct FilePlan {
+    /// The pool's extents, one file each, in pool order, covering it.
+    pub extents: Vec<Extent>,
+    /// Makes one file.
+    pub create: std::sync::Arc<CreateFile>,
+    /// The backing's capacity checks, made again by a shared pool's creator
+    /// after it removed the files a crashed run left (they counted as used
+    /// when the plan was made).
+    pub recheck: std::sync::Arc<Recheck>,
+    /// What to say when `mmap` fails with `ENOMEM`.
+    pub enomem_remedy: String,
+    /// Where a shared pool's named data files live with the file
+    /// rendezvous (`None`: the memory has no name anywhere, a memfd, so only
+    /// the socket rendezvous can share it).
+    pub dir: Option<PathBuf>,
+    /// Whether those names carry the extent's index (`name.0`, `name.1`, ...)
+    /// even for one extent.
+    pub indexed_names: bool,
+}
+
+impl FilePlan {
+    /// Files of `extents`, made by `create`, with `recheck` and the `ENOMEM`
+    /// remedy; no directory for named files.
+    pub fn new(
+        extents: Vec<Extent>,
+        create: impl Fn(Extent) -> Result<std::os::fd::OwnedFd> + Send + Sync + 'static,
+        recheck: impl Fn() -> Vec<CapacityCheck> + Send + Sync + 'static,
+        enomem_remedy: impl Into<String>,
+    ) -> FilePlan {
+        FilePlan {
+            extents,
+            create: std::sync::Arc::new(create),
+            recheck: std::sync::Arc::new(recheck),
+            enomem_remedy: enomem_remedy.into(),
+            dir: None,
+            indexed_names: false,
+        }
+    }
+
+    /// With named data files in `dir` for the file rendezvous, indexed or not.
+    pub fn named_in(mut self, dir: PathBuf, indexed: bool) -> FilePlan {
+        self.dir = Some(dir);
+        self.indexed_names = indexed;
+        self
+    }
+}
+
+impl fmt::Debug for FilePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FilePlan")
+            .field("extents", &self.extents)
+            .field("enomem_remedy", &self.enomem_remedy)
+            .field("dir", &self.dir)
+            .field("indexed_names", &self.indexed_names)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where pool memory comes from.
@@ -62,11 +174,21 @@ pub trait Backing: Send + Sync + fmt::Debug {
     /// [`crate::Error::Config`] for settings this backing cannot honour.
     fn plan(&self, config: &PoolConfig) -> Result<BackingPlan>;
 
-    /// Create the mapping the plan describes.
+    /// Create the mapping a plan of [`MemorySource::Own`] describes, from the
+    /// plan alone (the core maps [`MemorySource::Files`] itself). The
+    /// default refuses: a backing whose plans are all files needs none.
     ///
     /// # Errors
     /// Whatever the system refused, with path, size, page size and remedy.
-    fn map(&self, plan: &BackingPlan, config: &PoolConfig) -> Result<Box<dyn Mapping>>;
+    fn map(&self, plan: &BackingPlan) -> Result<Box<dyn Mapping>> {
+        Err(crate::Error::Plugin {
+            what: plan.backing.to_string(),
+            message: "this backing planned memory of its own but maps none; its plan must \
+                      describe files (MemorySource::Files)"
+                .into(),
+            source: None,
+        })
+    }
 }
 
 /// A live mapping made by a backing; its owner.

@@ -4,6 +4,7 @@
 //! after `map` works on the [`Pool`] that owns what is built so far, so an
 //! early return tears it down (its `Drop`).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use serde_json::Value;
@@ -12,10 +13,11 @@ use super::report::{Phases, PinReport, PoolReport, RegistrationReport};
 use super::{NUMA_SAMPLES, Observer, Phase, Pool, PoolPlan, gone, timed};
 use crate::background::{Background, PinStatus};
 use crate::config::PinScope;
+use crate::config::SharingConfig;
 use crate::error::{Context, Result};
 use crate::host::capacity;
 use crate::layout::Extent;
-use crate::plugin::{ExtentReport, Mapping, RankBarrier};
+use crate::plugin::{ExtentReport, FilePlan, Mapping, MemorySource, RankBarrier};
 use crate::prefault::{self, PrefaultMethod, PrefaultOutcome};
 use crate::sys::Region;
 
@@ -66,12 +68,16 @@ impl Pool {
     }
 }
 
-/// The mapping the backing makes of its plan, in a [`Pool`] with its first
-/// report.
+/// The mapping of the backing's plan, in a [`Pool`] with its first report:
+/// the backing's own, or the files it planned, which the core creates, maps
+/// and (for a shared pool) shares.
 fn map(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
     let bp = &plan.backing_plan;
     let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
-        plan.backing.map(bp, &plan.config)
+        match &bp.source {
+            MemorySource::Own => plan.backing.map(bp),
+            MemorySource::Files(files) => map_files(plan, files),
+        }
     });
     let mapping = mapping?;
     let report = first_report(plan, mapping.as_ref(), map_secs);
@@ -84,6 +90,46 @@ fn map(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
         report,
         owner: std::process::id(),
     })
+}
+
+/// A [`MemorySource::Files`] plan's mapping: private files stitched into one
+/// range, or a shared pool's rendezvous.
+fn map_files(plan: &PoolPlan, files: &FilePlan) -> Result<Box<dyn Mapping>> {
+    let bp = &plan.backing_plan;
+    let Some(sharing) = &plan.config.sharing else {
+        return Ok(Box::new(crate::file::map_planned(files, bp.size)?));
+    };
+    let names = shared_names(files, sharing);
+    crate::shared::map_shared(crate::shared::SharedPoolSpec {
+        sharing,
+        size: bp.size,
+        files: names
+            .into_iter()
+            .zip(files.extents.iter().copied())
+            .collect(),
+        capacity: &bp.capacity,
+        recheck: &*files.recheck,
+        create: &*files.create,
+        map: crate::file::MapContext {
+            enomem_remedy: files.enomem_remedy.clone(),
+        },
+    })
+}
+
+/// The names a shared pool's data files have with the file rendezvous, one
+/// per extent (empty paths for a pool with no directory, whose memory only
+/// the socket passes).
+pub(super) fn shared_names(files: &FilePlan, sharing: &SharingConfig) -> Vec<PathBuf> {
+    (0..files.extents.len())
+        .map(|i| match &files.dir {
+            Some(dir) => crate::shared::data_path(
+                dir,
+                &sharing.name,
+                (files.indexed_names || files.extents.len() > 1).then_some(i),
+            ),
+            None => PathBuf::new(),
+        })
+        .collect()
 }
 
 fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolReport {

@@ -49,7 +49,15 @@ impl PoolPlan {
         }
         let selection = plugin::select_backing(&config)?;
         let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;
-        let backing_plan = backing.plan(&config)?;
+        let mut backing_plan = backing.plan(&config)?;
+        // A shared pool of files names them in the plan (the file
+        // rendezvous's data files).
+        if let (Some(sharing), crate::plugin::MemorySource::Files(files)) =
+            (&config.sharing, &backing_plan.source)
+            && files.dir.is_some()
+        {
+            backing_plan.files = super::build::shared_names(files, sharing);
+        }
         if let Some(block) = config.block_size {
             check_block(block.get(), backing_plan.size)?;
         }

@@ -48,7 +48,9 @@ use pool_core::file::{self, FileId, MapContext, PoolFile};
 use pool_core::host::capacity::{self, CapacityCheck};
 use pool_core::host::fs::{FsKind, filesystem_kind};
 use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
-use pool_core::plugin::{AutoClaim, AutoQuery, DoctorContext, Finding, parse_table};
+use pool_core::plugin::{
+    AutoClaim, AutoQuery, DoctorContext, FilePlan, Finding, MemorySource, parse_table,
+};
 use pool_core::{Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Result};
 use serde::{Deserialize, Serialize};
 
@@ -428,42 +430,54 @@ impl Backing for FileBacking {
                  pin the pool to keep it resident"
             ));
         }
-        Ok(BackingPlan {
-            backing: NAME,
-            size,
-            segments: vec![Extent {
-                offset: 0,
-                len: size.mapped(),
-            }],
-            capacity: capacity_checks(size.mapped(), &dir, kind),
-            options: serde_json::json!({
-                "dir": dir.display().to_string(),
-                "filesystem": fs,
-                "name_prefix": self.options.name_prefix,
-                "path": files.first().map(|p| p.display().to_string()),
-            }),
-            files,
-            explain,
-        })
+        // `BackingPlan` is `#[non_exhaustive]`: built with `new` and its
+        // fields, so a field pool-core adds later breaks nothing here.
+        let mut plan = BackingPlan::new(NAME, size);
+        plan.capacity = capacity_checks(size.mapped(), &dir, kind);
+        plan.options = serde_json::json!({
+            "dir": dir.display().to_string(),
+            "filesystem": fs,
+            "name_prefix": self.options.name_prefix,
+            "path": files.first().map(|p| p.display().to_string()),
+        });
+        plan.explain = explain;
+        let enomem = format!(
+            "the kernel could not map {} (address space, or vm.max_map_count); ask for a \
+             smaller --size",
+            format_bytes(size.mapped())
+        );
+        if files.is_empty() {
+            // A private file: the core makes and maps it with our function.
+            let page = size.page();
+            let (create_dir, check_dir) = (dir.clone(), dir.clone());
+            let mapped = size.mapped();
+            plan.source = MemorySource::Files(FilePlan::new(
+                vec![Extent {
+                    offset: 0,
+                    len: size.mapped(),
+                }],
+                move |e| file::create_private(&create_dir, e.len, page),
+                move || capacity_checks(mapped, &check_dir, kind),
+                enomem,
+            ));
+        }
+        // A visible file is this backing's own: `map` makes it.
+        plan.files = files;
+        Ok(plan)
     }
 
-    fn map(&self, plan: &BackingPlan, config: &PoolConfig) -> Result<Box<dyn Mapping>> {
-        let (dir, _) = resolve_dir(config.dir.as_deref())?;
+    fn map(&self, plan: &BackingPlan) -> Result<Box<dyn Mapping>> {
         let page = plan.size.page();
         let len = plan.size.mapped();
-        let (fd, id, path) = match plan.files.first() {
-            Some(path) => {
-                let (fd, id) = create_visible(path, len, page)?;
-                (fd, id, Some(path.clone()))
-            }
-            None => {
-                let fd = file::create_private(&dir, len, page)?;
-                let id = file::file_id(&fd).map_err(|e| {
-                    os_error("fstat", &dir, len, page, "the new private file vanished", e)
-                })?;
-                (fd, id, None)
-            }
+        let Some(path) = plan.files.first() else {
+            return Err(Error::Plugin {
+                what: NAME.into(),
+                message: "a private file is the core's to map".into(),
+                source: None,
+            });
         };
+        let (fd, id) = create_visible(path, len, page)?;
+        let (fd, id, path) = (fd, id, Some(path.clone()));
         // On error map_files unmaps, closes and unlinks (by inode) what it
         // was given, so nothing is left behind.
         let mapping = file::map_files(
