@@ -17,6 +17,7 @@ use rustix::fs::{FlockOperation, Mode, OFlags};
 use serde::Serialize;
 
 use crate::file::{self, FileId};
+use crate::plugin::{BackingPlugin, PluginRecord};
 
 /// Prefix of every file hostpool creates.
 pub const FILE_PREFIX: &str = "hostpool-";
@@ -61,12 +62,22 @@ pub struct GcReport {
     pub freed_bytes: u64,
 }
 
-/// The directories `gc` scans by default: `/dev/shm` and every hugetlbfs mount.
+/// The directories `gc` scans by default: the default control directory of
+/// shared pools ([`DEFAULT_CONTROL_DIR`]), then the directories each backing's
+/// record names ([`BackingPlugin::gc_dirs`]; with the shipped backings,
+/// `/dev/shm` and every hugetlbfs mount), backings in the order of their
+/// names, each directory once.
 pub fn default_dirs() -> Vec<PathBuf> {
+    dirs_of(BackingPlugin::all())
+}
+
+/// The control directory and the `gc_dirs` of these records.
+fn dirs_of(mut records: Vec<&BackingPlugin>) -> Vec<PathBuf> {
+    records.sort_by_key(|r| r.name);
     let mut dirs = vec![PathBuf::from(DEFAULT_CONTROL_DIR)];
-    for m in crate::host::fs::mounts().unwrap_or_default() {
-        if m.fstype == "hugetlbfs" && !dirs.contains(&m.point) {
-            dirs.push(m.point);
+    for dir in records.iter().filter_map(|r| r.gc_dirs).flat_map(|f| f()) {
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
         }
     }
     dirs
@@ -328,5 +339,36 @@ mod tests {
     #[test]
     fn default_dirs_start_with_dev_shm() {
         assert_eq!(default_dirs()[0], PathBuf::from("/dev/shm"));
+    }
+
+    fn no_build(_: Option<&serde_json::Value>) -> crate::Result<Box<dyn crate::Backing>> {
+        Err(crate::Error::config("a test record builds nothing"))
+    }
+
+    #[test]
+    fn default_dirs_come_from_the_records_sorted_and_deduplicated() {
+        fn shm() -> Vec<PathBuf> {
+            vec![PathBuf::from("/dev/shm")]
+        }
+        fn huge() -> Vec<PathBuf> {
+            vec![PathBuf::from("/mnt/huge"), PathBuf::from("/mnt/huge1g")]
+        }
+        fn again() -> Vec<PathBuf> {
+            vec![PathBuf::from("/mnt/huge1g"), PathBuf::from("/srv/z")]
+        }
+        static SHM: BackingPlugin =
+            BackingPlugin::new("shm-x", "t", "t", no_build).with_gc_dirs(shm);
+        static HUGE: BackingPlugin =
+            BackingPlugin::new("huge-x", "t", "t", no_build).with_gc_dirs(huge);
+        static AGAIN: BackingPlugin =
+            BackingPlugin::new("zz", "t", "t", no_build).with_gc_dirs(again);
+        static NONE: BackingPlugin = BackingPlugin::new("anon-x", "t", "t", no_build);
+        let dirs = dirs_of(vec![&AGAIN, &SHM, &NONE, &HUGE]);
+        let want: Vec<PathBuf> = ["/dev/shm", "/mnt/huge", "/mnt/huge1g", "/srv/z"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(dirs, want);
+        assert_eq!(dirs_of(Vec::new()), [PathBuf::from("/dev/shm")]);
     }
 }
