@@ -245,7 +245,10 @@ fn first_segments(tail: &str) -> Vec<String> {
             .collect()
     };
     let Some(group) = tail.strip_prefix('{') else {
-        return vec![ident(tail)].into_iter().filter(|s| !s.is_empty()).collect();
+        return vec![ident(tail)]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
     };
     let mut out = Vec::new();
     let (mut depth, mut item_start) = (0usize, 0usize);
@@ -302,7 +305,9 @@ fn root_reexports(root: &str) -> Vec<(String, String)> {
 /// `super::` means the file's own module) and without `//` comments (a doc
 /// link is no dependency).
 fn code_of(text: &str) -> String {
-    let text = text.find("#[cfg(test)]\nmod ").map_or(text, |at| &text[..at]);
+    let text = text
+        .find("#[cfg(test)]\nmod ")
+        .map_or(text, |at| &text[..at]);
     text.lines()
         .map(|l| match l.find("//") {
             Some(at) if !l[..at].contains('"') => &l[..at],
@@ -438,12 +443,11 @@ fn crate_sources() -> Vec<PathBuf> {
 #[test]
 fn the_module_reader_sees_braces_super_and_root_reexports() {
     assert_eq!(first_segments("pool::X"), ["pool"]);
+    assert_eq!(first_segments("{a, b::{c, d}, D as E}; x"), ["a", "b", "D"]);
     assert_eq!(
-        first_segments("{a, b::{c, d}, D as E}; x"),
-        ["a", "b", "D"]
-    );
-    assert_eq!(
-        root_reexports("pub use background::{DEFAULT_CHUNK as CHUNK, PinStatus};\npub use sys::Region;"),
+        root_reexports(
+            "pub use background::{DEFAULT_CHUNK as CHUNK, PinStatus};\npub use sys::Region;"
+        ),
         [
             ("CHUNK".to_string(), "background".to_string()),
             ("PinStatus".to_string(), "background".to_string()),
@@ -455,14 +459,25 @@ fn the_module_reader_sees_braces_super_and_root_reexports() {
     let dir = std::env::temp_dir().join(format!("hostpool-modgraph-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("c")).unwrap();
-    std::fs::write(dir.join("lib.rs"), "mod a;\nmod b;\nmod c;\npub use a::Thing;\n").unwrap();
+    std::fs::write(
+        dir.join("lib.rs"),
+        "mod a;\nmod b;\nmod c;\npub use a::Thing;\n",
+    )
+    .unwrap();
     std::fs::write(dir.join("a.rs"), "pub struct Thing;\nuse crate::{b, c};\n").unwrap();
-    std::fs::write(dir.join("b.rs"), "pub fn f() -> crate::Thing { crate::Thing }\n").unwrap();
+    std::fs::write(
+        dir.join("b.rs"),
+        "pub fn f() -> crate::Thing { crate::Thing }\n",
+    )
+    .unwrap();
     std::fs::write(dir.join("c/mod.rs"), "mod inner;\n").unwrap();
     std::fs::write(dir.join("c/inner.rs"), "use super::super::Thing;\n").unwrap();
     let graph = module_graph(&dir);
     std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(graph["a"], BTreeSet::from(["b".to_string(), "c".to_string()]));
+    assert_eq!(
+        graph["a"],
+        BTreeSet::from(["b".to_string(), "c".to_string()])
+    );
     assert_eq!(graph["b"], BTreeSet::from(["a".to_string()]));
     assert_eq!(graph["c"], BTreeSet::from(["a".to_string()]));
     assert!(cycle(&graph).is_some());

@@ -13,7 +13,6 @@ use std::ptr::NonNull;
 use pool_core::Region;
 use pool_core::layout::{PageSize, round_to_page};
 
-
 unsafe extern "C" {
     fn hostpool_raw_populate(addr: *mut u8, len: usize, threads: c_int) -> c_int;
     fn hostpool_raw_memset(addr: *mut u8, len: usize, threads: c_int) -> c_int;
