@@ -558,6 +558,48 @@ fn stale_pool_files_are_listed_but_not_removed_and_held_ones_are_live() {
     drop(holder);
 }
 
+/// The hugetlbfs mount points of `/proc/mounts`, in mount order, each once.
+fn hugetlbfs_mounts() -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for line in std::fs::read_to_string("/proc/mounts").unwrap().lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.get(2) == Some(&"hugetlbfs") {
+            let point = f[1].replace("\\040", " ");
+            if !out.contains(&point) {
+                out.push(point);
+            }
+        }
+    }
+    out
+}
+
+/// gc's default directories, which the leftovers scan uses, come from the
+/// backings' records: `/dev/shm` first, then every hugetlbfs mount.
+#[test]
+fn leftovers_scan_dev_shm_and_every_hugetlbfs_mount() {
+    let before = hugetlbfs_mounts();
+    let r = json(&doctor(&["--json"]));
+    let after = hugetlbfs_mounts();
+    let left = findings(&r, "leftovers");
+    let summary = left.iter().find(|f| f["item"] == "pool files").unwrap();
+    let dirs: Vec<String> = summary["details"]["dirs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| text(d).to_string())
+        .collect();
+    let want = |mounts: Vec<String>| {
+        let mut w = vec!["/dev/shm".to_string()];
+        w.extend(mounts.into_iter().filter(|m| m != "/dev/shm"));
+        w
+    };
+    // A mount made or removed meanwhile (another test run) may show in one.
+    assert!(
+        dirs == want(before.clone()) || dirs == want(after.clone()),
+        "{dirs:?} vs {before:?} / {after:?}"
+    );
+}
+
 /// What doctor must leave as it found it: the files in /dev/shm and every
 /// huge page counter, system-wide and per node.
 fn node_state() -> BTreeMap<String, String> {

@@ -3,29 +3,25 @@
 
 use std::path::Path;
 
+use pool_core::host::thp;
 use pool_core::layout::format_bytes;
 use pool_core::plugin::{DoctorContext, Finding};
 use serde_json::json;
 
 /// The hook in this backing's record.
 pub(crate) fn findings(_: &DoctorContext<'_>) -> Vec<Finding> {
-    thp()
+    settings()
 }
 
-const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
-
-/// The `[selected]` word of a THP setting, or the whole text.
+/// The `[selected]` word of a THP setting ([`thp::parse_mode`]), or the
+/// whole text.
 fn selected(text: &str) -> String {
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
-        .unwrap_or(text.trim())
-        .to_string()
+    thp::parse_mode(text).unwrap_or(text.trim()).to_string()
 }
 
 /// The THP `enabled` and `defrag` settings and the THP page size.
-fn thp() -> Vec<Finding> {
-    let dir = Path::new(THP_DIR);
-    if !dir.exists() {
+fn settings() -> Vec<Finding> {
+    if !Path::new(thp::DIR).exists() {
         return vec![
             Finding::new("thp", "transparent huge pages", "not in this kernel").info(
                 "anonymous pools with thp = true get 4 KiB pages; use the hugetlbfs backing for \
@@ -33,12 +29,11 @@ fn thp() -> Vec<Finding> {
             ),
         ];
     }
-    let read = |name: &str| std::fs::read_to_string(dir.join(name));
     let mut out = Vec::new();
     for (name, wanted) in [("enabled", "always or madvise"), ("defrag", "")] {
         let item = format!("THP {name}");
-        let path = dir.join(name);
-        out.push(match read(name) {
+        let path = thp::path(name);
+        out.push(match thp::setting(name) {
             Ok(text) => {
                 let s = selected(&text);
                 let f = Finding::new("thp", item, s.clone()).details(json!({ "value": s }));
@@ -60,7 +55,7 @@ fn thp() -> Vec<Finding> {
                 .info("check that /sys is mounted and readable"),
         });
     }
-    out.push(match read("hpage_pmd_size") {
+    out.push(match thp::setting("hpage_pmd_size") {
         Ok(text) => match text.trim().parse::<u64>() {
             Ok(b) => Finding::new("thp", "THP page size", format_bytes(b))
                 .details(json!({ "hpage_pmd_size": b })),

@@ -17,7 +17,7 @@
 
 mod doctor;
 
-use pool_core::host::capacity;
+use pool_core::host::{capacity, thp};
 use pool_core::layout::{PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
 use pool_core::{AnonMapOptions, Mmap};
@@ -77,18 +77,7 @@ fn claim(q: &AutoQuery<'_>) -> Option<AutoClaim> {
 
 /// The transparent huge page size (`hpage_pmd_size`), 2 MiB when unreadable.
 fn thp_size() -> u64 {
-    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(2 << 20)
-}
-
-/// The system-wide THP mode (`always`, `madvise` or `never`).
-fn thp_mode() -> Option<String> {
-    let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
-    let start = s.find('[')? + 1;
-    let end = s[start..].find(']')? + start;
-    Some(s[start..end].to_string())
+    thp::pmd_size().unwrap_or(2 << 20)
 }
 
 impl AnonBacking {
@@ -145,9 +134,9 @@ impl Backing for AnonBacking {
             explain.push(format!(
                 "thp: start aligned to {} and MADV_HUGEPAGE (system THP mode: {})",
                 format_bytes(thp_size()),
-                thp_mode().unwrap_or_else(|| "unknown".into())
+                thp::mode().unwrap_or_else(|| "unknown".into())
             ));
-            if thp_mode().as_deref() == Some("never") {
+            if thp::mode().as_deref() == Some("never") {
                 explain.push(
                     "warning: THP is disabled system-wide (never); thp = true has no effect".into(),
                 );

@@ -28,12 +28,13 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::io;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use pool_core::host::capacity::{self, CapacityCheck};
-use pool_core::host::fs::{HUGETLBFS_MAGIC, TMPFS_MAGIC};
+use pool_core::host::cgroup::{self, CgroupLimit, Controller, LimitFile};
+use pool_core::host::fs::{self as hostfs, FsInfo, HUGETLBFS_MAGIC, TMPFS_MAGIC};
 use pool_core::layout::format_bytes;
 use pool_core::{Error, Result};
 
@@ -41,8 +42,6 @@ use pool_core::{Error, Result};
 const HUGEPAGES_ROOT: &str = "/sys/kernel/mm/hugepages";
 /// Where the kernel lists NUMA nodes.
 const NODES_ROOT: &str = "/sys/devices/system/node";
-/// Where cgroup hierarchies are mounted.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// One kibibyte.
 const KIB: u64 = 1 << 10;
 /// One mebibyte.
@@ -128,6 +127,16 @@ pub struct HugetlbCgroup {
     pub usage: u64,
 }
 
+impl From<CgroupLimit> for HugetlbCgroup {
+    fn from(l: CgroupLimit) -> HugetlbCgroup {
+        HugetlbCgroup {
+            path: l.path,
+            limit: l.limit,
+            usage: l.usage,
+        }
+    }
+}
+
 impl HugetlbCgroup {
     /// Bytes still allowed: `limit − usage`, saturating.
     pub fn free(&self) -> u64 {
@@ -205,7 +214,7 @@ pub fn default_size() -> Option<u64> {
 /// [`Error::Config`] when `dir` does not exist or is not on hugetlbfs (for example `/dev/shm`, which is
 /// tmpfs): a size limit in pages only means something on hugetlbfs.
 pub fn mount_limit(dir: &Path) -> Result<Option<MountLimit>> {
-    let st = rustix::fs::statfs(dir).map_err(|e| {
+    let st = hostfs::statfs_info(dir).map_err(|e| {
         Error::on_input_path(
             "statfs",
             dir,
@@ -215,29 +224,45 @@ pub fn mount_limit(dir: &Path) -> Result<Option<MountLimit>> {
              none DIR`)",
         )
     })?;
-    // f_type is a signed word; the magic numbers are 32-bit.
-    let magic = (st.f_type as u64) & 0xffff_ffff;
-    limit_from_statfs(dir, magic, st.f_bsize as u64, st.f_blocks, st.f_bfree)
+    limit_from_statfs(dir, &st)
 }
 
 /// This process's hugetlb cgroup limit for the page size, if a finite one
 /// binds it.
 ///
-/// Reads `/proc/self/cgroup` to find the group, like
-/// [`capacity::cgroup_memory`], and looks in cgroup v2
-/// (`/sys/fs/cgroup` or `/sys/fs/cgroup/unified`: `hugetlb.<size>.max` and
-/// `.current`, and `hugetlb.<size>.rsvd.max` and `.rsvd.current` when present)
-/// and in cgroup v1 (`/sys/fs/cgroup/hugetlb`: `hugetlb.<size>.limit_in_bytes`
-/// and `usage_in_bytes`, and the `rsvd.` variants), where `<size>` is the
-/// cgroup name of the page size ([`cgroup_size_name`]).
+/// The group and its ancestors are walked by [`pool_core::host::cgroup`],
+/// like the memory limit of [`capacity::cgroup_memory`]; the files read are
+/// those of [`hugetlb_controller`]: in cgroup v2 `hugetlb.<size>.max` and
+/// `.current`, and `hugetlb.<size>.rsvd.max` and `.rsvd.current` when
+/// present; in cgroup v1 (`/sys/fs/cgroup/hugetlb`)
+/// `hugetlb.<size>.limit_in_bytes` and `usage_in_bytes`, and the `rsvd.`
+/// variants, where `<size>` is the cgroup name of the page size
+/// ([`cgroup_size_name`]).
 ///
-/// Limits are hierarchical, so the group's ancestors up to the mount root are
-/// read too. Of all finite limits found (fault and reservation, own group
-/// and ancestors), the one with the least room left (`limit − usage`) is
+/// Of all finite limits found (fault and reservation, own group and
+/// ancestors), the one with the least room left (`limit − usage`) is
 /// returned. A limit whose usage file cannot be read is skipped.
 pub fn cgroup_limit(page_size: u64) -> Option<HugetlbCgroup> {
-    let own = fs::read_to_string("/proc/self/cgroup").ok()?;
-    cgroup_limit_in(&own, Path::new(CGROUP_ROOT), page_size)
+    cgroup::tightest(&hugetlb_controller(page_size)).map(HugetlbCgroup::from)
+}
+
+/// The hugetlb controller's files for a page size, for the cgroup walk.
+pub fn hugetlb_controller(page_size: u64) -> Controller {
+    let name = cgroup_size_name(page_size);
+    let pair = |limit: &str, usage: &str| {
+        LimitFile::new(
+            format!("hugetlb.{name}.{limit}"),
+            format!("hugetlb.{name}.{usage}"),
+        )
+    };
+    Controller {
+        name: "hugetlb".into(),
+        v2: vec![pair("max", "current"), pair("rsvd.max", "rsvd.current")],
+        v1: vec![
+            pair("limit_in_bytes", "usage_in_bytes"),
+            pair("rsvd.limit_in_bytes", "rsvd.usage_in_bytes"),
+        ],
+    }
 }
 
 /// The name cgroups use for a page size in their file names: `"2MB"`,
@@ -571,26 +596,18 @@ enum MountProbe {
 
 /// `statfs(dir)` for the capacity checks.
 fn probe_mount(dir: &Path) -> MountProbe {
-    match rustix::fs::statfs(dir) {
-        Err(e) => MountProbe::Unreadable(io::Error::from(e).to_string()),
-        Ok(st) => {
-            let magic = (st.f_type as u64) & 0xffff_ffff;
-            match limit_from_statfs(dir, magic, st.f_bsize as u64, st.f_blocks, st.f_bfree) {
-                Ok(limit) => MountProbe::Hugetlbfs(limit),
-                Err(_) => MountProbe::Other,
-            }
-        }
+    match hostfs::statfs_info(dir) {
+        Err(e) => MountProbe::Unreadable(e.to_string()),
+        Ok(st) => match limit_from_statfs(dir, &st) {
+            Ok(limit) => MountProbe::Hugetlbfs(limit),
+            Err(_) => MountProbe::Other,
+        },
     }
 }
 
 /// The limit a `statfs` result describes.
-fn limit_from_statfs(
-    dir: &Path,
-    magic: u64,
-    bsize: u64,
-    blocks: u64,
-    bfree: u64,
-) -> Result<Option<MountLimit>> {
+fn limit_from_statfs(dir: &Path, st: &FsInfo) -> Result<Option<MountLimit>> {
+    let (magic, blocks) = (st.magic, st.blocks);
     if magic != HUGETLBFS_MAGIC {
         let kind = if magic == TMPFS_MAGIC {
             "tmpfs".to_string()
@@ -609,95 +626,9 @@ fn limit_from_statfs(
     }
     Ok(Some(MountLimit {
         total_pages: blocks,
-        free_pages: bfree.min(blocks),
-        page_size: bsize,
+        free_pages: st.blocks_free.min(blocks),
+        page_size: st.block_size,
     }))
-}
-
-// ---------------------------------------------------------------------------
-// cgroups
-
-/// The cgroup lookup over a `/proc/self/cgroup` text and a cgroup root.
-fn cgroup_limit_in(own: &str, root: &Path, page_size: u64) -> Option<HugetlbCgroup> {
-    let name = cgroup_size_name(page_size);
-    let v2 = [
-        (
-            format!("hugetlb.{name}.max"),
-            format!("hugetlb.{name}.current"),
-        ),
-        (
-            format!("hugetlb.{name}.rsvd.max"),
-            format!("hugetlb.{name}.rsvd.current"),
-        ),
-    ];
-    let v1 = [
-        (
-            format!("hugetlb.{name}.limit_in_bytes"),
-            format!("hugetlb.{name}.usage_in_bytes"),
-        ),
-        (
-            format!("hugetlb.{name}.rsvd.limit_in_bytes"),
-            format!("hugetlb.{name}.rsvd.usage_in_bytes"),
-        ),
-    ];
-    let mut best: Option<HugetlbCgroup> = None;
-    for line in own.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        let (mounts, files) = if controllers.is_empty() {
-            (vec![root.to_path_buf(), root.join("unified")], &v2)
-        } else if controllers.split(',').any(|c| c == "hugetlb") {
-            (vec![root.join("hugetlb")], &v1)
-        } else {
-            continue;
-        };
-        for mount in &mounts {
-            for dir in group_and_ancestors(mount, path) {
-                for (limit, usage) in files {
-                    let Some(found) = read_hugetlb_limit(&dir, limit, usage) else {
-                        continue;
-                    };
-                    if best.as_ref().is_none_or(|b| found.free() < b.free()) {
-                        best = Some(found);
-                    }
-                }
-            }
-        }
-    }
-    best
-}
-
-/// The group directory of `path` under `mount` and its ancestors up to the
-/// mount, deepest first. When the group is not visible there (another
-/// cgroup namespace, a path with `..`), only the mount root.
-fn group_and_ancestors(mount: &Path, path: &str) -> Vec<PathBuf> {
-    let rel = Path::new(path.trim_start_matches('/'));
-    let plain = rel.components().all(|c| matches!(c, Component::Normal(_)));
-    let mut dir = mount.join(rel);
-    if !plain || !dir.is_dir() {
-        return if mount.is_dir() {
-            vec![mount.to_path_buf()]
-        } else {
-            Vec::new()
-        };
-    }
-    let mut dirs = Vec::new();
-    loop {
-        dirs.push(dir.clone());
-        if dir.as_path() == mount || !dir.pop() {
-            break;
-        }
-    }
-    dirs
-}
-
-/// One finite limit and its usage.
-fn read_hugetlb_limit(dir: &Path, limit: &str, usage: &str) -> Option<HugetlbCgroup> {
-    let (path, limit, usage) = pool_core::host::capacity::finite_limit(dir, limit, usage)?;
-    Some(HugetlbCgroup { path, limit, usage })
 }
 
 // ---------------------------------------------------------------------------
@@ -960,6 +891,12 @@ mod tests {
 
     const M2: u64 = 2 << 20;
     const G1: u64 = 1 << 30;
+
+    /// [`cgroup_limit`] for the process whose `/proc/PID/cgroup` text is
+    /// `own`, with its hierarchies under `root`.
+    fn cgroup_limit_in(own: &str, root: &Path, page_size: u64) -> Option<HugetlbCgroup> {
+        cgroup::tightest_in(own, root, &hugetlb_controller(page_size)).map(HugetlbCgroup::from)
+    }
 
     /// A directory under the temp dir, removed on drop.
     struct TempTree(PathBuf);
@@ -1316,6 +1253,15 @@ mod tests {
     #[test]
     fn statfs_figures_become_mount_limits() {
         let d = Path::new("/x");
+        let limit_from_statfs = |dir: &Path, magic, block_size, blocks, blocks_free| {
+            let st = FsInfo {
+                magic,
+                block_size,
+                blocks,
+                blocks_free,
+            };
+            limit_from_statfs(dir, &st)
+        };
         assert_eq!(
             limit_from_statfs(d, HUGETLBFS_MAGIC, M2, 0, 0).unwrap(),
             None
@@ -1438,6 +1384,40 @@ mod tests {
         t2.write("unified/svc/hugetlb.2MB.current", "0\n");
         let cg = cgroup_limit_in("0::/svc\n", &t2.0, M2).unwrap();
         assert_eq!(cg.limit, 2 * M2);
+    }
+
+    #[test]
+    fn cgroup_v1_nested_groups_take_the_parents_tighter_limit() {
+        let t = TempTree::new("cgv1nested");
+        let root = &t.0;
+        // Own group: 8 GiB, 1 used; parent: 3 GiB, 1 used, rsvd 2 GiB, 1
+        // used (the parent's reservation limit binds).
+        for (file, value) in [
+            ("kubepods/pod1/ctr/hugetlb.1GB.limit_in_bytes", 8 * G1),
+            ("kubepods/pod1/ctr/hugetlb.1GB.usage_in_bytes", G1),
+            ("kubepods/pod1/hugetlb.1GB.limit_in_bytes", 3 * G1),
+            ("kubepods/pod1/hugetlb.1GB.usage_in_bytes", G1),
+            ("kubepods/pod1/hugetlb.1GB.rsvd.limit_in_bytes", 2 * G1),
+            ("kubepods/pod1/hugetlb.1GB.rsvd.usage_in_bytes", G1),
+        ] {
+            t.write(&format!("hugetlb/{file}"), &format!("{value}\n"));
+        }
+        let own = "5:hugetlb:/kubepods/pod1/ctr\n0::/\n";
+        let cg = cgroup_limit_in(own, root, G1).unwrap();
+        assert_eq!(
+            cg.path,
+            root.join("hugetlb/kubepods/pod1/hugetlb.1GB.rsvd.limit_in_bytes")
+        );
+        assert!(cg.is_reservation_limit());
+        assert_eq!(cg.group(), root.join("hugetlb/kubepods/pod1"));
+        assert_eq!(cg.free(), G1);
+        let c = cgroup_check(G1, G1, &cg);
+        assert!(
+            c.remedy
+                .contains(&format!("{} allows 2 GiB", cg.group().display())),
+            "{}",
+            c.remedy
+        );
     }
 
     #[test]

@@ -62,6 +62,18 @@ inventory::submit! {
     .with_auto(claim, &["hugetlbfs"])
     .with_cost(PrefaultCost::DEFAULT)
     .with_doctor(doctor::findings)
+    .with_gc_dirs(gc_dirs)
+}
+
+/// Where `hostpool gc` looks for this backing's files by default: every
+/// hugetlbfs mount, in mount order.
+fn gc_dirs() -> Vec<PathBuf> {
+    pool_core::host::fs::mounts()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.fstype == "hugetlbfs")
+        .map(|m| m.point)
+        .collect()
 }
 
 /// `auto` on a hugetlbfs mount is this backing.

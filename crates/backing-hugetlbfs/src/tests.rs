@@ -259,3 +259,21 @@ fn enomem_at_mmap_becomes_one_clear_error_when_pages_run_out_after_the_check() {
         assert_eq!(free_pages(r.page), before, "a failed mmap reserves nothing");
     }
 }
+
+#[test]
+fn gc_scans_every_hugetlbfs_mount_and_nothing_else() {
+    let record = pool_core::plugin::lookup::<BackingPlugin>(NAME).unwrap();
+    let dirs = (record.gc_dirs.expect("the record names gc's directories"))();
+    for d in &dirs {
+        // A mount another process removed meanwhile cannot be examined.
+        if let Ok(kind) = pool_core::host::fs::filesystem_kind(d) {
+            assert!(matches!(kind, FsKind::Hugetlbfs { .. }), "{d:?}: {kind:?}");
+        }
+    }
+    if let Some(mount) = std::env::var_os("HOSTPOOL_TEST_HUGETLBFS_2M") {
+        assert!(dirs.contains(&PathBuf::from(mount)), "{dirs:?}");
+    }
+    let gc = pool_core::gc::default_dirs();
+    assert_eq!(gc[0], PathBuf::from("/dev/shm"));
+    assert!(dirs.iter().all(|d| gc.contains(d)), "{gc:?} {dirs:?}");
+}

@@ -1,10 +1,9 @@
 //! `hostpool doctor`'s findings for this backing: `/dev/shm`, the tmpfs
 //! its pools live in.
 
-use std::io;
 use std::path::Path;
 
-use pool_core::host::fs::{FsKind, filesystem_kind};
+use pool_core::host::fs::{self as hostfs, FsKind, filesystem_kind};
 use pool_core::layout::format_bytes;
 use pool_core::plugin::{DoctorContext, Finding};
 use serde_json::json;
@@ -18,18 +17,15 @@ pub(crate) fn findings(_: &DoctorContext<'_>) -> Vec<Finding> {
 
 const SHM: &str = "/dev/shm";
 
-/// `statvfs(path)`: `(size, free)` in bytes; size 0 means no limit.
-fn statvfs(path: &Path) -> io::Result<(u64, u64)> {
-    pool_core::host::fs::space(path).map(|s| (s.total_bytes(), s.free_bytes()))
-}
-
 /// `/dev/shm`: a tmpfs, and big enough for shared-memory pools.
 fn shm() -> Vec<Finding> {
     let dir = Path::new(SHM);
     let grow = "docker run --shm-size=<N>g (or --ipc=host); Kubernetes: mount an emptyDir \
                 {medium: Memory, sizeLimit: <N>Gi} at /dev/shm";
     let f = Finding::new("shm", SHM, "");
-    let finding = match (filesystem_kind(dir), statvfs(dir)) {
+    // `statvfs`: size 0 means no limit.
+    let space = hostfs::space(dir).map(|s| (s.total_bytes(), s.free_bytes()));
+    let finding = match (filesystem_kind(dir), space) {
         (Err(e), _) | (_, Err(e)) => Finding {
             value: format!("cannot be examined: {e}"),
             ..f

@@ -77,6 +77,13 @@ inventory::submit! {
         ..PrefaultCost::DEFAULT
     })
     .with_doctor(doctor::findings)
+    .with_gc_dirs(gc_dirs)
+}
+
+/// Where `hostpool gc` looks for this backing's files by default: its
+/// default directory, `/dev/shm`.
+fn gc_dirs() -> Vec<PathBuf> {
+    vec![PathBuf::from(DEFAULT_DIR)]
 }
 
 /// `auto` on tmpfs is segmented shared-memory files, and so is a shared

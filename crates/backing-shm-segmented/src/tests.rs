@@ -193,3 +193,10 @@ fn touch_prefault_on_a_tmpfs_that_filled_up_is_an_error_not_sigbus() {
     std::fs::remove_file(&other).unwrap();
     assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0, "nothing left");
 }
+
+#[test]
+fn gc_scans_dev_shm_for_this_backing() {
+    let record = pool_core::plugin::lookup::<BackingPlugin>(NAME).unwrap();
+    let dirs = (record.gc_dirs.expect("the record names gc's directories"))();
+    assert_eq!(dirs, [PathBuf::from(DEFAULT_DIR)]);
+}

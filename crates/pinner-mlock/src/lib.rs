@@ -15,7 +15,7 @@ mod sys;
 
 use std::time::Instant;
 
-use pool_core::host::memlock;
+use pool_core::host::{memlock, process};
 use pool_core::layout::format_bytes;
 use pool_core::plugin::{PinCost, parse_table};
 use pool_core::{
@@ -57,16 +57,7 @@ inventory::submit! {
 
 /// Locked bytes of this process (`VmLck` in /proc/self/status).
 pub fn locked_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmLck:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    process::status_field("VmLck")
 }
 
 /// Raise the soft memlock limit to cover `need` more bytes when the hard

@@ -277,6 +277,41 @@ pub fn unlink_if_same(path: &Path, id: FileId) -> io::Result<bool> {
     }
 }
 
+/// Retries of a lock probe that found the file locked.
+const PROBE_RETRIES: u32 = 3;
+/// Pause between them: far longer than a concurrent probe holds its lock.
+const PROBE_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The lock probe of hostpool: take the file's `flock` exclusively when no
+/// other process holds a lock on it. `Ok(true)`: taken, nobody else holds
+/// the file (it stays locked until `fd` is closed or unlocked); `Ok(false)`:
+/// another process holds it.
+///
+/// A pool's ranks hold their shared locks for the pool's whole life, while
+/// another probe of the same file (`hostpool gc` or `doctor`, a creator
+/// clearing a stale file, a joiner judging a control file) holds its
+/// exclusive one for an instant. So a probe that finds the file locked tries
+/// again a few times, a few milliseconds apart, before it says the file is
+/// held: a concurrent probe does not make a free file look in use.
+///
+/// # Errors
+/// The `flock` errno other than `EWOULDBLOCK`.
+pub fn try_lock_exclusive(fd: impl AsFd) -> io::Result<bool> {
+    let fd = fd.as_fd();
+    for attempt in 0..=PROBE_RETRIES {
+        match rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(true),
+            Err(e) if e.raw_os_error() == libc::EWOULDBLOCK => {
+                if attempt < PROBE_RETRIES {
+                    std::thread::sleep(PROBE_RETRY_DELAY);
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(false)
+}
+
 fn unique() -> u64 {
     use std::time::{SystemTime, UNIX_EPOCH};
     let nanos = SystemTime::now()

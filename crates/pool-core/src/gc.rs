@@ -13,10 +13,11 @@
 
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{FlockOperation, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 use serde::Serialize;
 
 use crate::file::{self, FileId};
+use crate::plugin::{BackingPlugin, PluginRecord};
 
 /// Prefix of every file hostpool creates.
 pub const FILE_PREFIX: &str = "hostpool-";
@@ -61,12 +62,22 @@ pub struct GcReport {
     pub freed_bytes: u64,
 }
 
-/// The directories `gc` scans by default: `/dev/shm` and every hugetlbfs mount.
+/// The directories `gc` scans by default: the default control directory of
+/// shared pools ([`DEFAULT_CONTROL_DIR`]), then the directories each backing's
+/// record names ([`BackingPlugin::gc_dirs`]; with the shipped backings,
+/// `/dev/shm` and every hugetlbfs mount), backings in the order of their
+/// names, each directory once.
 pub fn default_dirs() -> Vec<PathBuf> {
+    dirs_of(BackingPlugin::all())
+}
+
+/// The control directory and the `gc_dirs` of these records.
+fn dirs_of(mut records: Vec<&BackingPlugin>) -> Vec<PathBuf> {
+    records.sort_by_key(|r| r.name);
     let mut dirs = vec![PathBuf::from(DEFAULT_CONTROL_DIR)];
-    for m in crate::host::fs::mounts().unwrap_or_default() {
-        if m.fstype == "hugetlbfs" && !dirs.contains(&m.point) {
-            dirs.push(m.point);
+    for dir in records.iter().filter_map(|r| r.gc_dirs).flat_map(|f| f()) {
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
         }
     }
     dirs
@@ -93,13 +104,11 @@ pub fn is_pool_file(file_name: &str) -> bool {
     pool_name(file_name).is_some() || file_name.starts_with(".hostpool-private-")
 }
 
-/// Retries of a lock probe that found the file locked.
-const PROBE_RETRIES: u32 = 3;
-/// Pause between them: far longer than a concurrent probe holds its lock.
-const PROBE_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// Whether another process holds a lock on the file: try to take it
-/// exclusively, without waiting (a few times, a few milliseconds apart).
+/// Whether another process holds a lock on the file: open it and take its
+/// lock with the one probe, [`file::try_lock_exclusive`] (which retries a
+/// few times, a few milliseconds apart, so that another gc or doctor
+/// probing the same file is not taken for a live holder). The file's fd
+/// (locked), identity and size when nobody holds it.
 fn locked(path: &Path) -> std::io::Result<Option<(std::os::fd::OwnedFd, FileId, u64)>> {
     let fd = rustix::fs::open(
         path,
@@ -111,20 +120,7 @@ fn locked(path: &Path) -> std::io::Result<Option<(std::os::fd::OwnedFd, FileId, 
         dev: st.st_dev,
         ino: st.st_ino,
     };
-    // A pool's ranks hold their shared locks for the pool's whole life;
-    // another gc or doctor probing the same file holds its exclusive one for
-    // an instant. A few short retries tell the two apart.
-    for attempt in 0..=PROBE_RETRIES {
-        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Ok(Some((fd, id, st.st_size as u64))),
-            Err(e) if e.raw_os_error() == libc::EWOULDBLOCK && attempt < PROBE_RETRIES => {
-                std::thread::sleep(PROBE_RETRY_DELAY);
-            }
-            Err(e) if e.raw_os_error() == libc::EWOULDBLOCK => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(None)
+    Ok(file::try_lock_exclusive(&fd)?.then_some((fd, id, st.st_size as u64)))
 }
 
 fn ctl_is_live(dir: &Path, name: &str) -> bool {
@@ -280,6 +276,7 @@ fn file_size(path: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::fs::FlockOperation;
 
     #[test]
     fn names_are_recognised_exactly() {
@@ -328,5 +325,68 @@ mod tests {
     #[test]
     fn default_dirs_start_with_dev_shm() {
         assert_eq!(default_dirs()[0], PathBuf::from("/dev/shm"));
+    }
+
+    fn no_build(_: Option<&serde_json::Value>) -> crate::Result<Box<dyn crate::Backing>> {
+        Err(crate::Error::config("a test record builds nothing"))
+    }
+
+    #[test]
+    fn default_dirs_come_from_the_records_sorted_and_deduplicated() {
+        fn shm() -> Vec<PathBuf> {
+            vec![PathBuf::from("/dev/shm")]
+        }
+        fn huge() -> Vec<PathBuf> {
+            vec![PathBuf::from("/mnt/huge"), PathBuf::from("/mnt/huge1g")]
+        }
+        fn again() -> Vec<PathBuf> {
+            vec![PathBuf::from("/mnt/huge1g"), PathBuf::from("/srv/z")]
+        }
+        static SHM: BackingPlugin =
+            BackingPlugin::new("shm-x", "t", "t", no_build).with_gc_dirs(shm);
+        static HUGE: BackingPlugin =
+            BackingPlugin::new("huge-x", "t", "t", no_build).with_gc_dirs(huge);
+        static AGAIN: BackingPlugin =
+            BackingPlugin::new("zz", "t", "t", no_build).with_gc_dirs(again);
+        static NONE: BackingPlugin = BackingPlugin::new("anon-x", "t", "t", no_build);
+        let dirs = dirs_of(vec![&AGAIN, &SHM, &NONE, &HUGE]);
+        let want: Vec<PathBuf> = ["/dev/shm", "/mnt/huge", "/mnt/huge1g", "/srv/z"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(dirs, want);
+        assert_eq!(dirs_of(Vec::new()), [PathBuf::from("/dev/shm")]);
+    }
+
+    #[test]
+    fn the_probe_waits_out_a_concurrent_probe_but_not_a_holder() {
+        let dir = std::env::temp_dir().join(format!("hostpool-probe-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("hostpool-probe.pool");
+        std::fs::write(&path, b"x").unwrap();
+        // Another probe holds the file exclusively for an instant: the file is
+        // free, and the probe says so.
+        let other = std::fs::File::open(&path).unwrap();
+        rustix::fs::flock(&other, FlockOperation::LockExclusive).unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            drop(other);
+        });
+        let mine = std::fs::File::open(&path).unwrap();
+        assert!(
+            file::try_lock_exclusive(&mine).unwrap(),
+            "a brief probe made it look held"
+        );
+        release.join().unwrap();
+        drop(mine);
+        // A rank's shared lock: held.
+        let rank = std::fs::File::open(&path).unwrap();
+        rustix::fs::flock(&rank, FlockOperation::LockShared).unwrap();
+        let mine = std::fs::File::open(&path).unwrap();
+        assert!(!file::try_lock_exclusive(&mine).unwrap());
+        assert!(matches!(locked(&path), Ok(None)));
+        drop(rank);
+        assert!(matches!(locked(&path), Ok(Some((_, _, 1)))));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use pool_core::host::memlock::{self, MemlockPolicy};
+use pool_core::host::process;
 use pool_core::layout::{self, LayoutError, format_bytes};
 use pool_core::plugin::PinCost;
 use pool_core::{
@@ -648,16 +649,7 @@ impl Drop for RdmaRegistration {
 
 /// Bytes this process has pinned (`VmPin`): what `ib_umem_get` has counted.
 fn pinned_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmPin:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb.saturating_mul(1024))
+    process::status_field("VmPin")
 }
 
 /// Raise the soft `RLIMIT_MEMLOCK` to the hard one when pinning `need` more

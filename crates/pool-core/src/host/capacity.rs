@@ -2,7 +2,8 @@
 //!
 //! Each check says what it read, how much the pool needs, how much is free,
 //! its verdict, and the remedy. Anonymous memory is checked against
-//! `MemAvailable` and the cgroup memory limit; huge-page pools are never
+//! `MemAvailable` and the cgroup memory limit (the tightest of the process's
+//! group and its ancestors, walked by [`cgroup`]); huge-page pools are never
 //! checked against `MemAvailable` (reserved huge pages are not counted there).
 
 use std::fs;
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::cgroup::{self, CgroupLimit, Controller, LimitFile};
 use crate::error::Error;
 
 /// The outcome of one check.
@@ -96,23 +98,16 @@ pub fn meminfo(field: &str) -> Option<u64> {
 }
 
 fn parse_meminfo(text: &str, field: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        let rest = l.strip_prefix(field)?.strip_prefix(':')?;
-        let mut it = rest.split_whitespace();
-        let n: u64 = it.next()?.parse().ok()?;
-        match it.next() {
-            Some("kB") => n.checked_mul(1024),
-            None => Some(n),
-            _ => None,
-        }
-    })
+    super::process::kb_field(text, field)
 }
 
-/// The memory limit of this process's cgroup and the bytes still usable
-/// under it (limit − usage + page cache, which the kernel can reclaim).
+/// The memory limit that binds this process's cgroup and the bytes still
+/// usable under it (limit − usage + page cache, which the kernel can
+/// reclaim).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupMemory {
-    /// The limit file read.
+    /// The limit file read: in the process's own group or in the ancestor
+    /// that sets the tightest limit.
     pub path: PathBuf,
     /// The limit in bytes.
     pub limit: u64,
@@ -120,74 +115,54 @@ pub struct CgroupMemory {
     pub free: u64,
 }
 
-/// A cgroup limit file in `dir` with a finite limit, and its usage file:
-/// `(limit path, limit, usage)`. `None` for "max", for v1's
-/// `PAGE_COUNTER_MAX`, and for unreadable files.
-pub fn finite_limit(dir: &Path, limit: &str, usage: &str) -> Option<(PathBuf, u64, u64)> {
-    let path = dir.join(limit);
-    // "max" does not parse: unlimited.
-    let limit: u64 = fs::read_to_string(&path).ok()?.trim().parse().ok()?;
-    if limit >= UNLIMITED {
-        return None;
+/// What the memory controller's limits are read from: v2 `memory.max` and
+/// `memory.current`, v1 `memory.limit_in_bytes` and `memory.usage_in_bytes`.
+pub fn memory_controller() -> Controller {
+    Controller {
+        name: "memory".into(),
+        v2: vec![LimitFile::new("memory.max", "memory.current")],
+        v1: vec![LimitFile::new(
+            "memory.limit_in_bytes",
+            "memory.usage_in_bytes",
+        )],
     }
-    let usage: u64 = fs::read_to_string(dir.join(usage))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some((path, limit, usage))
 }
 
-/// Limits at or above this are "unlimited" (cgroup v1 writes `PAGE_COUNTER_MAX`).
-const UNLIMITED: u64 = 1 << 62;
-
-/// The memory limit of this process's cgroup (v2 `memory.max`, or v1
-/// `memory.limit_in_bytes`), if it has a finite one.
+/// The memory limit that binds this process, if a finite one does: of the
+/// finite limits of its group and every ancestor ([`cgroup::limits`]), the
+/// one with the least usable room.
 pub fn cgroup_memory() -> Option<CgroupMemory> {
-    let own = fs::read_to_string("/proc/self/cgroup").ok()?;
-    for line in own.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let rel = path.trim_start_matches('/');
-        if controllers.is_empty() {
-            for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-                let dir = Path::new(root).join(rel);
-                if let Some(m) = read_limit(&dir, "memory.max", "memory.current", ("file", "shmem"))
-                {
-                    return Some(m);
-                }
-            }
-        } else if controllers.split(',').any(|c| c == "memory") {
-            for dir in [
-                Path::new("/sys/fs/cgroup/memory").join(rel),
-                PathBuf::from("/sys/fs/cgroup/memory"),
-            ] {
-                if let Some(m) = read_limit(
-                    &dir,
-                    "memory.limit_in_bytes",
-                    "memory.usage_in_bytes",
-                    ("total_cache", "total_shmem"),
-                ) {
-                    return Some(m);
-                }
-            }
-        }
-    }
-    None
+    tightest_memory(cgroup::limits(&memory_controller()))
 }
 
-fn read_limit(
-    dir: &Path,
-    limit: &str,
-    usage: &str,
-    (cache_key, shmem_key): (&str, &str),
-) -> Option<CgroupMemory> {
-    let (path, limit, usage) = finite_limit(dir, limit, usage)?;
-    let stat = fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+/// [`cgroup_memory`] for the process whose `/proc/PID/cgroup` text is `own`,
+/// with its hierarchies under `root`.
+pub fn cgroup_memory_in(own: &str, root: &Path) -> Option<CgroupMemory> {
+    tightest_memory(cgroup::limits_in(own, root, &memory_controller()))
+}
+
+/// The limit with the least usable room; of equals, the first (deepest).
+fn tightest_memory(limits: Vec<CgroupLimit>) -> Option<CgroupMemory> {
+    limits
+        .into_iter()
+        .map(|l| usable(&l))
+        .min_by_key(|m| m.free)
+}
+
+/// What a memory limit leaves usable, with the page cache its group's
+/// `memory.stat` says the kernel can reclaim.
+fn usable(l: &CgroupLimit) -> CgroupMemory {
+    let stat = fs::read_to_string(l.group().join("memory.stat")).unwrap_or_default();
+    // v2 names the page cache `file`, v1 `total_cache` (hierarchical).
+    let (cache_key, shmem_key) = if l.file_name() == "memory.max" {
+        ("file", "shmem")
+    } else {
+        ("total_cache", "total_shmem")
+    };
     let field = |key: &str| -> u64 {
         stat.lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(' ')?;
+            .find_map(|line| {
+                let (k, v) = line.split_once(' ')?;
                 (k == key).then(|| v.trim().parse().ok()).flatten()
             })
             .unwrap_or(0)
@@ -195,14 +170,11 @@ fn read_limit(
     // Page cache can be reclaimed, except tmpfs/shmem pages (without swap),
     // which is exactly what a shared-memory pool is made of.
     let reclaimable = field(cache_key).saturating_sub(field(shmem_key));
-    Some(CgroupMemory {
-        path,
-        limit,
-        free: limit
-            .saturating_sub(usage)
-            .saturating_add(reclaimable)
-            .min(limit),
-    })
+    CgroupMemory {
+        path: l.path.clone(),
+        limit: l.limit,
+        free: l.free().saturating_add(reclaimable).min(l.limit),
+    }
 }
 
 /// Checks for a pool of `need` bytes of ordinary (non-hugetlb) memory.
@@ -267,6 +239,58 @@ mod tests {
             Verdict::Unknown
         );
         assert!(require(&[short]).is_err());
+    }
+
+    /// A nested group under a parent with the tighter limit, in v2 and v1:
+    /// the parent's limit binds, with the page cache of the parent's
+    /// `memory.stat` counted as usable.
+    #[test]
+    fn cgroup_memory_takes_the_parents_tighter_limit() {
+        const M: u64 = 1 << 20;
+        let root =
+            std::env::temp_dir().join(format!("hostpool-capacity-cg-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let write = |rel: &str, text: String| {
+            let p = root.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, text).unwrap();
+        };
+        for (own, group, parent, limit, usage, stat) in [
+            (
+                "0::/kubepods/pod1\n",
+                "kubepods/pod1",
+                "kubepods",
+                "memory.max",
+                "memory.current",
+                "file 6291456\nshmem 2097152\n",
+            ),
+            (
+                "9:memory:/docker/abc\n0::/\n",
+                "memory/docker/abc",
+                "memory/docker",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+                "total_cache 6291456\ntotal_shmem 2097152\n",
+            ),
+        ] {
+            // Own: 1 GiB, 100 MiB used. Parent: 256 MiB, 250 MiB used, 4 MiB
+            // of it reclaimable cache (6 MiB of cache, 2 MiB of it shmem).
+            write(&format!("{group}/{limit}"), format!("{}\n", 1024 * M));
+            write(&format!("{group}/{usage}"), format!("{}\n", 100 * M));
+            write(&format!("{parent}/{limit}"), format!("{}\n", 256 * M));
+            write(&format!("{parent}/{usage}"), format!("{}\n", 250 * M));
+            write(&format!("{parent}/memory.stat"), stat.to_string());
+            let cg = cgroup_memory_in(own, &root).unwrap();
+            assert_eq!(cg.path, root.join(parent).join(limit), "{own}");
+            assert_eq!((cg.limit, cg.free), (256 * M, 10 * M), "{own}");
+            // The own group tighter: it binds.
+            write(&format!("{group}/{usage}"), format!("{}\n", 1020 * M));
+            let cg = cgroup_memory_in(own, &root).unwrap();
+            assert_eq!(cg.path, root.join(group).join(limit), "{own}");
+            assert_eq!(cg.free, 4 * M);
+        }
+        assert_eq!(cgroup_memory_in("0::/none\n", &root.join("nothing")), None);
+        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -28,14 +28,19 @@ pub enum FsKind {
     },
 }
 
-/// What `statfs` says of a filesystem: its magic number and block size
-/// (for hugetlbfs, its huge page size).
+/// What `statfs` says of a filesystem: its magic number, block size (for
+/// hugetlbfs, its huge page size) and block counts (for hugetlbfs, the
+/// `size=` limit in pages and the pages still free under it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FsInfo {
     /// `f_type`, e.g. [`HUGETLBFS_MAGIC`] or [`TMPFS_MAGIC`].
     pub magic: u64,
     /// `f_bsize`.
     pub block_size: u64,
+    /// `f_blocks`: 0 on a hugetlbfs or tmpfs without a size limit.
+    pub blocks: u64,
+    /// `f_bfree`.
+    pub blocks_free: u64,
 }
 
 impl FsInfo {
@@ -51,7 +56,8 @@ impl FsInfo {
     }
 }
 
-/// `statfs(path)`: magic number and block size.
+/// `statfs(path)`: magic number, block size and block counts. The one
+/// `statfs` of hostpool.
 ///
 /// # Errors
 /// The `statfs` errno (for example `ENOENT`).
@@ -61,6 +67,8 @@ pub fn statfs_info(path: &Path) -> io::Result<FsInfo> {
     Ok(FsInfo {
         magic: (st.f_type as u64) & 0xffff_ffff,
         block_size: st.f_bsize as u64,
+        blocks: st.f_blocks,
+        blocks_free: st.f_bfree,
     })
 }
 
@@ -95,7 +103,7 @@ impl Space {
     }
 }
 
-/// `statvfs(dir)`.
+/// `statvfs(dir)`: the one `statvfs` of hostpool.
 ///
 /// # Errors
 /// The `statvfs` errno (for example `ENOENT`).
@@ -222,6 +230,24 @@ mod tests {
                 .raw_os_error(),
             Some(libc::ENOENT)
         );
+    }
+
+    #[test]
+    fn statfs_reports_block_counts() {
+        // 64 KiB of our own in /dev/shm (not named hostpool-*, which gc
+        // would take), so the used blocks are at least that many.
+        let path = Path::new("/dev/shm").join(format!("statfs-test-{}", std::process::id()));
+        std::fs::write(&path, vec![1u8; 64 << 10]).unwrap();
+        let shm = statfs_info(Path::new("/dev/shm"));
+        let vfs = space(Path::new("/dev/shm"));
+        std::fs::remove_file(&path).unwrap();
+        let (shm, vfs) = (shm.unwrap(), vfs.unwrap());
+        assert_eq!(shm.kind(), FsKind::Tmpfs);
+        assert_eq!(shm.blocks * shm.block_size, vfs.blocks * vfs.frsize);
+        if shm.blocks > 0 {
+            let used = (shm.blocks - shm.blocks_free) * shm.block_size;
+            assert!(used >= 64 << 10, "{shm:?}");
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! What another process of the node is doing, from `/proc/PID/stat`: a
-//! peer that is late says why (stopped, stuck in the kernel, or running).
+//! What a process of the node is doing and holds: another process's state
+//! from `/proc/PID/stat` (a peer that is late says why: stopped, stuck in
+//! the kernel, or running), and this process's memory figures from
+//! `/proc/self/status` ([`status_field`]: `VmLck`, `VmPin`).
 
 /// Where a process stands, as the kernel reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,9 +50,48 @@ pub fn why_late(pid: u32) -> String {
     }
 }
 
+/// A memory figure of this process from `/proc/self/status`, in bytes:
+/// `status_field("VmLck")` (bytes locked by `mlock`), `"VmPin"` (bytes
+/// pinned, e.g. by RDMA registrations), `"VmRSS"`. `None` when the file
+/// cannot be read or has no such field.
+pub fn status_field(field: &str) -> Option<u64> {
+    kb_field(&std::fs::read_to_string("/proc/self/status").ok()?, field)
+}
+
+/// A `Name:   1234 kB` line of a `/proc/PID/status` or `/proc/meminfo`
+/// text, in bytes (a figure without a unit as it is).
+pub(super) fn kb_field(text: &str, field: &str) -> Option<u64> {
+    let rest = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    let mut words = rest.split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => n.checked_mul(1024),
+        None => Some(n),
+        Some(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_fields_are_read_in_bytes() {
+        let text = "Name:\tcat\nVmLck:\t       8 kB\nVmPin:\t       0 kB\nVmLckX:\t 1 kB\n\
+                    Threads:\t1\nVmBad:\t 3 MB\n";
+        assert_eq!(kb_field(text, "VmLck"), Some(8192));
+        assert_eq!(kb_field(text, "VmPin"), Some(0));
+        assert_eq!(kb_field(text, "Threads"), Some(1));
+        assert_eq!(kb_field(text, "VmBad"), None);
+        assert_eq!(kb_field(text, "VmLc"), None);
+        assert_eq!(kb_field(text, "VmSwap"), None);
+        assert_eq!(kb_field(text, "Name"), None);
+        assert!(status_field("VmRSS").unwrap() > 0);
+        assert!(status_field("VmLck").is_some());
+        assert_eq!(status_field("NoSuchField"), None);
+    }
 
     #[test]
     fn the_state_is_read_after_the_last_parenthesis() {

@@ -31,7 +31,7 @@ mod doctor;
 mod traits;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -81,6 +81,11 @@ pub struct AutoQuery<'a> {
 /// Whether a backing serves `auto` for a query. Pure apart from reading the
 /// host; creates nothing.
 pub type AutoFn = fn(&AutoQuery<'_>) -> Option<AutoClaim>;
+
+/// The directories where a backing's pool files live by default, which
+/// `hostpool gc` (and `doctor`'s leftovers) scan when given none. Reads the
+/// host (the mount table, say); creates nothing.
+pub type GcDirsFn = fn() -> Vec<PathBuf>;
 
 /// Prefault rates of a backing for `hostpool plan`'s predictions: GB/s
 /// (10^9 bytes) of one thread, by page size, measured on the project's CI
@@ -150,10 +155,14 @@ pub struct BackingPlugin {
     pub cost: Option<PrefaultCost>,
     /// Its findings for `hostpool doctor`.
     pub doctor: Option<DoctorFn>,
+    /// The directories `hostpool gc` scans for its files by default (none:
+    /// it leaves no files, or only in directories the user names).
+    pub gc_dirs: Option<GcDirsFn>,
 }
 
 impl BackingPlugin {
-    /// A record with no `auto` claim, no cost figures and no doctor hook.
+    /// A record with no `auto` claim, no cost figures, no doctor hook and
+    /// no `gc` directories.
     pub const fn new(
         name: &'static str,
         summary: &'static str,
@@ -169,6 +178,7 @@ impl BackingPlugin {
             auto_filesystems: &[],
             cost: None,
             doctor: None,
+            gc_dirs: None,
         }
     }
 
@@ -196,6 +206,13 @@ impl BackingPlugin {
     #[must_use]
     pub const fn with_doctor(mut self, doctor: DoctorFn) -> BackingPlugin {
         self.doctor = Some(doctor);
+        self
+    }
+
+    /// With the directories `hostpool gc` scans for its files by default.
+    #[must_use]
+    pub const fn with_gc_dirs(mut self, dirs: GcDirsFn) -> BackingPlugin {
+        self.gc_dirs = Some(dirs);
         self
     }
 }

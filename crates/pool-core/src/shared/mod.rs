@@ -325,7 +325,7 @@ impl Session {
             )
         })?;
         // Stale: nobody holds it (a crashed earlier run). Clear it and retry.
-        if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok() {
+        if matches!(file::try_lock_exclusive(&fd), Ok(true)) {
             tracing::warn!(
                 "removing stale control file {} left by a crashed run",
                 path.display()
@@ -480,7 +480,7 @@ impl Session {
                 continue;
             };
             let free = file::check_owner(&fd, path).is_ok()
-                && rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok();
+                && matches!(file::try_lock_exclusive(&fd), Ok(true));
             if let (true, Ok(id)) = (free, file::file_id(&fd)) {
                 tracing::warn!(
                     "removing {} left by the creator of `{}`, which died before the pool was ready",
@@ -569,7 +569,7 @@ impl Session {
                 continue;
             }
             let old = file::open_checked(path, page)?;
-            if rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive).is_err() {
+            if !matches!(file::try_lock_exclusive(&old), Ok(true)) {
                 return Err(self.in_use(path));
             }
             let os = |op, e: std::io::Error| {
@@ -618,7 +618,7 @@ impl Session {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 let old = file::open_checked(path, page)?;
-                if rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive).is_err() {
+                if !matches!(file::try_lock_exclusive(&old), Ok(true)) {
                     return Err(self.in_use(path));
                 }
                 tracing::warn!(

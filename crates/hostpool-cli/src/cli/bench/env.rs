@@ -36,14 +36,6 @@ pub(super) fn read_trimmed(path: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// The system-wide THP mode (`always`, `madvise` or `never`).
-pub(super) fn thp_mode() -> Option<String> {
-    let s = read_trimmed("/sys/kernel/mm/transparent_hugepage/enabled")?;
-    let start = s.find('[')? + 1;
-    let end = s[start..].find(']')? + start;
-    Some(s[start..end].to_string())
-}
-
 /// Now, UTC, as `YYYY-MM-DDTHH:MM:SSZ`.
 pub(super) fn utc_now() -> String {
     let secs = SystemTime::now()

@@ -35,7 +35,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use clap::Args;
-use pool_core::host::capacity;
+use pool_core::host::{capacity, thp};
 use pool_core::layout::PageSize;
 use pool_core::{ByteSize, Error};
 use serde::Serialize;
@@ -44,7 +44,7 @@ use super::write_stdout;
 use bench_support::benchkit::{
     self, ANON_4K, ANON_THP, GIB, HUGETLB_1G, HUGETLB_2M, MIB, Memory, SHM_4K,
 };
-use env::{Environment, read_trimmed, thp_mode, utc_now};
+use env::{Environment, read_trimmed, utc_now};
 use rows::{Row, Status};
 use table::{ratios, table};
 
@@ -152,7 +152,7 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
         repeat,
         threads: threads.clone(),
         mem_available_bytes: available,
-        transparent_hugepage: thp_mode(),
+        transparent_hugepage: thp::mode(),
         populate_write_supported: pool_core::populate_write_supported(),
         huge_pages_free: [PageSize::HUGE_2M, PageSize::HUGE_1G]
             .into_iter()
