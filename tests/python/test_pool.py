@@ -203,6 +203,8 @@ def test_a_missing_peer_is_a_peer_error_naming_it():
     with pytest.raises(hostpool.PeerError, match="never attached") as info:
         hostpool.Pool(size=4 * MiB, shared=hostpool.Shared(f"py-alone-{os.getpid()}", 2, 1, attach_timeout=1.0))
     assert info.value.rank == 0 and info.value.ranks == (0,)
+    assert info.value.pid is None, "a rank that never attached has no pid"
+    assert info.value.exit_code == 1
 
 
 def test_required_cuda_pinning_without_a_driver_is_not_available():

@@ -53,10 +53,10 @@ pub fn to_py(py: Python<'_>, e: &Error, phase: Option<Phase>) -> PyErr {
                 err.setattr("need", *need)?;
                 err.setattr("free", *free)?;
             }
-            Error::Peer { message } => {
-                let ranks = named_ranks(message);
+            Error::Peer { ranks, pid, .. } => {
                 err.setattr("rank", ranks.first().copied())?;
                 err.setattr("ranks", pyo3::types::PyTuple::new(py, ranks)?)?;
+                err.setattr("pid", *pid)?;
             }
             _ => {}
         }
@@ -66,43 +66,4 @@ pub fn to_py(py: Python<'_>, e: &Error, phase: Option<Phase>) -> PyErr {
         Ok(err) => PyErr::from_value(err),
         Err(_) => PyRuntimeError::new_err(text),
     }
-}
-
-/// The ranks a peer error's message names, in order, each once: `rank 2`,
-/// `rank(s) 0, 1 and 3`, `ranks 1, 2`. A creator named only by its pid (a
-/// joiner never learns the creator's rank before it is welcomed) names none.
-pub fn named_ranks(message: &str) -> Vec<u32> {
-    let mut ranks = Vec::new();
-    let bytes = message.as_bytes();
-    let mut at = 0;
-    while let Some(found) = message[at..].find("rank") {
-        let start = at + found;
-        at = start + 4;
-        if start > 0 && bytes[start - 1].is_ascii_alphanumeric() {
-            continue;
-        }
-        let mut rest = &message[at..];
-        rest = rest
-            .strip_prefix("(s)")
-            .or_else(|| rest.strip_prefix('s'))
-            .unwrap_or(rest);
-        while let Some(after_space) = rest.strip_prefix(' ') {
-            let digits: String = after_space
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            let Ok(rank) = digits.parse::<u32>() else {
-                break;
-            };
-            if !ranks.contains(&rank) {
-                ranks.push(rank);
-            }
-            rest = &after_space[digits.len()..];
-            rest = rest
-                .strip_prefix(',')
-                .or_else(|| rest.strip_prefix(" and"))
-                .unwrap_or("");
-        }
-    }
-    ranks
 }

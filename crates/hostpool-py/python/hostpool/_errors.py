@@ -30,13 +30,18 @@ class CapacityError(Error):
 class PeerError(Error):
     """A peer rank of a shared pool failed, died, stopped or never attached.
 
-    ``rank`` is the first rank the message names (``None`` when it names the
-    peer only by pid, as a joiner does for a creator that never welcomed it);
-    ``ranks`` every rank it names.
+    ``ranks`` are the ranks the message blames, in the order it names them
+    (the rank that failed or died, every rank that never attached, or this
+    rank when its own setup failed); ``rank`` is the first of them, or
+    ``None`` when it names the peer only by pid, as a joiner does for a
+    creator that never welcomed it. ``pid`` is the process id of the first
+    peer blamed, or ``None`` when it is not known (a rank that never
+    attached).
     """
 
     rank: int | None = None
     ranks: tuple[int, ...] = ()
+    pid: int | None = None
 
 
 class NotAvailableError(Error):
