@@ -203,6 +203,32 @@ def test_a_missing_peer_is_a_peer_error_naming_it():
     with pytest.raises(hostpool.PeerError, match="never attached") as info:
         hostpool.Pool(size=4 * MiB, shared=hostpool.Shared(f"py-alone-{os.getpid()}", 2, 1, attach_timeout=1.0))
     assert info.value.rank == 0 and info.value.ranks == (0,)
+    assert info.value.pid is None, "a rank that never attached has no pid"
+    assert info.value.exit_code == 1
+
+
+def test_the_exception_classes_have_their_bases_defaults_and_module():
+    import hostpool._errors
+    import hostpool._hostpool
+    import hostpool.torch
+
+    assert hostpool.Error.__mro__[1] is RuntimeError
+    assert hostpool.Error in hostpool.ConfigError.__mro__ and ValueError in hostpool.ConfigError.__mro__
+    assert issubclass(hostpool.PoolBusyError, BufferError) and issubclass(hostpool.PoolBusyError, hostpool.Error)
+    for name in ("Error", "ConfigError", "CapacityError", "PeerError", "NotAvailableError", "PinError", "PoolBusyError"):
+        cls = getattr(hostpool, name)
+        assert cls is getattr(hostpool._errors, name) is getattr(hostpool._hostpool, name)
+        assert cls.__module__ == "hostpool" and cls.__qualname__ == name and cls.__doc__, name
+        assert cls is hostpool.Error or issubclass(cls, hostpool.Error), name
+    assert (hostpool.Error.exit_code, hostpool.ConfigError.exit_code, hostpool.PeerError.exit_code) == (1, 2, 1)
+    assert (hostpool.CapacityError.remedy, hostpool.CapacityError.need, hostpool.CapacityError.free) == ("", 0, 0)
+    assert (hostpool.PeerError.rank, hostpool.PeerError.ranks, hostpool.PeerError.pid) == (None, (), None)
+    # Python code raises and subclasses them as before.
+    err = hostpool.PeerError("rank 3 died")
+    assert str(err) == "rank 3 died" and err.ranks == () and err.pid is None
+    assert pickle.loads(pickle.dumps(err)).args == ("rank 3 died",)
+    assert issubclass(hostpool.torch.RegionFullError, hostpool.CapacityError)
+    assert issubclass(hostpool.torch.RegionFullError, AssertionError)
 
 
 def test_required_cuda_pinning_without_a_driver_is_not_available():

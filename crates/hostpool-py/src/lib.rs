@@ -6,7 +6,8 @@
 //! - `config`: keyword arguments and `from_config` into a [`PoolConfig`](pool_core::PoolConfig);
 //! - `build`: the build on a thread of its own while the caller waits
 //!   without the GIL, delivering progress and Ctrl-C;
-//! - `errors`: each [`pool_core::Error`] as its `hostpool` exception;
+//! - `errors`: the `hostpool` exception classes, and each
+//!   [`pool_core::Error`] as one of them;
 //! - `logs`: `tracing` events to Python's `logging` (logger `hostpool`);
 //! - `sys`: the buffer protocol and DLPack, the crate's only `unsafe`.
 
@@ -83,6 +84,8 @@ fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Whether this build reads HOSTPOOL_TEST_FAILPOINTS (test wheels only).
     m.add("_FAILPOINTS", pool_core::failpoint::ENABLED)?;
+    // The exception classes (`hostpool/_errors.py` re-exports them).
+    errors::add_classes(m)?;
     m.add_class::<pool::PyPool>()?;
     m.add_class::<pool::PyShared>()?;
     m.add_function(wrap_pyfunction!(plugins, m)?)?;

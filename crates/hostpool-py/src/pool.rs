@@ -196,7 +196,7 @@ impl PyPool {
         if state.pool.is_none() {
             return Err(errors::raise(
                 py,
-                "Error",
+                errors::Kind::Error,
                 "the pool is closed: it has no memory to export any more".into(),
             ));
         }
@@ -271,8 +271,13 @@ pub fn json_dict<'py, T: serde::Serialize>(
     py: Python<'py>,
     value: &T,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let text = serde_json::to_string(value)
-        .map_err(|e| errors::raise(py, "Error", format!("could not be written as JSON: {e}")))?;
+    let text = serde_json::to_string(value).map_err(|e| {
+        errors::raise(
+            py,
+            errors::Kind::Error,
+            format!("could not be written as JSON: {e}"),
+        )
+    })?;
     py.import("json")?.call_method1("loads", (text,))
 }
 
@@ -280,7 +285,7 @@ fn report_dict<'py>(py: Python<'py>, report: &PoolReport) -> PyResult<Bound<'py,
     let text = serde_json::to_string(report).map_err(|e| {
         errors::raise(
             py,
-            "Error",
+            errors::Kind::Error,
             format!("the report could not be written as JSON: {e}"),
         )
     })?;
@@ -356,7 +361,7 @@ impl PyPool {
         {
             return Err(errors::raise(
                 py,
-                "ConfigError",
+                errors::Kind::Config,
                 "invalid configuration: `progress` must be a callable taking (phase, done_bytes, total_bytes)".into(),
             ));
         }
@@ -541,7 +546,7 @@ impl PyPool {
             if state.exports > 0 {
                 return Err(errors::raise(
                     py,
-                    "PoolBusyError",
+                    errors::Kind::PoolBusy,
                     format!(
                         "cannot close the pool: {} export(s) of its memory are alive \
                          (memoryview, numpy array, torch tensor or DLPack capsule); delete \
@@ -613,7 +618,7 @@ impl PyPool {
         if self.closed() {
             return Err(errors::raise(
                 py,
-                "Error",
+                errors::Kind::Error,
                 "the pool is closed: it has no memory to describe".into(),
             ));
         }

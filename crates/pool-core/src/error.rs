@@ -15,7 +15,10 @@ use crate::size::SizeError;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong while planning, building or tearing down a pool.
+///
+/// New kinds may be added: a `match` outside this crate needs a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The configuration is wrong; the operator must change it (exit status 2).
     #[error("invalid configuration: {message}")]
@@ -146,11 +149,20 @@ pub enum Error {
         signal: i32,
     },
 
-    /// A peer in a shared pool failed or vanished.
+    /// A peer in a shared pool failed, died, stopped or never attached.
     #[error("{message}")]
     Peer {
         /// Which peer, and what it did.
         message: String,
+        /// The ranks the message blames, in the order it names them, each
+        /// once: the rank that failed or died, every rank that never
+        /// attached or did not reach the barrier, or this rank itself when
+        /// its own setup failed. Empty when the message names a peer only by
+        /// its pid (a joiner never learns its creator's rank before it is
+        /// welcomed) or names none.
+        ranks: Vec<u32>,
+        /// The process id of the first peer blamed, when it is known.
+        pid: Option<u32>,
     },
 }
 

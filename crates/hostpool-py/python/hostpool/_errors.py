@@ -1,54 +1,40 @@
-"""The exceptions hostpool raises. Each carries the same message as the CLI's error."""
+"""The exceptions hostpool raises. Each carries the same message as the CLI's error.
+
+The classes are made by the compiled extension (``hostpool._hostpool``), which
+raises them; they are re-exported here and from :mod:`hostpool`. Their
+``__module__`` is ``"hostpool"``:
+
+- ``Error(RuntimeError)``: the base of every hostpool error; ``exit_code`` is
+  what the ``hostpool`` CLI exits with for the same failure (2 for bad input,
+  1 for a runtime failure, 128 + N for signal N);
+- ``ConfigError(Error, ValueError)``: the configuration is wrong;
+- ``CapacityError(Error)``: the node cannot hold the pool (``remedy``,
+  ``need``, ``free``);
+- ``PeerError(Error)``: a peer rank of a shared pool failed, died, stopped or
+  never attached (``rank``, ``ranks``, ``pid``);
+- ``NotAvailableError(Error)``: something this host lacks;
+- ``PinError(Error)``: pinning failed (and was required);
+- ``PoolBusyError(Error, BufferError)``: ``close()`` while exports are alive.
+"""
 
 from __future__ import annotations
 
+from ._hostpool import (
+    CapacityError,
+    ConfigError,
+    Error,
+    NotAvailableError,
+    PeerError,
+    PinError,
+    PoolBusyError,
+)
 
-class Error(RuntimeError):
-    """Base of every hostpool error.
-
-    ``exit_code`` is what the ``hostpool`` CLI exits with for the same failure:
-    2 for bad input, 1 for a runtime failure, 128 + N for signal N.
-    """
-
-    exit_code: int = 1
-
-
-class ConfigError(Error, ValueError):
-    """The configuration is wrong (a bad size, key, plugin name or combination)."""
-
-    exit_code = 2
-
-
-class CapacityError(Error):
-    """The node cannot hold the pool; ``remedy`` says how to make room."""
-
-    remedy: str = ""
-    need: int = 0
-    free: int = 0
-
-
-class PeerError(Error):
-    """A peer rank of a shared pool failed, died, stopped or never attached.
-
-    ``rank`` is the first rank the message names (``None`` when it names the
-    peer only by pid, as a joiner does for a creator that never welcomed it);
-    ``ranks`` every rank it names.
-    """
-
-    rank: int | None = None
-    ranks: tuple[int, ...] = ()
-
-
-class NotAvailableError(Error):
-    """Something this host lacks: no GPU driver, no device, no huge pages of that size."""
-
-
-class PinError(Error):
-    """Pinning the pool failed (and was required); nothing stays pinned."""
-
-
-class PoolBusyError(Error, BufferError):
-    """``close()`` while buffers, arrays or tensors exported from the pool are alive.
-
-    The pool is left intact: delete the exports (``del tensor``), then close again.
-    """
+__all__ = [
+    "CapacityError",
+    "ConfigError",
+    "Error",
+    "NotAvailableError",
+    "PeerError",
+    "PinError",
+    "PoolBusyError",
+]

@@ -22,6 +22,38 @@ def plan(source: str | os.PathLike[str] | dict[str, Any]) -> dict[str, Any]:
     """The plan of a pool config, as `hostpool plan --json`: backing, sizes, and every capacity check
     (`capacity`: `resource`, `source`, `need`, `free`, `verdict`, `remedy`; `fits`). Builds nothing."""
 
+class Error(RuntimeError):
+    """Base of every hostpool error; `exit_code` is what the `hostpool` CLI exits with for the same failure."""
+
+    exit_code: int
+
+class ConfigError(Error, ValueError):
+    """The configuration is wrong (a bad size, key, plugin name or combination)."""
+
+class CapacityError(Error):
+    """The node cannot hold the pool; `remedy` says how to make room."""
+
+    remedy: str
+    need: int
+    free: int
+
+class PeerError(Error):
+    """A peer rank of a shared pool failed, died, stopped or never attached: `ranks` it blames
+    (`rank` the first, `None` when it names the peer only by pid), `pid` of the first peer blamed."""
+
+    rank: int | None
+    ranks: tuple[int, ...]
+    pid: int | None
+
+class NotAvailableError(Error):
+    """Something this host lacks: no GPU driver, no device, no huge pages of that size."""
+
+class PinError(Error):
+    """Pinning the pool failed (and was required); nothing stays pinned."""
+
+class PoolBusyError(Error, BufferError):
+    """`close()` while buffers, arrays or tensors exported from the pool are alive."""
+
 class Shared:
     """How the ranks of one engine share a pool: the same `name` and `world` on every rank."""
 

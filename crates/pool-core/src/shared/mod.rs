@@ -179,8 +179,20 @@ struct Session {
     data: Vec<(PathBuf, FileId)>,
 }
 
-fn peer(message: String) -> Error {
-    Error::Peer { message }
+/// An [`Error::Peer`]: `message` blames `ranks` (in the order it names
+/// them), the first of them, or the one peer it names only by pid, being
+/// process `pid`.
+fn peer(message: String, ranks: Vec<u32>, pid: Option<u32>) -> Error {
+    Error::Peer {
+        message,
+        ranks,
+        pid,
+    }
+}
+
+/// A pid as the control file and `SO_PEERCRED` give it: 0 means unknown.
+fn known(pid: u32) -> Option<u32> {
+    (pid != 0).then_some(pid)
 }
 
 fn control_dir(s: &SharingConfig) -> PathBuf {
@@ -209,12 +221,16 @@ impl Session {
                 Some(s) => return Ok(s),
                 None if Instant::now() < deadline => std::thread::sleep(POLL),
                 None => {
-                    return Err(peer(format!(
-                        "shared pool `{}`: could not create or join {} within {:.0} s",
-                        sharing.name,
-                        path.display(),
-                        sharing.attach_timeout_secs
-                    )));
+                    return Err(peer(
+                        format!(
+                            "shared pool `{}`: could not create or join {} within {:.0} s",
+                            sharing.name,
+                            path.display(),
+                            sharing.attach_timeout_secs
+                        ),
+                        Vec::new(),
+                        None,
+                    ));
                 }
             }
         }
@@ -397,9 +413,22 @@ impl Session {
             .map_or(0, |s| s.pid.load(Ordering::Relaxed))
     }
 
+    fn creator_rank(&self) -> u32 {
+        self.ctl().header.creator_rank.load(Ordering::Relaxed)
+    }
+
     fn creator_desc(&self) -> String {
-        let r = self.ctl().header.creator_rank.load(Ordering::Relaxed);
-        format!("rank {r} (pid {})", self.creator_pid())
+        format!("rank {} (pid {})", self.creator_rank(), self.creator_pid())
+    }
+
+    /// A peer error that blames the creator, by its rank and pid in the
+    /// control file.
+    fn creator_peer(&self, message: String) -> Error {
+        peer(
+            message,
+            vec![self.creator_rank()],
+            known(self.creator_pid()),
+        )
     }
 
     fn wait_ready(&self, spec: &SharedPoolSpec<'_>, deadline: Instant) -> Result<()> {
@@ -408,7 +437,7 @@ impl Session {
             match h.state.load(Ordering::Acquire) {
                 POOL_READY => return Ok(()),
                 POOL_FAILED => {
-                    return Err(peer(format!(
+                    return Err(self.creator_peer(format!(
                         "shared pool `{}`: its creator {} failed: {}",
                         self.sharing.name,
                         self.creator_desc(),
@@ -428,7 +457,7 @@ impl Session {
                     self.remove_orphans(spec);
                 }
                 let _ = file::unlink_if_same(&self.ctl_path, self.ctl_id);
-                return Err(peer(format!(
+                return Err(self.creator_peer(format!(
                     "shared pool `{}`: its creator {} {} before the pool was ready",
                     self.sharing.name,
                     self.creator_desc(),
@@ -437,7 +466,7 @@ impl Session {
             }
             crate::interrupt::check()?;
             if Instant::now() >= deadline {
-                return Err(peer(format!(
+                return Err(self.creator_peer(format!(
                     "shared pool `{}` was not ready after {:.0} s: its creator {} is still creating it \
                      ({}); raise --attach-timeout for very large pools",
                     self.sharing.name,
@@ -709,19 +738,24 @@ impl Session {
         })
     }
 
-    /// The first failure another rank has recorded, as a message naming it.
-    fn peer_failure(&self) -> Option<String> {
+    /// The first failure another rank has recorded, as a peer error that
+    /// names and blames it.
+    fn peer_failure(&self) -> Option<Error> {
         let ctl = self.ctl();
         (0..self.sharing.world)
             .filter(|r| *r != self.sharing.rank)
             .find_map(|r| {
                 let slot = &ctl.slots[r as usize];
                 (slot.state.load(Ordering::Acquire) == SLOT_FAILED).then(|| {
-                    format!(
-                        "shared pool `{}`: rank {r} (pid {}) failed: {}",
-                        self.sharing.name,
-                        slot.pid.load(Ordering::Relaxed),
-                        read_msg(&slot.msg)
+                    let pid = slot.pid.load(Ordering::Relaxed);
+                    peer(
+                        format!(
+                            "shared pool `{}`: rank {r} (pid {pid}) failed: {}",
+                            self.sharing.name,
+                            read_msg(&slot.msg)
+                        ),
+                        vec![r],
+                        known(pid),
                     )
                 })
             })
@@ -795,7 +829,11 @@ impl Session {
         let (me, world) = (self.sharing.rank, self.sharing.world);
         if let Err(msg) = outcome {
             self.fail(&msg);
-            return Err(peer(format!("rank {me} failed: {msg}")));
+            return Err(peer(
+                format!("rank {me} failed: {msg}"),
+                vec![me],
+                Some(std::process::id()),
+            ));
         }
         ctl.slots[me as usize]
             .state
@@ -819,40 +857,48 @@ impl Session {
             for r in (0..world).filter(|r| *r != me) {
                 let slot = &ctl.slots[r as usize];
                 let pid = slot.pid.load(Ordering::Relaxed);
+                // What rank `r` did, and its pid where the message names it.
                 let problem = match slot.state.load(Ordering::Acquire) {
-                    SLOT_FAILED => Some(format!(
-                        "rank {r} (pid {pid}) failed: {}",
-                        read_msg(&slot.msg)
+                    SLOT_FAILED => Some((
+                        format!("rank {r} (pid {pid}) failed: {}", read_msg(&slot.msg)),
+                        known(pid),
                     )),
-                    SLOT_EMPTY if Instant::now() >= attach_deadline => Some(format!(
-                        "rank {r} never attached within {:.0} s; start all {world} ranks, or raise --attach-timeout",
-                        self.sharing.attach_timeout_secs
+                    SLOT_EMPTY if Instant::now() >= attach_deadline => Some((
+                        format!(
+                            "rank {r} never attached within {:.0} s; start all {world} ranks, or raise --attach-timeout",
+                            self.sharing.attach_timeout_secs
+                        ),
+                        None,
                     )),
                     SLOT_ATTACHED | SLOT_ARRIVED
                         if !sys::ofd_byte_locked(self.ctl_fd.as_fd(), LOCK_BASE + i64::from(r))
                             .unwrap_or(true) =>
                     {
-                        Some(format!(
-                            "rank {r} (pid {pid}) died before the barrier completed"
+                        Some((
+                            format!("rank {r} (pid {pid}) died before the barrier completed"),
+                            known(pid),
                         ))
                     }
-                    SLOT_ATTACHED if Instant::now() >= barrier_deadline => Some(format!(
-                        "rank {r} (pid {pid}: {}) attached but did not reach the barrier within \
-                         {:.0} s; check the process, or raise --barrier-timeout for very large \
-                         pools (a rank prefaulting a very large shard)",
-                        crate::host::process::why_late(pid),
-                        self.sharing.barrier_timeout_secs
+                    SLOT_ATTACHED if Instant::now() >= barrier_deadline => Some((
+                        format!(
+                            "rank {r} (pid {pid}: {}) attached but did not reach the barrier within \
+                             {:.0} s; check the process, or raise --barrier-timeout for very large \
+                             pools (a rank prefaulting a very large shard)",
+                            crate::host::process::why_late(pid),
+                            self.sharing.barrier_timeout_secs
+                        ),
+                        known(pid),
                     )),
                     _ => None,
                 };
                 // A rank that passed the barrier may exit at once: only a
                 // barrier that is still open makes its absence a failure.
-                if let Some(p) = problem
+                if let Some((p, pid)) = problem
                     && ctl.header.done.load(Ordering::Acquire) == 0
                 {
                     let msg = format!("shared pool `{}`: {p}", self.sharing.name);
                     self.fail(&msg);
-                    return Err(peer(msg));
+                    return Err(peer(msg, vec![r], pid));
                 }
             }
             std::thread::sleep(POLL);
@@ -897,10 +943,10 @@ pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
                 // A peer that already failed has unlinked the files: say so,
                 // rather than "no such file".
                 let opened = match session.peer_failure() {
-                    Some(p) => Err(peer(p)),
+                    Some(p) => Err(p),
                     None => session.open_data(i, path, *extent, page),
                 };
-                files.push(opened.map_err(|e| session.peer_failure().map_or(e, peer))?);
+                files.push(opened.map_err(|e| session.peer_failure().unwrap_or(e))?);
             }
         }
         file::map_files(files, spec.size, &spec.map)
@@ -1132,13 +1178,13 @@ mod tests {
     use crate::layout::round_to_page;
 
     /// A scratch control dir on /dev/shm and data dir, removed on drop.
-    struct Dirs {
+    pub(super) struct Dirs {
         ctl: PathBuf,
         data: PathBuf,
     }
 
     impl Dirs {
-        fn new(tag: &str) -> Dirs {
+        pub(super) fn new(tag: &str) -> Dirs {
             let id = format!("{}-{tag}-{:?}", std::process::id(), Instant::now());
             let id: String = id
                 .chars()
@@ -1181,7 +1227,30 @@ mod tests {
         }
     }
 
-    fn attach(
+    /// As [`sharing`], over the socket rendezvous: the socket's name is
+    /// per user and name, so each test names its pool `unit-<tag>-<pid>`.
+    pub(super) fn socket_sharing(tag: &str, world: u32, rank: u32, timeout: f64) -> SharingConfig {
+        SharingConfig {
+            name: format!("unit-{tag}-{}", std::process::id()),
+            world,
+            rank,
+            attach_timeout_secs: timeout,
+            barrier_timeout_secs: 600.0,
+            rendezvous: crate::config::Rendezvous::Socket,
+            control_dir: None,
+        }
+    }
+
+    /// The fields of a peer error; panics, saying what it got, for any
+    /// other error.
+    pub(super) fn blamed(e: &Error) -> (Vec<u32>, Option<u32>) {
+        match e {
+            Error::Peer { ranks, pid, .. } => (ranks.clone(), *pid),
+            other => panic!("expected a peer error, got {other:?}"),
+        }
+    }
+
+    pub(super) fn attach(
         d: &Dirs,
         s: &SharingConfig,
         mib: u64,
@@ -1200,7 +1269,7 @@ mod tests {
             )],
             capacity,
             recheck: &|| capacity.to_vec(),
-            create: &|_| Err(Error::config("the unit tests use the file rendezvous")),
+            create: &|e| file::create_private(&d.data, e.len, PageSize::BASE_4K),
             map: MapContext {
                 enomem_remedy: "x".into(),
             },
@@ -1209,7 +1278,7 @@ mod tests {
 
     /// `f(rank)` for ranks `0..n`, each on a thread of its own, all started
     /// together behind a barrier; the results in rank order.
-    fn on_ranks<T: Send>(n: u32, f: impl Fn(u32) -> T + Sync) -> Vec<T> {
+    pub(super) fn on_ranks<T: Send>(n: u32, f: impl Fn(u32) -> T + Sync) -> Vec<T> {
         let start = Barrier::new(n as usize);
         std::thread::scope(|sc| {
             let hs: Vec<_> = (0..n)
@@ -1225,7 +1294,7 @@ mod tests {
         })
     }
 
-    fn role(m: &dyn Mapping) -> String {
+    pub(super) fn role(m: &dyn Mapping) -> String {
         m.sharing().unwrap()["role"].as_str().unwrap().to_string()
     }
 
@@ -1267,29 +1336,42 @@ mod tests {
     #[test]
     fn a_rank_that_fails_fails_its_peers_with_its_name_and_nothing_is_left() {
         let d = Dirs::new("fail");
-        let errs: Vec<String> = on_ranks(3, |r| {
+        let errs: Vec<Error> = on_ranks(3, |r| {
             // A peer learns of the failure at attach (if rank 2 failed
             // first) or at the barrier; either way it is named.
             match attach(&d, &sharing(&d, 3, r, 10.0), 4, &[]) {
-                Err(e) => e.to_string(),
+                Err(e) => e,
                 Ok(mut m) => {
                     let outcome = if r == 2 {
                         Err("prefault exploded".to_string())
                     } else {
                         Ok(())
                     };
-                    let e = m.rendezvous(outcome, None).unwrap_err().to_string();
+                    let e = m.rendezvous(outcome, None).unwrap_err();
                     m.teardown();
                     e
                 }
             }
         });
-        for e in &errs[..2] {
+        let me = Some(std::process::id());
+        for (r, e) in errs[..2].iter().enumerate() {
+            let text = e.to_string();
             assert!(
-                e.contains("rank 2") && e.contains("prefault exploded"),
-                "{e}"
+                text.contains("rank 2") && text.contains("prefault exploded"),
+                "{text}"
             );
+            // The file rendezvous blames the slot it read: rank 2's, or
+            // that of the other survivor if it failed first, relaying.
+            let (ranks, pid) = blamed(e);
+            let other = 1 - r as u32;
+            assert!(ranks == [2] || ranks == [other], "{ranks:?}: {text}");
+            assert_eq!(pid, me, "{text}");
         }
+        assert_eq!(
+            blamed(&errs[2]),
+            (vec![2], me),
+            "its own failure names itself"
+        );
         assert!(d.left().is_empty(), "{:?}", d.left());
     }
 
@@ -1297,9 +1379,120 @@ mod tests {
     fn a_rank_that_never_comes_times_out_with_its_number() {
         let d = Dirs::new("absent");
         let mut m = attach(&d, &sharing(&d, 2, 0, 0.3), 4, &[]).unwrap();
-        let e = m.rendezvous(Ok(()), None).unwrap_err().to_string();
-        assert!(e.contains("rank 1 never attached"), "{e}");
+        let e = m.rendezvous(Ok(()), None).unwrap_err();
+        assert!(e.to_string().contains("rank 1 never attached"), "{e}");
+        assert_eq!(blamed(&e), (vec![1], None), "{e}");
         m.teardown();
+        assert!(d.left().is_empty(), "{:?}", d.left());
+    }
+
+    /// Over the socket, the creator names every rank that never attached,
+    /// in order, and no pid (none of them ever connected).
+    #[test]
+    fn ranks_that_never_come_over_the_socket_are_all_named() {
+        let d = Dirs::new("absent-socket");
+        let e = attach(&d, &socket_sharing("absent", 4, 0, 0.3), 4, &[]).unwrap_err();
+        assert!(
+            e.to_string().contains("rank(s) 1, 2, 3 never attached"),
+            "{e}"
+        );
+        assert_eq!(blamed(&e), (vec![1, 2, 3], None), "{e}");
+        assert!(d.left().is_empty(), "{:?}", d.left());
+    }
+
+    /// A rank that vanishes after attaching (its mapping dropped: its
+    /// locks, or its socket, go as when it is killed) is named by its
+    /// peers with its rank and pid. Over the socket the creator sees it go
+    /// and relays that to the other joiner, fields and all.
+    #[test]
+    fn a_rank_that_dies_is_named_by_its_peers_with_its_rank_and_pid() {
+        for socket in [false, true] {
+            let d = Dirs::new(if socket { "died-socket" } else { "died" });
+            // Two ranks over the file rendezvous: with a third, it could
+            // read the other survivor's slot first, which blames that one.
+            let world = if socket { 3 } else { 2 };
+            let config = |r| {
+                if socket {
+                    socket_sharing("died", world, r, 10.0)
+                } else {
+                    sharing(&d, world, r, 10.0)
+                }
+            };
+            let roles = std::sync::Mutex::new(Vec::new());
+            let (attached, gone) = (Barrier::new(world as usize), Barrier::new(world as usize));
+            let errs: Vec<Option<(u32, Error)>> = on_ranks(world, |r| {
+                let mut m = attach(&d, &config(r), 4, &[]).unwrap();
+                roles.lock().unwrap().push((r, role(&*m)));
+                attached.wait();
+                // The victim: the lowest joiner, so that over the socket the
+                // creator relays its death to the other joiner.
+                let victim = roles
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(_, role)| role == "joiner")
+                    .map(|(r, _)| *r)
+                    .min()
+                    .unwrap();
+                if r == victim {
+                    drop(m);
+                    gone.wait();
+                    return None;
+                }
+                gone.wait();
+                let e = m.rendezvous(Ok(()), None).unwrap_err();
+                m.teardown();
+                Some((victim, e))
+            });
+            let mut named = 0;
+            for (victim, e) in errs.iter().flatten() {
+                let text = e.to_string();
+                assert!(
+                    text.contains(&format!("rank {victim} (pid {})", std::process::id()))
+                        && text.contains("died before the barrier completed"),
+                    "socket {socket}: {text}"
+                );
+                assert_eq!(
+                    blamed(e),
+                    (vec![*victim], Some(std::process::id())),
+                    "socket {socket}: {text}"
+                );
+                named += 1;
+            }
+            assert_eq!(named, world - 1, "every survivor fails");
+            assert!(d.left().is_empty(), "{:?}", d.left());
+        }
+    }
+
+    /// A creator that fails before the pool is ready (here: too little
+    /// memory) is blamed by the joiners with the rank and pid the control
+    /// file's header gives.
+    #[test]
+    fn a_creator_that_fails_is_blamed_by_its_rank_and_pid_from_the_control_file() {
+        let d = Dirs::new("creator-fails");
+        let short = [CapacityCheck::new(
+            "memory",
+            "test",
+            4 << 20,
+            Some(1 << 20),
+            "add memory",
+        )];
+        let results = on_ranks(2, |r| attach(&d, &sharing(&d, 2, r, 5.0), 4, &short));
+        let creator = results
+            .iter()
+            .position(|res| matches!(res, Err(Error::Capacity { .. })))
+            .expect("the creator fails its capacity check") as u32;
+        let Err(e) = &results[1 - creator as usize] else {
+            panic!("the joiner must fail");
+        };
+        assert!(
+            e.to_string().contains(&format!(
+                "its creator rank {creator} (pid {}) failed",
+                std::process::id()
+            )),
+            "{e}"
+        );
+        assert_eq!(blamed(e), (vec![creator], Some(std::process::id())), "{e}");
         assert!(d.left().is_empty(), "{:?}", d.left());
     }
 

@@ -29,7 +29,7 @@ use rustix::net::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{Role, SharedPoolSpec, SharingReport, peer, shard};
+use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
 use crate::error::{Context, Error, Result, TeardownIssue};
 use crate::file::{self, FileMapping, PoolFile};
 use crate::layout::{Extent, format_bytes};
@@ -61,13 +61,43 @@ enum Msg {
     /// More descriptors of the pool's files.
     Files,
     /// Creator → joiner: refused (`usage`: the joiner's input is at fault).
-    Refused { usage: bool, message: String },
+    /// When the pool failed, `ranks` and `pid` are whom `message` blames,
+    /// as in [`Msg::Failed`].
+    Refused {
+        usage: bool,
+        message: String,
+        #[serde(default)]
+        ranks: Vec<u32>,
+        #[serde(default)]
+        pid: Option<u32>,
+    },
     /// Joiner → creator: its setup outcome, at the barrier.
     Arrived { error: Option<String> },
     /// Creator → joiners: every rank arrived with success.
     Go,
-    /// Creator → joiners: the pool failed; why, naming the rank.
-    Failed { message: String },
+    /// Creator → joiners: the pool failed; why, naming the rank, and the
+    /// fields of the [`Error::Peer`] it makes: the ranks it blames and the
+    /// pid of the first.
+    Failed {
+        message: String,
+        #[serde(default)]
+        ranks: Vec<u32>,
+        #[serde(default)]
+        pid: Option<u32>,
+    },
+}
+
+/// What a rank tells its peers about `e`: the message, and whom it blames
+/// when `e` is an [`Error::Peer`] (nobody otherwise).
+fn blame(e: &Error) -> (String, Vec<u32>, Option<u32>) {
+    match e {
+        Error::Peer {
+            message,
+            ranks,
+            pid,
+        } => (message.clone(), ranks.clone(), *pid),
+        other => (other.to_string(), Vec::new(), None),
+    }
 }
 
 fn os(op: &'static str, e: impl Into<std::io::Error>, remedy: &str) -> Error {
@@ -280,7 +310,7 @@ fn create(
     let mapping = match built {
         Ok(m) => m,
         Err(e) => {
-            refuse_pending(&listener, &e.to_string());
+            refuse_pending(&listener, &e);
             return Err(e);
         }
     };
@@ -289,14 +319,19 @@ fn create(
     let expect = hello_of(&spec);
     // Whatever ends the wait for the joiners, those already welcomed hear why.
     if let Err(e) = accept_joiners(&spec, &expect, &listener, &fds, &mut links, attach_deadline) {
-        let msg = match &e {
-            Error::Peer { message } => message.clone(),
-            other => format!(
-                "shared pool `{}`: rank {} (the creator) failed: {other}",
-                sharing.name, sharing.rank
-            ),
+        // A peer error is relayed as it is; any other is the creator's own.
+        let own = match &e {
+            Error::Peer { .. } => None,
+            other => Some(peer(
+                format!(
+                    "shared pool `{}`: rank {} (the creator) failed: {other}",
+                    sharing.name, sharing.rank
+                ),
+                vec![sharing.rank],
+                Some(std::process::id()),
+            )),
         };
-        fail_creation(&listener, &mut links, &msg);
+        fail_creation(&listener, &mut links, own.as_ref().unwrap_or(&e));
         return Err(e);
     }
     drop(fds);
@@ -323,16 +358,25 @@ fn accept_joiners(
     while links.len() + 1 < sharing.world as usize {
         if Instant::now() >= attach_deadline {
             let missing = missing_ranks(sharing.world, sharing.rank, links);
-            return Err(peer(format!(
-                "shared pool `{}`: rank(s) {missing} never attached within {:.0} s; start all {} \
-                 ranks, or raise --attach-timeout",
-                sharing.name, sharing.attach_timeout_secs, sharing.world
-            )));
+            let list = missing
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(peer(
+                format!(
+                    "shared pool `{}`: rank(s) {list} never attached within {:.0} s; start all {} \
+                     ranks, or raise --attach-timeout",
+                    sharing.name, sharing.attach_timeout_secs, sharing.world
+                ),
+                missing,
+                None,
+            ));
         }
         crate::interrupt::check()?;
         // A joiner that is already attached may die, or arrive, meanwhile.
-        if let Some(msg) = watch(links, sharing) {
-            return Err(peer(msg));
+        if let Some(e) = watch(links, sharing) {
+            return Err(e);
         }
         if !readable(listener.as_fd(), attach_deadline)? {
             continue;
@@ -361,12 +405,11 @@ fn hello_of(spec: &SharedPoolSpec<'_>) -> Msg {
     }
 }
 
-fn missing_ranks(world: u32, me: u32, links: &[Link]) -> String {
+/// The ranks, in order, that are neither `me` nor attached.
+fn missing_ranks(world: u32, me: u32, links: &[Link]) -> Vec<u32> {
     (0..world)
         .filter(|r| *r != me && !links.iter().any(|l| l.rank == *r))
-        .map(|r| r.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect()
 }
 
 /// Check a new connection and send it the pool, or refuse it. `None` when
@@ -385,7 +428,13 @@ fn welcome(
     };
     let me = rustix::process::geteuid().as_raw();
     let refuse = |usage: bool, message: String| {
-        let _ = send(&conn, &Msg::Refused { usage, message }, &[]);
+        let refused = Msg::Refused {
+            usage,
+            message,
+            ranks: Vec::new(),
+            pid: None,
+        };
+        let _ = send(&conn, &refused, &[]);
     };
     if uid != me {
         refuse(
@@ -481,20 +530,23 @@ fn welcome(
     }))
 }
 
-/// Tell connections waiting in the backlog why the pool failed. The
-/// listener is shut down first, so no connection slips in between the last
-/// `accept` and the close to see a bare EOF (reported as the creator's
-/// death): a rank that connects later is refused by the kernel and retries,
-/// as it does against any creator that is closing.
-fn refuse_pending(listener: &OwnedFd, message: &str) {
+/// Tell connections waiting in the backlog why the pool failed (`why`, with
+/// whom it blames). The listener is shut down first, so no connection slips
+/// in between the last `accept` and the close to see a bare EOF (reported
+/// as the creator's death): a rank that connects later is refused by the
+/// kernel and retries, as it does against any creator that is closing.
+fn refuse_pending(listener: &OwnedFd, why: &Error) {
     let _ = rustix::net::shutdown(listener, rustix::net::Shutdown::Read);
     let _ = rustix::io::ioctl_fionbio(listener, true);
+    let (message, ranks, pid) = blame(why);
     while let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) {
         let _ = send(
             &conn,
             &Msg::Refused {
                 usage: false,
-                message: message.to_string(),
+                message: message.clone(),
+                ranks: ranks.clone(),
+                pid,
             },
             &[],
         );
@@ -502,8 +554,8 @@ fn refuse_pending(listener: &OwnedFd, message: &str) {
 }
 
 /// Read what attached joiners said without waiting: an arrival is noted, an
-/// EOF is a death. The failure message, if one died or failed.
-fn watch(links: &mut [Link], sharing: &crate::config::SharingConfig) -> Option<String> {
+/// EOF is a death. The peer error naming the joiner, if one died or failed.
+fn watch(links: &mut [Link], sharing: &crate::config::SharingConfig) -> Option<Error> {
     for l in links.iter_mut() {
         let mut fds = [PollFd::new(&l.fd, PollFlags::IN)];
         let ready = poll(
@@ -520,18 +572,26 @@ fn watch(links: &mut [Link], sharing: &crate::config::SharingConfig) -> Option<S
         match recv(&l.fd, Instant::now() + TICK, &mut Vec::new()) {
             Ok(Received::Msg(Msg::Arrived { error })) => {
                 if let Some(e) = &error {
-                    return Some(format!(
-                        "shared pool `{}`: rank {} (pid {}) failed: {e}",
-                        sharing.name, l.rank, l.pid
+                    return Some(peer(
+                        format!(
+                            "shared pool `{}`: rank {} (pid {}) failed: {e}",
+                            sharing.name, l.rank, l.pid
+                        ),
+                        vec![l.rank],
+                        known(l.pid),
                     ));
                 }
                 l.arrived = Some(Ok(()));
             }
             Ok(Received::Msg(_) | Received::TimedOut) => {}
             Ok(Received::Gone) | Err(_) => {
-                return Some(format!(
-                    "shared pool `{}`: rank {} (pid {}) died before the barrier completed",
-                    sharing.name, l.rank, l.pid
+                return Some(peer(
+                    format!(
+                        "shared pool `{}`: rank {} (pid {}) died before the barrier completed",
+                        sharing.name, l.rank, l.pid
+                    ),
+                    vec![l.rank],
+                    known(l.pid),
                 ));
             }
         }
@@ -541,18 +601,24 @@ fn watch(links: &mut [Link], sharing: &crate::config::SharingConfig) -> Option<S
 
 /// The creator failed while joiners attach: tell the welcomed ones, and
 /// those still waiting in the backlog (who would otherwise see only the
-/// listener close, and blame the creator's death).
-fn fail_creation(listener: &OwnedFd, links: &mut [Link], message: &str) {
-    fail_all(links, message);
-    refuse_pending(listener, message);
+/// listener close, and blame the creator's death), why: `why`'s message,
+/// and whom it blames.
+fn fail_creation(listener: &OwnedFd, links: &mut [Link], why: &Error) {
+    fail_all(links, why);
+    refuse_pending(listener, why);
 }
 
-fn fail_all(links: &mut [Link], message: &str) {
+/// Tell every linked peer that the pool failed: `why`'s message, and whom
+/// it blames, which the peers' own [`Error::Peer`] keeps.
+fn fail_all(links: &mut [Link], why: &Error) {
+    let (message, ranks, pid) = blame(why);
     for l in links.iter() {
         let _ = send(
             &l.fd,
             &Msg::Failed {
-                message: message.to_string(),
+                message: message.clone(),
+                ranks: ranks.clone(),
+                pid,
             },
             &[],
         );
@@ -589,49 +655,89 @@ fn join(
         Received::Msg(Msg::Refused {
             usage: true,
             message,
+            ..
         }) => return Err(Error::config(message)),
-        Received::Msg(Msg::Refused { message, .. } | Msg::Failed { message }) => {
-            return Err(peer(format!(
-                "shared pool `{}`: its creator (pid {pid}) failed: {message}",
-                sharing.name
-            )));
+        Received::Msg(
+            Msg::Refused {
+                message,
+                ranks,
+                pid: blamed,
+                ..
+            }
+            | Msg::Failed {
+                message,
+                ranks,
+                pid: blamed,
+            },
+        ) => {
+            // The creator says whom its failure blames; when it blames
+            // nobody (its own failure), blame it, by the pid it is known by.
+            let (ranks, blamed) = if ranks.is_empty() && blamed.is_none() {
+                (Vec::new(), known(pid))
+            } else {
+                (ranks, blamed)
+            };
+            return Err(peer(
+                format!(
+                    "shared pool `{}`: its creator (pid {pid}) failed: {message}",
+                    sharing.name
+                ),
+                ranks,
+                blamed,
+            ));
         }
         Received::Msg(_) | Received::Gone => {
-            return Err(peer(format!(
-                "shared pool `{}`: its creator (pid {pid}) died before the pool was ready",
-                sharing.name
-            )));
+            return Err(peer(
+                format!(
+                    "shared pool `{}`: its creator (pid {pid}) died before the pool was ready",
+                    sharing.name
+                ),
+                Vec::new(),
+                known(pid),
+            ));
         }
         Received::TimedOut => {
-            return Err(peer(format!(
-                "shared pool `{}` was not ready after {:.0} s: its creator (pid {pid}) is still \
-                 creating it ({}); raise --attach-timeout for very large pools",
-                sharing.name,
-                sharing.attach_timeout_secs,
-                crate::host::process::why_late(pid)
-            )));
+            return Err(peer(
+                format!(
+                    "shared pool `{}` was not ready after {:.0} s: its creator (pid {pid}) is \
+                     still creating it ({}); raise --attach-timeout for very large pools",
+                    sharing.name,
+                    sharing.attach_timeout_secs,
+                    crate::host::process::why_late(pid)
+                ),
+                Vec::new(),
+                known(pid),
+            ));
         }
     };
     while fds.len() < count {
         match recv(&conn, attach_deadline, &mut fds)? {
             Received::Msg(Msg::Files) => {}
             _ => {
-                return Err(peer(format!(
-                    "shared pool `{}`: its creator, rank {creator_rank} (pid {pid}), died while \
-                     handing over the pool",
-                    sharing.name
-                )));
+                return Err(peer(
+                    format!(
+                        "shared pool `{}`: its creator, rank {creator_rank} (pid {pid}), died \
+                         while handing over the pool",
+                        sharing.name
+                    ),
+                    vec![creator_rank],
+                    known(pid),
+                ));
             }
         }
     }
     crate::failpoint::stall("shared-passing-fds");
     if fds.len() != spec.files.len() {
-        return Err(peer(format!(
-            "shared pool `{}`: its creator handed over {} file(s), this rank expects {}",
-            sharing.name,
-            fds.len(),
-            spec.files.len()
-        )));
+        return Err(peer(
+            format!(
+                "shared pool `{}`: its creator handed over {} file(s), this rank expects {}",
+                sharing.name,
+                fds.len(),
+                spec.files.len()
+            ),
+            vec![creator_rank],
+            known(pid),
+        ));
     }
     let files = fds
         .into_iter()
@@ -687,50 +793,71 @@ impl SocketMapping {
                 &[],
             );
             if let Some(msg) = mine {
-                return Err(peer(format!("rank {} failed: {msg}", s.rank)));
+                return Err(peer(
+                    format!("rank {} failed: {msg}", s.rank),
+                    vec![s.rank],
+                    Some(std::process::id()),
+                ));
             }
             return match recv(&link.fd, deadline + Duration::from_secs(2), &mut Vec::new())? {
                 Received::Msg(Msg::Go) => Ok(()),
-                Received::Msg(Msg::Failed { message }) => Err(peer(message)),
-                Received::Msg(_) | Received::Gone => Err(peer(format!(
-                    "shared pool `{}`: its creator (rank {}, pid {}) died before the barrier \
-                     completed",
-                    s.name, link.rank, link.pid
-                ))),
-                Received::TimedOut => Err(peer(format!(
-                    "shared pool `{}`: rank {} (pid {}: {}), the pool's creator, did not reach \
-                     the barrier within {:.0} s or did not answer; check the process, or raise \
-                     --barrier-timeout for very large pools",
-                    s.name,
-                    link.rank,
-                    link.pid,
-                    crate::host::process::why_late(link.pid),
-                    s.barrier_timeout_secs
-                ))),
+                Received::Msg(Msg::Failed {
+                    message,
+                    ranks,
+                    pid,
+                }) => Err(peer(message, ranks, pid)),
+                Received::Msg(_) | Received::Gone => Err(peer(
+                    format!(
+                        "shared pool `{}`: its creator (rank {}, pid {}) died before the barrier \
+                         completed",
+                        s.name, link.rank, link.pid
+                    ),
+                    vec![link.rank],
+                    known(link.pid),
+                )),
+                Received::TimedOut => Err(peer(
+                    format!(
+                        "shared pool `{}`: rank {} (pid {}: {}), the pool's creator, did not \
+                         reach the barrier within {:.0} s or did not answer; check the process, \
+                         or raise --barrier-timeout for very large pools",
+                        s.name,
+                        link.rank,
+                        link.pid,
+                        crate::host::process::why_late(link.pid),
+                        s.barrier_timeout_secs
+                    ),
+                    vec![link.rank],
+                    known(link.pid),
+                )),
             };
         }
         if let Err(msg) = outcome {
-            let msg = format!("shared pool `{}`: rank {} failed: {msg}", s.name, s.rank);
-            fail_all(&mut self.links, &msg);
-            return Err(peer(msg));
+            let e = peer(
+                format!("shared pool `{}`: rank {} failed: {msg}", s.name, s.rank),
+                vec![s.rank],
+                Some(std::process::id()),
+            );
+            fail_all(&mut self.links, &e);
+            return Err(e);
         }
         while self.links.iter().any(|l| l.arrived.is_none()) {
             if let Err(e) = crate::interrupt::check() {
-                fail_all(
-                    &mut self.links,
-                    &format!("rank {} was interrupted: {e}", s.rank),
+                let why = peer(
+                    format!("rank {} was interrupted: {e}", s.rank),
+                    vec![s.rank],
+                    Some(std::process::id()),
                 );
+                fail_all(&mut self.links, &why);
                 return Err(e);
             }
-            if let Some(msg) = watch(&mut self.links, s) {
-                fail_all(&mut self.links, &msg);
-                return Err(peer(msg));
+            if let Some(e) = watch(&mut self.links, s) {
+                fail_all(&mut self.links, &e);
+                return Err(e);
             }
             if Instant::now() >= deadline {
-                let late: Vec<String> = self
-                    .links
+                let late: Vec<&Link> = self.links.iter().filter(|l| l.arrived.is_none()).collect();
+                let named: Vec<String> = late
                     .iter()
-                    .filter(|l| l.arrived.is_none())
                     .map(|l| {
                         format!(
                             "rank {} (pid {}: {})",
@@ -740,16 +867,20 @@ impl SocketMapping {
                         )
                     })
                     .collect();
-                let msg = format!(
-                    "shared pool `{}`: {} attached but did not reach the barrier within {:.0} s; \
-                     check the process, or raise --barrier-timeout for very large pools (a rank \
-                     prefaulting a very large shard)",
-                    s.name,
-                    late.join(", "),
-                    s.barrier_timeout_secs
+                let e = peer(
+                    format!(
+                        "shared pool `{}`: {} attached but did not reach the barrier within \
+                         {:.0} s; check the process, or raise --barrier-timeout for very large \
+                         pools (a rank prefaulting a very large shard)",
+                        s.name,
+                        named.join(", "),
+                        s.barrier_timeout_secs
+                    ),
+                    late.iter().map(|l| l.rank).collect(),
+                    late.first().and_then(|l| known(l.pid)),
                 );
-                fail_all(&mut self.links, &msg);
-                return Err(peer(msg));
+                fail_all(&mut self.links, &e);
+                return Err(e);
             }
             std::thread::sleep(TICK.min(Duration::from_millis(2)));
         }
@@ -786,7 +917,7 @@ impl Mapping for SocketMapping {
             Some(b) => {
                 let r = b.wait(self.sharing.rank, self.sharing.world, outcome);
                 if let Err(e) = &r {
-                    fail_all(&mut self.links, &e.to_string());
+                    fail_all(&mut self.links, e);
                 }
                 r
             }
@@ -835,8 +966,9 @@ mod tests {
     /// A rank that connected while the creator was failing (a welcomed peer
     /// died) is told why, naming the dead rank, instead of seeing the
     /// listener close and blaming the creator; a welcomed rank hears it
-    /// too; and a rank that connects after the failure is refused by the
-    /// kernel, so it retries rather than waiting on a creator that left.
+    /// too, both with the rank and pid it blames; and a rank that connects
+    /// after the failure is refused by the kernel, so it retries rather than
+    /// waiting on a creator that left.
     #[test]
     fn a_failing_creator_tells_welcomed_and_waiting_ranks_why() {
         let (l, addr) = listener("fail");
@@ -856,16 +988,29 @@ mod tests {
             arrived: None,
         }];
         let why = "shared pool `unit`: rank 2 (pid 7) died before the barrier completed";
-        fail_creation(&l, &mut links, why);
+        fail_creation(&l, &mut links, &peer(why.into(), vec![2], Some(7)));
         match message_of(&waiting) {
-            Msg::Refused { usage, message } => {
+            Msg::Refused {
+                usage,
+                message,
+                ranks,
+                pid,
+            } => {
                 assert!(!usage, "not the joiner's input");
                 assert_eq!(message, why);
+                assert_eq!((ranks, pid), (vec![2], Some(7)));
             }
             other => panic!("the waiting rank got {other:?}"),
         }
         match message_of(&theirs) {
-            Msg::Failed { message } => assert_eq!(message, why),
+            Msg::Failed {
+                message,
+                ranks,
+                pid,
+            } => {
+                assert_eq!(message, why);
+                assert_eq!((ranks, pid), (vec![2], Some(7)));
+            }
             other => panic!("the welcomed rank got {other:?}"),
         }
         let late = seqpacket().unwrap();
@@ -874,5 +1019,52 @@ mod tests {
             Err(rustix::io::Errno::CONNREFUSED),
             "a rank arriving after the failure is refused, and retries"
         );
+    }
+
+    /// A `Failed` or `Refused` of a peer that sends no `ranks` or `pid`
+    /// still reads, blaming nobody.
+    #[test]
+    fn a_failure_without_ranks_or_pid_still_reads() {
+        let failed: Msg = serde_json::from_str(r#"{"Failed":{"message":"x"}}"#).unwrap();
+        assert!(
+            matches!(&failed, Msg::Failed { message, ranks, pid: None } if message == "x" && ranks.is_empty()),
+            "{failed:?}"
+        );
+        let refused: Msg =
+            serde_json::from_str(r#"{"Refused":{"usage":false,"message":"x"}}"#).unwrap();
+        assert!(
+            matches!(&refused, Msg::Refused { ranks, pid: None, .. } if ranks.is_empty()),
+            "{refused:?}"
+        );
+    }
+
+    /// A joiner whose creator goes after the joiner's hello, before any
+    /// welcome, never learned the creator's rank: its error names the
+    /// creator by pid alone, and blames no rank.
+    #[test]
+    fn a_joiner_whose_creator_dies_before_the_welcome_blames_its_pid_alone() {
+        use super::super::tests::{Dirs, attach, blamed, socket_sharing};
+        let d = Dirs::new("no-welcome");
+        let sharing = socket_sharing("no-welcome", 2, 1, 10.0);
+        // The test is the creator: it holds the pool's name, reads the
+        // joiner's hello, and closes the connection without a welcome.
+        let creator = seqpacket().unwrap();
+        rustix::net::bind(&creator, &address(&sharing.name).unwrap()).unwrap();
+        rustix::net::listen(&creator, 4).unwrap();
+        let e = std::thread::scope(|sc| {
+            let joiner = sc.spawn(|| attach(&d, &sharing, 4, &[]));
+            let conn = rustix::net::accept_with(&creator, SocketFlags::CLOEXEC).unwrap();
+            assert!(matches!(message_of(&conn), Msg::Hello { rank: 1, .. }));
+            drop(conn);
+            joiner.join().unwrap().unwrap_err()
+        });
+        let pid = std::process::id();
+        assert!(
+            e.to_string().contains(&format!(
+                "its creator (pid {pid}) died before the pool was ready"
+            )),
+            "{e}"
+        );
+        assert_eq!(blamed(&e), (Vec::new(), Some(pid)), "{e}");
     }
 }
