@@ -19,6 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyType};
 
 use crate::config::{self, Args, Parsed};
+use crate::sys::Exports;
 use crate::{build, errors, logs};
 
 /// How a shared pool's ranks find each other: `Shared(name, world, rank)`.
@@ -164,8 +165,6 @@ struct Info {
 struct State {
     /// `None` once closed.
     pool: Option<Pool>,
-    /// Buffers and DLPack tensors alive.
-    exports: usize,
     /// The final report, once closed.
     closed: Option<PoolReport>,
     /// The pool's address range after `close()`, kept until this object is
@@ -177,7 +176,10 @@ struct State {
 }
 
 /// A host-memory pool: built, prefaulted, pinned and registered as asked.
-#[pyclass(module = "hostpool._hostpool", name = "Pool", frozen, weakref)]
+///
+/// Its base class, `sys::Exports`, holds the buffer protocol and DLPack and
+/// counts what is exported.
+#[pyclass(module = "hostpool._hostpool", name = "Pool", extends = Exports, frozen, weakref)]
 #[derive(Debug)]
 pub struct PyPool {
     state: Mutex<State>,
@@ -189,35 +191,11 @@ impl PyPool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Count one export of the whole pool: its address and logical length,
-    /// valid until the matching [`PyPool::release_export`].
-    pub(crate) fn acquire_export(&self, py: Python<'_>) -> PyResult<(usize, usize)> {
-        let mut state = self.lock();
-        if state.pool.is_none() {
-            return Err(errors::raise(
-                py,
-                errors::Kind::Error,
-                "the pool is closed: it has no memory to export any more".into(),
-            ));
-        }
-        state.exports += 1;
-        Ok((
-            self.info.addr,
-            usize::try_from(self.info.nbytes).unwrap_or(usize::MAX),
-        ))
-    }
-
-    /// One export ended.
-    pub(crate) fn release_export(&self) {
-        let mut state = self.lock();
-        state.exports = state.exports.saturating_sub(1);
-    }
-
     fn from_plan(
         py: Python<'_>,
         plan: PoolPlan,
         progress: Option<Bound<'_, PyAny>>,
-    ) -> PyResult<PyPool> {
+    ) -> PyResult<PyClassInitializer<PyPool>> {
         let shard = plan.prefault.extent;
         let block_size = plan.config.block_size.map(pool_core::ByteSize::get);
         let pool = build::build(py, plan, progress)?;
@@ -233,15 +211,18 @@ impl PyPool {
             shard: (shard.offset, shard.len),
             block_size,
         };
-        Ok(PyPool {
+        let exports = Exports::new(
+            info.addr,
+            usize::try_from(info.nbytes).unwrap_or(usize::MAX),
+        );
+        Ok(PyClassInitializer::from(exports).add_subclass(PyPool {
             state: Mutex::new(State {
                 pool: Some(pool),
-                exports: 0,
                 closed: None,
                 placeholders: Vec::new(),
             }),
             info,
-        })
+        }))
     }
 
     fn plan(py: Python<'_>, config: Result<pool_core::PoolConfig, Error>) -> PyResult<PoolPlan> {
@@ -322,7 +303,7 @@ impl PyPool {
         pin_background: bool,
         background_chunk: Option<&Bound<'_, PyAny>>,
         progress: Option<Bound<'_, PyAny>>,
-    ) -> PyResult<PyPool> {
+    ) -> PyResult<PyClassInitializer<PyPool>> {
         let config = (|| {
             let args = Args {
                 size: opt_size("size", size)?.unwrap_or(pool_core::ByteSize::gib(1)),
@@ -376,9 +357,9 @@ impl PyPool {
         py: Python<'_>,
         source: &Bound<'_, PyAny>,
         progress: Option<Bound<'_, PyAny>>,
-    ) -> PyResult<PyPool> {
+    ) -> PyResult<Py<PyPool>> {
         let plan = PyPool::plan(py, config::from_source(source))?;
-        PyPool::from_plan(py, plan, progress)
+        Py::new(py, PyPool::from_plan(py, plan, progress)?)
     }
 
     /// The pool's base address.
@@ -540,10 +521,12 @@ impl PyPool {
     /// steps that could not be undone, each `{"step": ..., "detail": ...}`
     /// (empty when clean). Idempotent. Raises `PoolBusyError` while buffers
     /// or tensors exported from the pool are alive, leaving it intact.
-    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    fn close<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
+        let py = slf.py();
+        let this = slf.get();
         let pool = {
-            let mut state = self.lock();
-            if state.exports > 0 {
+            let mut state = this.lock();
+            if let Err(alive) = slf.as_super().get().close() {
                 return Err(errors::raise(
                     py,
                     errors::Kind::PoolBusy,
@@ -551,7 +534,7 @@ impl PyPool {
                         "cannot close the pool: {} export(s) of its memory are alive \
                          (memoryview, numpy array, torch tensor or DLPack capsule); delete \
                          them (del tensor) and close again",
-                        state.exports
+                        alive
                     ),
                 ));
             }
@@ -568,7 +551,7 @@ impl PyPool {
             d.set_item("detail", &issue.detail)?;
             issues.append(d)?;
         }
-        let mut state = self.lock();
+        let mut state = this.lock();
         state.closed = Some(report);
         state.placeholders = kept;
         Ok(issues)
@@ -584,13 +567,13 @@ impl PyPool {
     /// down once the last export and the pool itself are collected.
     #[pyo3(signature = (exc_type, _exc_value, _traceback))]
     fn __exit__(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         exc_type: &Bound<'_, PyAny>,
         _exc_value: &Bound<'_, PyAny>,
         _traceback: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        match self.close(py) {
+        let py = slf.py();
+        match PyPool::close(slf) {
             Err(busy) if !exc_type.is_none() => {
                 tracing::warn!(
                     "the pool was not closed at the end of its `with` block, which an exception \
@@ -688,7 +671,7 @@ impl PyPool {
             )));
         }
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-        crate::sys::dlpack(slf, versioned)
+        crate::sys::dlpack(slf.as_super(), versioned)
     }
 
     /// `(kDLCPU, 0)`: host memory. (torch rejects `kDLCUDAHost` for host memory, even pinned.)

@@ -1,25 +1,92 @@
 //! The only `unsafe` of the binding: the buffer protocol and DLPack
-//! capsules, both over memory a [`PyPool`] keeps mapped.
+//! capsules, both over memory an [`Exports`] counts.
 //!
-//! Soundness rests on one rule, kept by [`PyPool`]: an export is counted
-//! (under the lock `close()` takes) before its pointer leaves this module,
-//! and `close()` refuses while any is counted; each export also holds a
-//! strong reference to the pool object, so the pool cannot be collected
-//! under it either.
+//! [`Exports`] is the base class of `Pool`: it holds the pool's address
+//! range and counts what is exported from it. Soundness rests on one rule:
+//! an export is counted (under the lock [`Exports::close`] takes) before its
+//! pointer leaves this module, and `close` refuses while any is counted;
+//! each export also holds a strong reference to the pool object, so the
+//! pool cannot be collected under it either. This module names no other
+//! module of the binding but `errors`.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, c_int, c_void};
+use std::sync::Mutex;
 
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use crate::pool::PyPool;
+use crate::errors::{self, Kind};
 
 /// DLPack's `(kDLCPU, 0)`.
 pub const DLPACK_CPU: (i32, i32) = (1, 0);
 
+/// The counted exports of a pool's memory; `Pool`'s base class.
+#[pyclass(module = "hostpool._hostpool", name = "_Exports", subclass, frozen)]
+#[derive(Debug)]
+pub struct Exports {
+    state: Mutex<ExportState>,
+}
+
+#[derive(Debug)]
+struct ExportState {
+    /// The address and logical length; `None` once closed.
+    memory: Option<(usize, usize)>,
+    /// Buffers and DLPack tensors alive.
+    count: usize,
+}
+
+impl Exports {
+    /// The exports of `len` bytes at `addr`, none yet.
+    pub fn new(addr: usize, len: usize) -> Exports {
+        Exports {
+            state: Mutex::new(ExportState {
+                memory: Some((addr, len)),
+                count: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ExportState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Count one export of the whole pool: its address and logical length,
+    /// valid until the matching [`Exports::release`].
+    fn acquire(&self, py: Python<'_>) -> PyResult<(usize, usize)> {
+        let mut state = self.lock();
+        let Some(memory) = state.memory else {
+            return Err(errors::raise(
+                py,
+                Kind::Error,
+                "the pool is closed: it has no memory to export any more".into(),
+            ));
+        };
+        state.count += 1;
+        Ok(memory)
+    }
+
+    /// One export ended.
+    fn release(&self) {
+        let mut state = self.lock();
+        state.count = state.count.saturating_sub(1);
+    }
+
+    /// Export nothing more: `Ok` when no export is alive (every later
+    /// export is refused, and the memory may go), else the number alive,
+    /// with nothing changed.
+    pub fn close(&self) -> Result<(), usize> {
+        let mut state = self.lock();
+        if state.count > 0 {
+            return Err(state.count);
+        }
+        state.memory = None;
+        Ok(())
+    }
+}
+
 #[pymethods]
-impl PyPool {
+impl Exports {
     /// The buffer protocol: the pool's `nbytes` bytes, writable, format `B`.
     ///
     /// # Safety
@@ -30,17 +97,17 @@ impl PyPool {
         flags: c_int,
     ) -> PyResult<()> {
         let py = slf.py();
-        let (addr, len) = slf.get().acquire_export(py)?;
+        let (addr, len) = slf.get().acquire(py)?;
         let len = isize::try_from(len).unwrap_or(isize::MAX);
         // SAFETY: `view` is the caller's to fill; `addr..addr+len` stays
         // mapped until `__releasebuffer__` (the export is counted and
-        // `close()` refuses meanwhile); `PyBuffer_FillInfo` takes a new
+        // `close` refuses meanwhile); `PyBuffer_FillInfo` takes a new
         // reference to `slf` into `view->obj`, keeping the pool alive.
         let rc = unsafe {
             ffi::PyBuffer_FillInfo(view, slf.as_ptr(), addr as *mut c_void, len, 0, flags)
         };
         if rc != 0 {
-            slf.get().release_export();
+            slf.get().release();
             return Err(PyErr::fetch(py));
         }
         Ok(())
@@ -51,7 +118,7 @@ impl PyPool {
     /// # Safety
     /// Called by Python once per successful `__getbuffer__`.
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
-        self.release_export();
+        self.release();
     }
 }
 
@@ -109,7 +176,7 @@ struct DLManagedTensorVersioned {
 /// pool with a strong reference to it.
 struct Owner {
     shape: [i64; 1],
-    pool: Py<PyPool>,
+    pool: Py<Exports>,
 }
 
 const LEGACY: &CStr = c"dltensor";
@@ -143,7 +210,7 @@ unsafe fn drop_owner(ctx: *mut c_void) {
     let owner = unsafe { Box::from_raw(ctx.cast::<Owner>()) };
     // The deleter may run on any thread, with or without the GIL.
     Python::attach(|_py| {
-        owner.pool.get().release_export();
+        owner.pool.get().release();
         drop(owner);
     });
 }
@@ -192,9 +259,9 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
 
 /// A DLPack capsule of the whole pool as a 1-D `uint8` CPU tensor
 /// (versioned, DLPack 1.0, when the consumer asked for it).
-pub fn dlpack<'py>(pool: &Bound<'py, PyPool>, versioned: bool) -> PyResult<Bound<'py, PyAny>> {
+pub fn dlpack<'py>(pool: &Bound<'py, Exports>, versioned: bool) -> PyResult<Bound<'py, PyAny>> {
     let py = pool.py();
-    let (addr, len) = pool.get().acquire_export(py)?;
+    let (addr, len) = pool.get().acquire(py)?;
     let owner = Box::into_raw(Box::new(Owner {
         shape: [i64::try_from(len).unwrap_or(i64::MAX)],
         pool: pool.clone().unbind(),
