@@ -55,8 +55,8 @@ use bench_support::benchkit::{
     smaps_bytes,
 };
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, measurement::WallTime};
-use hostpool::pool_core::layout::{Extent, PageSize};
 use hostpool::pool_core::{ByteSize, PoolPlan, PrefaultChoice, file, prefault};
+use hostpool::pool_core::{Extent, PageSize};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;

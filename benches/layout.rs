@@ -5,9 +5,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use pool_core::layout::{
-    PageSize, SegmentSpec, registration_chunks, round_to_page, segments, shards,
-};
+use pool_core::{PageSize, SegmentSpec, registration_chunks, round_to_page, segments, shards};
 
 const GIB: u64 = 1 << 30;
 const POOL: u64 = 400 * GIB;

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use bench_support::benchkit::median;
 use bench_support::reference::raw_populate;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, measurement::WallTime};
-use pool_core::layout::{Extent, PageSize, round_to_page};
 use pool_core::{AnonMapOptions, Mmap, base_page_size};
+use pool_core::{Extent, PageSize, round_to_page};
 use pool_core::{PrefaultChoice, Region, prefault};
 
 const MIB: u64 = 1 << 20;

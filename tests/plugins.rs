@@ -9,9 +9,10 @@
 
 use std::sync::Mutex;
 
+use pool_core::plugin::{Pin, Pinner, PinnerPlugin, Registrar, RegistrarPlugin, Registration};
 use pool_core::{
-    ByteSize, Error, Pin, PinStatus, Pinner, PinnerPlugin, Pool, PoolConfig, PoolPlan, Quiet,
-    Region, Registrar, RegistrarPlugin, Registration, Result, Span, TeardownIssue,
+    ByteSize, Error, PinStatus, Pool, PoolConfig, PoolPlan, Quiet, Region, Result, Span,
+    TeardownIssue,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -501,3 +501,49 @@ fn no_crate_has_a_module_cycle() {
     assert!(cycles.is_empty(), "{}", cycles.join("\n"));
     assert!(checked >= 14, "only {checked} crates found");
 }
+
+/// Module names a crate root declares, public or not.
+fn declared_modules(root: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut public, mut private) = (BTreeSet::new(), BTreeSet::new());
+    for line in root.lines().map(str::trim) {
+        let (set, rest) = if let Some(r) = line.strip_prefix("pub mod ") {
+            (&mut public, r)
+        } else if let Some(r) = line.strip_prefix("mod ") {
+            (&mut private, r)
+        } else {
+            continue;
+        };
+        if let Some(name) = rest.strip_suffix(';') {
+            set.insert(name.trim().to_string());
+        }
+    }
+    (public, private)
+}
+
+#[test]
+fn every_pool_core_item_has_one_public_path() {
+    // The root re-exports only what private modules define: an item of a
+    // public module re-exported at the root would have two paths.
+    let root = std::fs::read_to_string(root().join("crates/pool-core/src/lib.rs")).unwrap();
+    let (public, private) = declared_modules(&root);
+    assert!(
+        public.contains("plugin") && private.contains("sys"),
+        "{public:?} {private:?}"
+    );
+    let mut doubled = Vec::new();
+    for (name, module) in root_reexports(&root) {
+        if public.contains(&module) {
+            doubled.push(format!(
+                "{name} (pool_core::{module}::{name} and pool_core::{name})"
+            ));
+        }
+    }
+    assert!(doubled.is_empty(), "items with two paths: {doubled:?}");
+    // The check can fail: a planted re-export from a public module.
+    let planted = format!("{root}\npub use plugin::Backing;\n");
+    assert!(
+        root_reexports(&planted)
+            .iter()
+            .any(|(n, m)| n == "Backing" && public.contains(m))
+    );
+}

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use pool_core::format_bytes;
 use pool_core::host::thp;
-use pool_core::layout::format_bytes;
 use pool_core::plugin::{DoctorContext, Finding};
 use serde_json::json;
 

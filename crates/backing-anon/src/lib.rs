@@ -18,13 +18,11 @@
 mod doctor;
 
 use pool_core::host::{capacity, thp};
-use pool_core::layout::{PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
+use pool_core::plugin::{Backing, BackingPlan, BackingPlugin, Mapping};
 use pool_core::{AnonMapOptions, Mmap};
-use pool_core::{
-    Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Region, Result,
-    TeardownIssue,
-};
+use pool_core::{Context, Error, PoolConfig, Region, Result, TeardownIssue};
+use pool_core::{PageSize, format_bytes, round_to_page};
 use serde::{Deserialize, Serialize};
 
 /// The plugin name.

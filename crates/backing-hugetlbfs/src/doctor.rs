@@ -5,9 +5,9 @@
 use std::fmt::Write as _;
 
 use pool_core::Error;
+use pool_core::format_bytes;
 use pool_core::host::fs::{FsKind, Mount, filesystem_kind};
 use pool_core::host::numa;
-use pool_core::layout::format_bytes;
 use pool_core::plugin::{DoctorContext, Finding, Level};
 use serde_json::{Value, json};
 

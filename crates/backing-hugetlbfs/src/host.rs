@@ -32,10 +32,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use pool_core::format_bytes;
 use pool_core::host::capacity::{self, CapacityCheck};
 use pool_core::host::cgroup::{self, CgroupLimit, Controller, LimitFile};
 use pool_core::host::fs::{self as hostfs, FsInfo, HUGETLBFS_MAGIC, TMPFS_MAGIC};
-use pool_core::layout::format_bytes;
 use pool_core::{Error, Result};
 
 /// Where the kernel lists its huge page sizes.

@@ -27,9 +27,10 @@ use std::path::{Path, PathBuf};
 
 use pool_core::file;
 use pool_core::host::fs::{FsKind, filesystem_kind};
-use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{AutoClaim, AutoQuery, FilePlan, MemorySource, PrefaultCost, parse_table};
-use pool_core::{Backing, BackingPlan, BackingPlugin, Error, PoolConfig, Result};
+use pool_core::plugin::{Backing, BackingPlan, BackingPlugin};
+use pool_core::{Error, PoolConfig, Result};
+use pool_core::{Extent, PageSize, format_bytes, round_to_page};
 
 pub mod host;
 use host as hugetlb;

@@ -7,9 +7,9 @@ use std::path::Path;
 #[cfg(test)]
 use std::path::PathBuf;
 
+use pool_core::format_bytes;
 use pool_core::host::capacity::{self, CapacityCheck, CgroupMemory};
 use pool_core::host::fs::{FsKind, Space, filesystem_kind};
-use pool_core::layout::format_bytes;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;

@@ -22,9 +22,10 @@ use std::path::{Path, PathBuf};
 
 use pool_core::file;
 use pool_core::host::fs::{FsKind, filesystem_kind};
-use pool_core::layout::{PageSize, SegmentSpec, format_bytes, round_to_page, segments};
 use pool_core::plugin::{AutoClaim, AutoQuery, FilePlan, MemorySource, PrefaultCost, parse_table};
-use pool_core::{Backing, BackingPlan, BackingPlugin, ByteSize, Error, PoolConfig, Result};
+use pool_core::plugin::{Backing, BackingPlan, BackingPlugin};
+use pool_core::{ByteSize, Error, PoolConfig, Result};
+use pool_core::{PageSize, SegmentSpec, format_bytes, round_to_page, segments};
 use serde::{Deserialize, Serialize};
 
 /// The plugin name.

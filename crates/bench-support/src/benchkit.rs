@@ -16,11 +16,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use backing_hugetlbfs::host as hugetlb;
-use pool_core::layout::{Extent, PageSize};
 use pool_core::{
     ByteSize, Context, Error, Pool, PoolConfig, PoolPlan, PrefaultChoice, Quiet, Region, Result,
     file, prefault,
 };
+use pool_core::{Extent, PageSize};
 
 use crate::reference::raw_populate;
 

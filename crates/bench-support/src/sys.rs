@@ -11,7 +11,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 
 use pool_core::Region;
-use pool_core::layout::{PageSize, round_to_page};
+use pool_core::{PageSize, round_to_page};
 
 unsafe extern "C" {
     fn hostpool_raw_populate(addr: *mut u8, len: usize, threads: c_int) -> c_int;
@@ -185,8 +185,8 @@ impl SharedMap {
 mod tests {
     use std::ptr::NonNull;
 
-    use pool_core::layout::{PageSize, round_to_page};
     use pool_core::{AnonMapOptions, base_page_size};
+    use pool_core::{PageSize, round_to_page};
 
     use super::*;
 

@@ -29,7 +29,7 @@ use hostpool as _;
 #[pyfunction]
 fn plugins(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     use pool_core::plugin::{self, PluginRecord};
-    use pool_core::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
+    use pool_core::plugin::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
     fn entries<'py, T: PluginRecord>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let records = plugin::registry::<T>().map_err(|e| errors::to_py(py, &e, None))?;
         records

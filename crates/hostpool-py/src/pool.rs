@@ -699,7 +699,7 @@ impl PyPool {
             self.info.nbytes,
             self.info.addr,
             self.info.backing,
-            pool_core::layout::format_bytes(self.info.page),
+            pool_core::format_bytes(self.info.page),
             if self.info.pinned { "pinned, " } else { "" },
             state
         )

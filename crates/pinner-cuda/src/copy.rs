@@ -1,7 +1,7 @@
 //! `verify_copy`: host → device → host from the pinned pool.
 
-use pool_core::layout::{Extent, format_bytes};
 use pool_core::{Error, Result};
+use pool_core::{Extent, format_bytes};
 use serde::Serialize;
 
 use crate::probe::{describe, driver, panicked};

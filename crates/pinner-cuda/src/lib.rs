@@ -15,7 +15,7 @@
 //!
 //! 1. Finds the driver library through cudarc (`is_culib_present`) and
 //!    resolves every driver symbol this crate calls. No driver, or one that
-//!    lacks a symbol, is [`Error::NotAvailable`]; nothing panics and no panic
+//!    lacks a symbol, is [`Error::NotAvailable`](pool_core::Error::NotAvailable); nothing panics and no panic
 //!    message is printed (cudarc's own wrappers panic on both, so they are
 //!    not used: see the `sys` module).
 //! 2. Checks the memlock bound ([`pool_core::host::memlock::check`]) before any
@@ -27,17 +27,17 @@
 //!    current on the calling thread while registering; the thread's previous
 //!    context is current again afterwards.
 //! 4. `cuMemHostRegister_v2` over
-//!    [`registration_chunks`]:
+//!    [`registration_chunks`](pool_core::registration_chunks):
 //!    chunks of at most `chunk_size` (NVIDIA drivers from R580 reject one
 //!    call of 512 GiB or more), page-aligned and never splitting a block of
 //!    `block_size` (default: the page size). All or nothing: when a chunk
 //!    fails, the chunks before it are unregistered in reverse and the error
 //!    names the chunk, its offset and size, and the driver's error name.
 //!
-//! The [`Pin`] reports the device, the flags, each chunk's offset, length
+//! The [`Pin`](pool_core::plugin::Pin) reports the device, the flags, each chunk's offset, length
 //! and seconds, the total and per-GiB seconds and the memlock verdict.
 //! Unpinning unregisters in reverse, then releases the primary context; a
-//! step that fails is a [`TeardownIssue`], never a panic.
+//! step that fails is a [`TeardownIssue`](pool_core::TeardownIssue), never a panic.
 //!
 //! [`verify_copy`] copies a buffer host → device → host from the pinned pool
 //! and checks it (`hostpool alloc --pin cuda --verify-copy`).
@@ -48,7 +48,8 @@
 mod doctor;
 
 use pool_core::plugin::PinCost;
-use pool_core::{ByteSize, Pinner, PinnerPlugin, Result};
+use pool_core::plugin::{Pinner, PinnerPlugin};
+use pool_core::{ByteSize, Result};
 use serde_json::Value;
 
 mod copy;

@@ -1,6 +1,6 @@
 //! The `[cuda]` table: device, chunk size and registration flags.
 
-use pool_core::layout::format_bytes;
+use pool_core::format_bytes;
 use pool_core::plugin::parse_table;
 use pool_core::{ByteSize, Error, Result};
 use serde::{Deserialize, Serialize};

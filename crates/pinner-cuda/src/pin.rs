@@ -3,8 +3,9 @@
 use std::time::Instant;
 
 use pool_core::host::memlock;
-use pool_core::layout::{Extent, format_bytes, registration_chunks};
-use pool_core::{ByteSize, Error, Pin, Pinner, PoolConfig, Region, Result, TeardownIssue};
+use pool_core::plugin::{Pin, Pinner};
+use pool_core::{ByteSize, Error, PoolConfig, Region, Result, TeardownIssue};
+use pool_core::{Extent, format_bytes, registration_chunks};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -88,7 +89,7 @@ pub(crate) fn register_hint(status: Status) -> &'static str {
 impl Pinner for CudaPinner {
     fn plan(&self, size: pool_core::MappedSize, config: &PoolConfig) -> serde_json::Value {
         let block = config.block_size.map_or(size.page().get(), ByteSize::get);
-        match pool_core::layout::registration_chunks(
+        match pool_core::registration_chunks(
             size.mapped(),
             size.page(),
             block,

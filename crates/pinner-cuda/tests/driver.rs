@@ -19,7 +19,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use pool_core::Format;
-use pool_core::layout::registration_chunks;
+use pool_core::registration_chunks;
 use pool_core::{PageSize, Pool, PoolConfig, PoolPlan, Quiet};
 use serde_json::{Value, json};
 
@@ -176,8 +176,8 @@ fn clone_err(e: &pool_core::Error) -> pool_core::Error {
     }
 }
 
-fn pinner(name: &str, config: &PoolConfig) -> Box<dyn pool_core::Pinner> {
-    let p = pool_core::plugin::lookup::<pool_core::PinnerPlugin>(name).unwrap();
+fn pinner(name: &str, config: &PoolConfig) -> Box<dyn pool_core::plugin::Pinner> {
+    let p = pool_core::plugin::lookup::<pool_core::plugin::PinnerPlugin>(name).unwrap();
     (p.build)(config.plugin_table(name)).unwrap()
 }
 

@@ -15,12 +15,11 @@ mod sys;
 
 use std::time::Instant;
 
+use pool_core::format_bytes;
 use pool_core::host::{memlock, process};
-use pool_core::layout::format_bytes;
+use pool_core::plugin::{Pin, Pinner, PinnerPlugin};
 use pool_core::plugin::{PinCost, parse_table};
-use pool_core::{
-    Context, Error, Pin, Pinner, PinnerPlugin, PoolConfig, Region, Result, Span, TeardownIssue,
-};
+use pool_core::{Context, Error, PoolConfig, Region, Result, Span, TeardownIssue};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 

@@ -327,7 +327,7 @@ mod tests {
         assert_eq!(default_dirs()[0], PathBuf::from("/dev/shm"));
     }
 
-    fn no_build(_: Option<&serde_json::Value>) -> crate::Result<Box<dyn crate::Backing>> {
+    fn no_build(_: Option<&serde_json::Value>) -> crate::Result<Box<dyn crate::plugin::Backing>> {
         Err(crate::Error::config("a test record builds nothing"))
     }
 

@@ -4,10 +4,13 @@
 //! in code) → [`PoolPlan`] (pure: plugins resolved, layout, capacity
 //! verdicts, prefault threads) → [`Pool`] (map, prefault, pin, register) →
 //! [`PoolReport`], torn down in reverse; [`Error`] says what went wrong and
-//! how to fix it. The modules, each for one audience:
+//! how to fix it. Every public item has one path: the root re-exports only
+//! what private modules define (a test in `tests/workspace.rs` checks), and
+//! the public modules are facades, each for one audience:
 //!
 //! - [`plugin`]: what a plugin implements and submits: the traits
-//!   [`Backing`], [`Pinner`], [`Registrar`], their records collected with
+//!   [`Backing`](plugin::Backing), [`Pinner`](plugin::Pinner),
+//!   [`Registrar`](plugin::Registrar), their records collected with
 //!   `inventory` (with the `auto` claim, cost figures and doctor hook each
 //!   plugin owns), the registry, and the doctor's finding types;
 //! - [`host`]: facts about this node that several plugins read, each read in
@@ -15,8 +18,10 @@
 //!   the memlock bound, NUMA topology;
 //! - [`file`](mod@file): the mechanisms every file backing shares (private and
 //!   exclusive files, memfds, files stitched into one mapping);
-//! - [`layout`]: the pure layout math; [`prefault`]: the prefault engine;
-//!   [`shared`]: pools shared by the ranks of one engine; [`gc`];
+//! - [`prefault`]: the prefault engine; [`shared`]: pools shared by the
+//!   ranks of one engine; [`gc`]; [`interrupt`];
+//! - at the root, the layout math ([`PageSize`], [`MappedSize`],
+//!   [`Extent`], [`round_to_page`], [`registration_chunks`], ...);
 //! - at the root too, the owners of mappings ([`Mmap`], [`Reservation`])
 //!   and [`Region`], the borrowed view of live pool memory; the private
 //!   `sys` module behind them holds the crate's only `unsafe`;
@@ -36,7 +41,7 @@ pub mod file;
 pub mod gc;
 pub mod host;
 pub mod interrupt;
-pub mod layout;
+mod layout;
 pub mod plugin;
 pub mod prefault;
 pub mod shared;
@@ -50,10 +55,9 @@ pub use config::{
     Rendezvous, SharingConfig, pin_kind_from,
 };
 pub use error::{Context, Error, Result, TeardownIssue};
-pub use layout::{Extent, MappedSize, PageSize};
-pub use plugin::{
-    Backing, BackingPlan, BackingPlugin, Mapping, Pin, Pinner, PinnerPlugin, RankBarrier,
-    Registrar, RegistrarPlugin, Registration,
+pub use layout::{
+    Extent, LayoutError, MAX_POOL_BYTES, MappedSize, PageSize, SegmentSpec, format_bytes, lcm,
+    mr_regions, registration_chunks, round_to_page, segments, shards,
 };
 pub use pool::{
     NUMA_SAMPLES, Observer, Phase, Phases, PinPlanReport, PinReport, PlanReport, Pool, PoolPlan,

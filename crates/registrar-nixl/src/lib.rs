@@ -37,12 +37,10 @@ mod sys;
 use std::sync::Arc;
 use std::time::Instant;
 
-use pool_core::layout::{self, format_bytes};
 use pool_core::plugin::PinCost;
-use pool_core::{
-    ByteSize, Error, Extent, PoolConfig, Region, Registrar, RegistrarPlugin, Registration, Result,
-    TeardownIssue,
-};
+use pool_core::plugin::{Registrar, RegistrarPlugin, Registration};
+use pool_core::{ByteSize, Error, Extent, PoolConfig, Region, Result, TeardownIssue};
+use pool_core::{format_bytes, mr_regions};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -310,7 +308,7 @@ pub fn regions(
     block: u64,
     max_region: Option<u64>,
 ) -> Result<Vec<Extent>> {
-    Ok(layout::mr_regions(
+    Ok(mr_regions(
         mapped,
         page,
         block,

@@ -4,7 +4,7 @@
 //! it; nothing is registered.
 
 use pool_core::Error;
-use pool_core::layout::format_bytes;
+use pool_core::format_bytes;
 use pool_core::plugin::{DoctorContext, Finding, split_reason};
 use serde_json::json;
 

@@ -17,7 +17,7 @@
 //! For each selected device, in parallel (a thread per device): open it,
 //! allocate a protection domain, query `max_mr_size`, and register the whole
 //! aligned mapping in regions of at most `max_mr_size` bytes whose boundaries
-//! fall on `lcm(page, block)` ([`pool_core::layout::mr_regions`]), with local
+//! fall on `lcm(page, block)` ([`pool_core::mr_regions`]), with local
 //! write, remote write and remote read access. All or nothing: when any
 //! region on any device fails, every device stops and every region
 //! registered so far is deregistered, last-first on each device, before the
@@ -45,12 +45,10 @@ use std::time::Instant;
 
 use pool_core::host::memlock::{self, MemlockPolicy};
 use pool_core::host::process;
-use pool_core::layout::{self, LayoutError, format_bytes};
 use pool_core::plugin::PinCost;
-use pool_core::{
-    Context, Error, Extent, PageSize, PoolConfig, Region, Registrar, RegistrarPlugin, Registration,
-    Result, TeardownIssue,
-};
+use pool_core::plugin::{Registrar, RegistrarPlugin, Registration};
+use pool_core::{Context, Error, Extent, PageSize, PoolConfig, Region, Result, TeardownIssue};
+use pool_core::{LayoutError, format_bytes, mr_regions};
 use rustix::process::Rlimit;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -270,7 +268,7 @@ impl Registrar for RdmaRegistrar {
             .iter()
             .filter(|d| wanted(&d.name))
             .map(|d| match d.max_mr_size {
-                Some(max) => match pool_core::layout::mr_regions(size.mapped(), size.page(), block, max) {
+                Some(max) => match pool_core::mr_regions(size.mapped(), size.page(), block, max) {
                     Ok(regions) => serde_json::json!({
                         "name": d.name,
                         "max_mr_size": max,
@@ -293,7 +291,7 @@ impl Registrar for RdmaRegistrar {
         let memlock_line = memlock_check(&limits, len, 1, region.is_hugetlb(), policy)?;
         let block = config.block_size.map_or(page.get(), |b| b.0);
         // Refuse a block the layout cannot honour before touching any device.
-        layout::mr_regions(len, page, block, u64::MAX)?;
+        mr_regions(len, page, block, u64::MAX)?;
 
         let library = self.options.library();
         let verbs = Arc::new(Verbs::load(library).map_err(|e| load_error(library, e))?);
@@ -410,7 +408,7 @@ fn register_device(job: &Job<'_>, device: &Device) -> DeviceResult {
     };
     out.max_mr_size = Some(max);
     let mapped = job.region.mapped_len();
-    match layout::mr_regions(mapped, job.page, job.block, max) {
+    match mr_regions(mapped, job.page, job.block, max) {
         Ok(extents) => {
             let n = extents.len();
             for (i, extent) in extents.into_iter().enumerate() {

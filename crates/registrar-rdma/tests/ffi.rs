@@ -27,8 +27,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
 
-use pool_core::layout::{format_bytes, mr_regions};
-use pool_core::{ByteSize, Error, PageSize, Pool, PoolConfig, PoolPlan, Quiet, RegistrarPlugin};
+use pool_core::plugin::RegistrarPlugin;
+use pool_core::{ByteSize, Error, PageSize, Pool, PoolConfig, PoolPlan, Quiet};
+use pool_core::{format_bytes, mr_regions};
 use serde_json::{Value, json};
 
 use backing_anon as _;
@@ -1062,8 +1063,7 @@ fn plan_shows_each_devices_regions_at_its_max_mr_size_and_registers_nothing() {
     assert_eq!(devices[0]["name"], "mlx5_1");
     let regions = devices[0]["regions"].as_array().unwrap();
     let want =
-        pool_core::layout::mr_regions(40 * MIB, pool_core::PageSize::BASE_4K, 3 * MIB, 16 * MIB)
-            .unwrap();
+        pool_core::mr_regions(40 * MIB, pool_core::PageSize::BASE_4K, 3 * MIB, 16 * MIB).unwrap();
     assert_eq!(regions.len(), want.len());
     for (r, w) in regions.iter().zip(&want) {
         assert_eq!(

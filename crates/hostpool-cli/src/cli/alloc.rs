@@ -187,8 +187,8 @@ fn print_pin_end(progress: &pool_core::PinProgress, json: bool) -> Result<(), Er
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_default(),
-            pool_core::layout::format_bytes(progress.pinned_bytes),
-            pool_core::layout::format_bytes(progress.total_bytes),
+            pool_core::format_bytes(progress.pinned_bytes),
+            pool_core::format_bytes(progress.total_bytes),
             progress.chunks,
             progress.seconds,
             progress

@@ -2,7 +2,7 @@
 
 use pool_core::PlanReport;
 use pool_core::PoolReport;
-use pool_core::layout::format_bytes;
+use pool_core::format_bytes;
 
 fn rate(bytes: u64, secs: f64) -> String {
     if secs > 0.0 {

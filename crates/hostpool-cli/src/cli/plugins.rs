@@ -1,8 +1,9 @@
 //! `hostpool plugins`: the registered backings, pinners and registrars.
 
 use clap::Args;
+use pool_core::Error;
 use pool_core::plugin::{self, PluginRecord};
-use pool_core::{BackingPlugin, Error, PinnerPlugin, RegistrarPlugin};
+use pool_core::plugin::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
 
 use super::write_stdout;
 

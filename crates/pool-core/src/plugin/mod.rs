@@ -5,7 +5,8 @@
 //! A plugin crate submits a record at the top level of its `lib.rs`:
 //!
 //! ```
-//! use pool_core::{Backing, BackingPlugin, Error, Result};
+//! use pool_core::plugin::{Backing, BackingPlugin};
+//! use pool_core::{Error, Result};
 //!
 //! fn build(_table: Option<&serde_json::Value>) -> Result<Box<dyn Backing>> {
 //!     Err(Error::config("this example builds nothing"))

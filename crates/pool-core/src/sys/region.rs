@@ -2,7 +2,7 @@
 //! [`Reservation`]: the owners of the address ranges pool-core maps.
 //!
 //! A `Region<'a>` can only be had from something that keeps the memory
-//! mapped for `'a` (an [`Mmap`], a [`crate::Mapping`], a [`crate::Pool`]), so
+//! mapped for `'a` (an [`Mmap`], a [`crate::plugin::Mapping`], a [`crate::Pool`]), so
 //! safe code cannot use one after teardown:
 //!
 //! ```compile_fail,E0505

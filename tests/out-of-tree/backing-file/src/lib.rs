@@ -47,11 +47,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use pool_core::file::{self, FileId, MapContext, PoolFile};
 use pool_core::host::capacity::{self, CapacityCheck};
 use pool_core::host::fs::{FsKind, filesystem_kind};
-use pool_core::layout::{Extent, PageSize, format_bytes, round_to_page};
 use pool_core::plugin::{
     AutoClaim, AutoQuery, DoctorContext, FilePlan, Finding, MemorySource, parse_table,
 };
-use pool_core::{Backing, BackingPlan, BackingPlugin, Context, Error, Mapping, PoolConfig, Result};
+use pool_core::plugin::{Backing, BackingPlan, BackingPlugin, Mapping};
+use pool_core::{Context, Error, PoolConfig, Result};
+use pool_core::{Extent, PageSize, format_bytes, round_to_page};
 use serde::{Deserialize, Serialize};
 
 /// The plugin name, as `backing = "file"` selects it.

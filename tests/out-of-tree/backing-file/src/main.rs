@@ -31,8 +31,9 @@ use std::error::Error as _;
 use std::path::Path;
 use std::process::ExitCode;
 
+use pool_core::plugin::BackingPlugin;
 use pool_core::plugin::registry;
-use pool_core::{BackingPlugin, Error, Pool, PoolConfig, PoolPlan, Quiet};
+use pool_core::{Error, Pool, PoolConfig, PoolPlan, Quiet};
 
 const USAGE: &str = "usage: file-pool CONFIG | file-pool --list | file-pool --help";
 

@@ -5,8 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use hostpool_example_backing_file::NAME;
+use pool_core::plugin::BackingPlugin;
 use pool_core::plugin::{DoctorContext, PoolFacts, lookup};
-use pool_core::{BackingPlugin, ByteSize, PoolConfig, PoolPlan};
+use pool_core::{ByteSize, PoolConfig, PoolPlan};
 
 /// A directory on the disk that holds the build, removed on drop.
 struct DiskDir(PathBuf);

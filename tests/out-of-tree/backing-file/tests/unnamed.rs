@@ -5,8 +5,9 @@
 //! `tests/conformance.rs` and `src/main.rs`, which name the crate
 //! (`use hostpool_example_backing_file as _;`) and see it.
 
+use pool_core::Error;
+use pool_core::plugin::BackingPlugin;
 use pool_core::plugin::{lookup, names};
-use pool_core::{BackingPlugin, Error};
 
 #[test]
 fn a_plugin_crate_that_is_never_named_registers_nothing() {

@@ -35,8 +35,8 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use clap::Args;
+use pool_core::PageSize;
 use pool_core::host::{capacity, thp};
-use pool_core::layout::PageSize;
 use pool_core::{ByteSize, Error};
 use serde::Serialize;
 

@@ -1,8 +1,8 @@
 //! `cgroup`: the memory limit (`memory.max`) of this process's cgroup (the
 //! hugetlb backing reports its hugetlb limits).
 
+use pool_core::format_bytes;
 use pool_core::host::capacity;
-use pool_core::layout::format_bytes;
 use serde_json::json;
 
 use super::Finding;

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use pool_core::format_bytes;
 use pool_core::gc::Liveness;
-use pool_core::layout::format_bytes;
 use serde_json::json;
 
 use super::Finding;

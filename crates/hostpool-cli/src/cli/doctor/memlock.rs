@@ -1,8 +1,8 @@
 //! `memlock`: `RLIMIT_MEMLOCK`, `CAP_IPC_LOCK` and the bound they put on
 //! pinning and RDMA registration.
 
+use pool_core::format_bytes;
 use pool_core::host::memlock;
-use pool_core::layout::format_bytes;
 use serde_json::json;
 
 use super::Finding;

@@ -1,7 +1,7 @@
 //! `memory`: `MemAvailable` and `MemTotal` from `/proc/meminfo`.
 
+use pool_core::format_bytes;
 use pool_core::host::capacity;
-use pool_core::layout::format_bytes;
 use serde_json::json;
 
 use super::Finding;

@@ -35,9 +35,10 @@ mod pool;
 
 use clap::Args;
 use pool_core::PlanReport;
+use pool_core::plugin::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
 use pool_core::plugin::{DoctorContext, DoctorFn, PoolFacts};
 use pool_core::plugin::{PluginRecord, registry};
-use pool_core::{BackingPlugin, Error, PinnerPlugin, PoolPlan, RegistrarPlugin};
+use pool_core::{Error, PoolPlan};
 
 use super::PoolArgs;
 

@@ -1,7 +1,7 @@
 //! `plugins`: the backings, pinners and registrars this binary has linked.
 
 use pool_core::plugin::{self, PluginRecord};
-use pool_core::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
+use pool_core::plugin::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
 use serde_json::{Value, json};
 
 use super::Finding;

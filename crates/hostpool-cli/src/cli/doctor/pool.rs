@@ -3,12 +3,13 @@
 
 use pool_core::PinScope;
 use pool_core::PlanReport;
+use pool_core::PoolPlan;
+use pool_core::format_bytes;
 use pool_core::host::capacity::{CapacityCheck, Verdict};
 use pool_core::host::memlock;
-use pool_core::layout::format_bytes;
 use pool_core::plugin;
 use pool_core::plugin::DoctorContext;
-use pool_core::{PoolPlan, RegistrarPlugin};
+use pool_core::plugin::RegistrarPlugin;
 use serde_json::{Value, json};
 
 use super::{Finding, Level};
