@@ -67,10 +67,7 @@ inventory::submit! {
 /// `auto` without a `dir` is anonymous memory, for a private pool (its
 /// memory has no name another process could open).
 fn claim(q: &AutoQuery<'_>) -> Option<AutoClaim> {
-    (q.dir.is_none() && !q.shared).then(|| AutoClaim {
-        priority: 10,
-        reason: "no dir given: anonymous memory".into(),
-    })
+    (q.dir.is_none() && !q.shared).then(|| AutoClaim::new(10, "no dir given: anonymous memory"))
 }
 
 /// The transparent huge page size (`hpage_pmd_size`), 2 MiB when unreadable.

@@ -88,8 +88,8 @@ fn hugepages(need: Option<(u64, u64)>) -> Vec<Finding> {
         let f = Finding::new("hugepages", item, "");
         out.push(match hugetlb::pool(size) {
             Ok(p) => {
-                let f = Finding {
-                    value: format!(
+                let f = f
+                    .with_value(format!(
                         "total {}, free {}, reserved {}, surplus {}, overcommit {} ({} available)",
                         p.total,
                         p.free,
@@ -97,19 +97,17 @@ fn hugepages(need: Option<(u64, u64)>) -> Vec<Finding> {
                         p.surplus,
                         p.overcommit,
                         format_bytes(p.available_bytes())
-                    ),
-                    ..f
-                }
-                .details(json!({
-                    "page_size": size,
-                    "total": p.total,
-                    "free": p.free,
-                    "reserved": p.resv,
-                    "surplus": p.surplus,
-                    "overcommit": p.overcommit,
-                    "available": p.available(),
-                    "nodes": node_json,
-                }));
+                    ))
+                    .details(json!({
+                        "page_size": size,
+                        "total": p.total,
+                        "free": p.free,
+                        "reserved": p.resv,
+                        "surplus": p.surplus,
+                        "overcommit": p.overcommit,
+                        "available": p.available(),
+                        "nodes": node_json,
+                    }));
                 if p.total == 0 && p.overcommit == 0 {
                     f.info(format!(
                         "none reserved (needed only for hugetlbfs pools): {}",
@@ -125,11 +123,9 @@ fn hugepages(need: Option<(u64, u64)>) -> Vec<Finding> {
                     f
                 }
             }
-            Err(e) => Finding {
-                value: format!("cannot be read: {e}"),
-                ..f
-            }
-            .warn("check that /sys/kernel/mm/hugepages is readable"),
+            Err(e) => f
+                .with_value(format!("cannot be read: {e}"))
+                .warn("check that /sys/kernel/mm/hugepages is readable"),
         });
         if nodes.len() > 1 {
             for (n, p) in node_pools {

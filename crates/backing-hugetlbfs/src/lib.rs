@@ -83,14 +83,14 @@ fn claim(q: &AutoQuery<'_>) -> Option<AutoClaim> {
     let FsKind::Hugetlbfs { page_size } = dir.fs.kind() else {
         return None;
     };
-    Some(AutoClaim {
-        priority: 10,
-        reason: format!(
+    Some(AutoClaim::new(
+        10,
+        format!(
             "{} is a hugetlbfs mount with {} pages",
             dir.path.display(),
             format_bytes(page_size)
         ),
-    })
+    ))
 }
 
 /// Where the pages come from.

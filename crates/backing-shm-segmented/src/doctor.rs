@@ -26,25 +26,23 @@ fn shm() -> Vec<Finding> {
     // `statvfs`: size 0 means no limit.
     let space = hostfs::space(dir).map(|s| (s.total_bytes(), s.free_bytes()));
     let finding = match (filesystem_kind(dir), space) {
-        (Err(e), _) | (_, Err(e)) => Finding {
-            value: format!("cannot be examined: {e}"),
-            ..f
-        }
-        .warn(format!(
-            "shared pools keep their control files in /dev/shm: mount a tmpfs there (`mount -t \
+        (Err(e), _) | (_, Err(e)) => f.with_value(format!("cannot be examined: {e}")).warn(
+            format!(
+                "shared pools keep their control files in /dev/shm: mount a tmpfs there (`mount -t \
              tmpfs -o size=<N>G tmpfs /dev/shm`), or {grow}"
-        )),
-        (Ok(FsKind::Tmpfs), Ok((0, _))) => Finding {
-            value: "tmpfs without a size limit (bounded by memory)".into(),
-            ..f
-        }
-        .details(json!({ "size": 0, "free": null })),
+            ),
+        ),
+        (Ok(FsKind::Tmpfs), Ok((0, _))) => f
+            .with_value("tmpfs without a size limit (bounded by memory)")
+            .details(json!({ "size": 0, "free": null })),
         (Ok(FsKind::Tmpfs), Ok((size, free))) => {
-            let f = Finding {
-                value: format!("tmpfs, {}, {} free", format_bytes(size), format_bytes(free)),
-                ..f
-            }
-            .details(json!({ "size": size, "free": free }));
+            let f = f
+                .with_value(format!(
+                    "tmpfs, {}, {} free",
+                    format_bytes(size),
+                    format_bytes(free)
+                ))
+                .details(json!({ "size": size, "free": free }));
             if size < GIB {
                 f.warn(format!(
                     "smaller than 1 GiB (Docker's default is 64 MiB), too small for a \
@@ -54,18 +52,16 @@ fn shm() -> Vec<Finding> {
                 f
             }
         }
-        (Ok(kind), Ok((size, free))) => Finding {
-            value: format!(
+        (Ok(kind), Ok((size, free))) => f
+            .with_value(format!(
                 "not tmpfs ({kind:?}), {}, {} free",
                 format_bytes(size),
                 format_bytes(free)
-            ),
-            ..f
-        }
-        .warn(format!(
-            "shared-memory pools need a tmpfs: `mount -t tmpfs -o size=<N>G tmpfs /dev/shm`, \
+            ))
+            .warn(format!(
+                "shared-memory pools need a tmpfs: `mount -t tmpfs -o size=<N>G tmpfs /dev/shm`, \
              or {grow}"
-        )),
+            )),
     };
     vec![finding]
 }

@@ -73,10 +73,7 @@ inventory::submit! {
         build,
     )
     .with_auto(claim, &["tmpfs"])
-    .with_cost(PrefaultCost {
-        base_gbps: 1.6,
-        ..PrefaultCost::DEFAULT
-    })
+    .with_cost(PrefaultCost::DEFAULT.with_base_gbps(1.6))
     .with_doctor(doctor::findings)
     .with_gc_dirs(gc_dirs)
 }
@@ -91,19 +88,23 @@ fn gc_dirs() -> Vec<PathBuf> {
 /// pool without a dir: files in /dev/shm, which the ranks open by name.
 fn claim(q: &AutoQuery<'_>) -> Option<AutoClaim> {
     match q.dir {
-        Some(dir) => (dir.fs.kind() == FsKind::Tmpfs).then(|| AutoClaim {
-            priority: 10,
-            reason: format!(
-                "{} is tmpfs: segmented shared-memory files",
-                dir.path.display()
-            ),
+        Some(dir) => (dir.fs.kind() == FsKind::Tmpfs).then(|| {
+            AutoClaim::new(
+                10,
+                format!(
+                    "{} is tmpfs: segmented shared-memory files",
+                    dir.path.display()
+                ),
+            )
         }),
-        None => q.shared.then(|| AutoClaim {
-            priority: 10,
-            reason: format!(
-                "a shared pool without a dir: segmented shared-memory files in {DEFAULT_DIR}, \
+        None => q.shared.then(|| {
+            AutoClaim::new(
+                10,
+                format!(
+                    "a shared pool without a dir: segmented shared-memory files in {DEFAULT_DIR}, \
                  which its ranks open by name"
-            ),
+                ),
+            )
         }),
     }
 }

@@ -28,26 +28,17 @@ fn pool_device(ctx: &DoctorContext<'_>, probe: &Result<DriverInfo, Error>) -> Fi
     let f = Finding::new("pool", format!("pin {NAME} device"), "");
     match probe {
         Ok(info) => match info.devices.get(device as usize) {
-            Some(name) => Finding {
-                value: format!("device {device}: {name}"),
-                ..f
-            },
+            Some(name) => f.with_value(format!("device {device}: {name}")),
             None => ctx.pin_shortfall(
-                Finding {
-                    value: format!(
-                        "device {device} does not exist ({} device(s))",
-                        info.devices.len()
-                    ),
-                    ..f
-                },
+                f.with_value(format!(
+                    "device {device} does not exist ({} device(s))",
+                    info.devices.len()
+                )),
                 format!("set [cuda] device, or make the GPU visible: {GPU_VISIBLE}"),
             ),
         },
         Err(e) => ctx.pin_shortfall(
-            Finding {
-                value: "no usable CUDA driver".into(),
-                ..f
-            },
+            f.with_value("no usable CUDA driver"),
             match e {
                 Error::NotAvailable { reason, .. } => reason.clone(),
                 other => other.to_string(),
@@ -87,45 +78,34 @@ fn driver(probe: &Result<DriverInfo, Error>) -> Vec<Finding> {
                 });
             let details = json!({"version": info.version, "devices": info.devices});
             match &info.no_device {
-                _ if !info.devices.is_empty() => Finding {
-                    value: format!(
+                _ if !info.devices.is_empty() => f
+                    .with_value(format!(
                         "{version}, {} device{}: {}",
                         info.devices.len(),
                         if info.devices.len() == 1 { "" } else { "s" },
                         device_list(&info.devices)
-                    ),
-                    ..f
-                }
-                .details(details),
-                Some(why) => Finding {
-                    value: format!("{version}, no device ({why})"),
-                    ..f
-                }
-                .warn(GPU_VISIBLE)
-                .details(details),
-                None => Finding {
-                    value: format!("{version}, no device"),
-                    ..f
-                }
-                .warn(GPU_VISIBLE)
-                .details(details),
+                    ))
+                    .details(details),
+                Some(why) => f
+                    .with_value(format!("{version}, no device ({why})"))
+                    .warn(GPU_VISIBLE)
+                    .details(details),
+                None => f
+                    .with_value(format!("{version}, no device"))
+                    .warn(GPU_VISIBLE)
+                    .details(details),
             }
         }
         Err(Error::NotAvailable { reason, .. }) => {
             let (what, todo) = split_reason(reason);
-            Finding {
-                value: format!("absent: {what}"),
-                ..f
-            }
-            .info(todo.unwrap_or_else(|| {
-                "pinning with cuda needs the NVIDIA driver (libcuda.so.1)".to_string()
-            }))
+            f.with_value(format!("absent: {what}"))
+                .info(todo.unwrap_or_else(|| {
+                    "pinning with cuda needs the NVIDIA driver (libcuda.so.1)".to_string()
+                }))
         }
-        Err(e) => Finding {
-            value: format!("cannot be queried: {e}"),
-            ..f
-        }
-        .warn(GPU_VISIBLE),
+        Err(e) => f
+            .with_value(format!("cannot be queried: {e}"))
+            .warn(GPU_VISIBLE),
     }]
 }
 

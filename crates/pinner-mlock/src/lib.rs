@@ -48,10 +48,7 @@ inventory::submit! {
         build,
     )
     // About 0.13 s/GiB of resident 4 KiB pages on the CI machines.
-    .with_cost(PinCost {
-        seconds_per_page: 0.13 / 262_144.0,
-        free_on_huge_pages: true,
-    })
+    .with_cost(PinCost::new(0.13 / 262_144.0, true))
 }
 
 /// Locked bytes of this process (`VmLck` in /proc/self/status).

@@ -282,10 +282,7 @@ inventory::submit! {
         env!("CARGO_PKG_NAME"),
         build,
     )
-    .with_cost(PinCost {
-        seconds_per_page: pool_core::plugin::REGISTER_SECONDS_PER_PAGE,
-        free_on_huge_pages: false,
-    })
+    .with_cost(PinCost::new(pool_core::plugin::REGISTER_SECONDS_PER_PAGE, false))
     .with_doctor(doctor::findings)
 }
 

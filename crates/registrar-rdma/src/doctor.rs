@@ -42,11 +42,7 @@ fn pool_registration(
     let f = Finding::new("pool", format!("register {NAME}"), "");
     let devices = match probe {
         Err(e) => {
-            return Finding {
-                value: "registration would fail".into(),
-                ..f
-            }
-            .fail(e.to_string());
+            return f.with_value("registration would fail").fail(e.to_string());
         }
         Ok(d) => d,
     };
@@ -68,42 +64,32 @@ fn pool_registration(
     let need = mapped.saturating_mul(u64::try_from(selected.len()).unwrap_or(u64::MAX));
     let bound = ctx.memlock_bound();
     if devices.is_empty() {
-        Finding {
-            value: "no RDMA device".into(),
-            ..f
-        }
-        .fail(RDMA_DEVICES)
+        f.with_value("no RDMA device").fail(RDMA_DEVICES)
     } else if !missing.is_empty() {
-        Finding {
-            value: format!("no device {}", missing.join(", ")),
-            ..f
-        }
-        .fail(format!(
-            "set [rdma] devices to some of: {}",
-            devices
-                .iter()
-                .map(|d| d.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
+        f.with_value(format!("no device {}", missing.join(", ")))
+            .fail(format!(
+                "set [rdma] devices to some of: {}",
+                devices
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
     } else if let Some(bound) = bound.filter(|b| !b.allows(need)) {
-        Finding {
-            value: format!(
-                "{} on {} device(s) over the memlock bound: {}",
-                format_bytes(need),
-                selected.len(),
-                bound.describe()
-            ),
-            ..f
-        }
+        f.with_value(format!(
+            "{} on {} device(s) over the memlock bound: {}",
+            format_bytes(need),
+            selected.len(),
+            bound.describe()
+        ))
         .fail(format!(
             "ibv_reg_mr counts every registration against RLIMIT_MEMLOCK unless the process has \
              CAP_IPC_LOCK; {}",
             pool_core::host::memlock::REMEDY
         ))
     } else {
-        Finding {
-            value: selected
+        f.with_value(
+            selected
                 .iter()
                 .map(|d| {
                     format!(
@@ -114,8 +100,7 @@ fn pool_registration(
                 })
                 .collect::<Vec<_>>()
                 .join(", "),
-            ..f
-        }
+        )
     }
 }
 
@@ -142,18 +127,12 @@ fn devices(probe: &Result<Vec<DeviceProbe>, Error>, options: &RdmaOptions) -> Ve
                 let f = Finding::new("rdma", d.name.clone(), "")
                     .details(json!({"max_mr_size": d.max_mr_size, "error": d.error}));
                 match (&d.error, d.max_mr_size) {
-                    (None, Some(m)) => Finding {
-                        value: format!("max_mr_size {}", format_bytes(m)),
-                        ..f
-                    },
-                    (err, max) => Finding {
-                        value: format!(
+                    (None, Some(m)) => f.with_value(format!("max_mr_size {}", format_bytes(m))),
+                    (err, max) => f.with_value(format!(
                             "max_mr_size {}: {}",
                             max.map_or("unknown".to_string(), format_bytes),
                             err.as_deref().unwrap_or("cannot be queried")
-                        ),
-                        ..f
-                    }
+                        ))
                     .warn(
                         "check access to /dev/infiniband/uverbs* and that the NIC's RDMA driver is \
                          loaded (dmesg)",

@@ -44,8 +44,10 @@ impl Level {
     }
 }
 
-/// One line of the doctor's report.
+/// One line of the doctor's report: [`Finding::new`] and its `with_*`
+/// methods (the struct is `#[non_exhaustive]`).
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Finding {
     /// The area, e.g. `memory`, `hugepages`, `cuda`, `pool`.
     pub area: &'static str,
@@ -73,6 +75,34 @@ impl Finding {
             remedy: None,
             details: Value::Null,
         }
+    }
+
+    /// With this item.
+    #[must_use]
+    pub fn with_item(mut self, item: impl Into<String>) -> Finding {
+        self.item = item.into();
+        self
+    }
+
+    /// With this value.
+    #[must_use]
+    pub fn with_value(mut self, value: impl Into<String>) -> Finding {
+        self.value = value.into();
+        self
+    }
+
+    /// With this remedy, or none.
+    #[must_use]
+    pub fn with_remedy(mut self, remedy: Option<String>) -> Finding {
+        self.remedy = remedy;
+        self
+    }
+
+    /// With no remedy.
+    #[must_use]
+    pub fn no_remedy(mut self) -> Finding {
+        self.remedy = None;
+        self
     }
 
     /// With this verdict.

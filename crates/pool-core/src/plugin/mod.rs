@@ -60,13 +60,24 @@ pub struct AutoDir<'a> {
     pub fs: FsInfo,
 }
 
-/// A backing's claim on a pool under `backing = "auto"`.
+/// A backing's claim on a pool under `backing = "auto"` ([`AutoClaim::new`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AutoClaim {
     /// Higher wins; two claims of the same priority are an error naming both.
     pub priority: u32,
     /// One line saying why, for `hostpool plan`.
     pub reason: String,
+}
+
+impl AutoClaim {
+    /// A claim of `priority`, with one line saying why.
+    pub fn new(priority: u32, reason: impl Into<String>) -> AutoClaim {
+        AutoClaim {
+            priority,
+            reason: reason.into(),
+        }
+    }
 }
 
 /// What `backing = "auto"` must serve.
@@ -92,6 +103,7 @@ pub type GcDirsFn = fn() -> Vec<PathBuf>;
 /// (10^9 bytes) of one thread, by page size, measured on the project's CI
 /// machines (`hostpool bench` measures the node at hand).
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct PrefaultCost {
     /// Base (4 KiB) pages.
     pub base_gbps: f64,
@@ -110,6 +122,22 @@ impl PrefaultCost {
         huge_1g_gbps: 25.0,
     };
 
+    /// These rates of one thread: base, 2 MiB and 1 GiB pages.
+    pub const fn new(base_gbps: f64, huge_2m_gbps: f64, huge_1g_gbps: f64) -> PrefaultCost {
+        PrefaultCost {
+            base_gbps,
+            huge_2m_gbps,
+            huge_1g_gbps,
+        }
+    }
+
+    /// With this rate for base pages, the others kept.
+    #[must_use]
+    pub const fn with_base_gbps(mut self, gbps: f64) -> PrefaultCost {
+        self.base_gbps = gbps;
+        self
+    }
+
     /// The per-thread rate for a page size.
     pub fn gbps(&self, page: u64) -> f64 {
         if page >= 1 << 30 {
@@ -124,6 +152,7 @@ impl PrefaultCost {
 
 /// What pinning or registering costs, for `hostpool plan`'s predictions.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct PinCost {
     /// Seconds per page pinned (registration costs are per page, which is
     /// why huge pages win).
@@ -133,10 +162,21 @@ pub struct PinCost {
     pub free_on_huge_pages: bool,
 }
 
+impl PinCost {
+    /// `seconds_per_page`, and whether reserved huge pages are free.
+    pub const fn new(seconds_per_page: f64, free_on_huge_pages: bool) -> PinCost {
+        PinCost {
+            seconds_per_page,
+            free_on_huge_pages,
+        }
+    }
+}
+
 /// A backing plugin record. Build it with [`BackingPlugin::new`] and the
 /// `with_*` methods, all `const`, so it can be submitted with
 /// `inventory::submit!`; fields added later do not break a plugin.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct BackingPlugin {
     /// The name config and CLI select it by.
     pub name: &'static str,
@@ -222,6 +262,7 @@ macro_rules! pin_like_record {
     ($(#[$doc:meta])* $t:ident, $trait:ident) => {
         $(#[$doc])*
         #[derive(Debug)]
+        #[non_exhaustive]
         pub struct $t {
             /// The name config and CLI select it by.
             pub name: &'static str,

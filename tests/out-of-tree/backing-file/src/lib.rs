@@ -182,13 +182,15 @@ fn claim(q: &AutoQuery<'_>) -> Option<AutoClaim> {
     let FsKind::Other { magic } = dir.fs.kind() else {
         return None;
     };
-    DISK_FILESYSTEMS.contains(&magic).then(|| AutoClaim {
-        priority: 1,
-        reason: format!(
-            "{} is on {}: one plain file (the out-of-tree `file` backing)",
-            dir.path.display(),
-            fs_name(dir.fs.kind())
-        ),
+    DISK_FILESYSTEMS.contains(&magic).then(|| {
+        AutoClaim::new(
+            1,
+            format!(
+                "{} is on {}: one plain file (the out-of-tree `file` backing)",
+                dir.path.display(),
+                fs_name(dir.fs.kind())
+            ),
+        )
     })
 }
 

@@ -11,19 +11,15 @@ pub(super) fn findings() -> Vec<Finding> {
     let total = capacity::meminfo("MemTotal");
     let f = Finding::new("memory", "MemAvailable", "");
     vec![match capacity::meminfo("MemAvailable") {
-        Some(avail) => Finding {
-            value: format!(
+        Some(avail) => f
+            .with_value(format!(
                 "{} of {} (MemTotal); reserved huge pages are not counted in it",
                 format_bytes(avail),
                 total.map_or("unknown".into(), format_bytes)
-            ),
-            ..f
-        }
-        .details(json!({ "available": avail, "total": total })),
-        None => Finding {
-            value: "cannot be read from /proc/meminfo".into(),
-            ..f
-        }
-        .warn("mount /proc (in a container: do not mask /proc/meminfo)"),
+            ))
+            .details(json!({ "available": avail, "total": total })),
+        None => f
+            .with_value("cannot be read from /proc/meminfo")
+            .warn("mount /proc (in a container: do not mask /proc/meminfo)"),
     }]
 }
