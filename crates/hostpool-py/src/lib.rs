@@ -13,9 +13,11 @@
 
 mod build;
 mod config;
+mod convert;
 mod errors;
 mod logs;
 mod pool;
+mod shared;
 mod sys;
 
 use pyo3::prelude::*;
@@ -75,7 +77,7 @@ fn plan<'py>(py: Python<'py>, source: &Bound<'py, PyAny>) -> PyResult<Bound<'py,
     let plan = py.detach(|| pool_core::PoolPlan::new(config));
     logs::flush(py);
     let plan = plan.map_err(|e| errors::to_py(py, &e, None))?;
-    pool::json_dict(py, &plan.report())
+    convert::json_dict(py, &plan.report())
 }
 
 #[pymodule]
@@ -87,7 +89,7 @@ fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The exception classes (`hostpool/_errors.py` re-exports them).
     errors::add_classes(m)?;
     m.add_class::<pool::PyPool>()?;
-    m.add_class::<pool::PyShared>()?;
+    m.add_class::<shared::PyShared>()?;
     m.add_function(wrap_pyfunction!(plugins, m)?)?;
     m.add_function(wrap_pyfunction!(check_config, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
