@@ -13,9 +13,11 @@
 //!   it dies. Peers tell "slow" from "dead" by them, and `hostpool gc` tells
 //!   stale files from live ones.
 //! - **A barrier that names the culprit.** A rank that fails marks its slot
-//!   with its message; a rank that dies loses its lock. Either way its peers
-//!   fail with a message naming it, never hang. A rank that never attaches
-//!   fails them after the attach timeout.
+//!   with its message, and with the ranks it blames when a peer made it fail
+//!   (at most `MAX_BLAMED`); a rank that dies loses its lock. Either way its
+//!   peers fail with a message naming it, never hang, and blame it, then
+//!   whom it blamed. A rank that never attaches fails them after the attach
+//!   timeout.
 //! - **Unlink by inode.** After the barrier, and after a failure, every rank
 //!   unlinks the control and data files (by inode, so a newer generation at
 //!   the same path is never deleted). The memory lives on while mapped and is
@@ -45,11 +47,12 @@ use crate::file::{self, FileId, FileMapping, PoolFile};
 use crate::host::capacity;
 use crate::layout::{Extent, PageSize, format_bytes};
 use crate::plugin::Mapping;
-use crate::sys::control::Ctl;
+use crate::sys::control::{Blamed, Ctl, MAX_BLAMED};
 use crate::sys::{self, Region, SharedView};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"HOSTPOOL");
-const VERSION: u32 = 1;
+/// 2: each slot, and the header's creator failure, records whom it blamed.
+const VERSION: u32 = 2;
 const POLL: Duration = Duration::from_millis(2);
 /// How long a joiner waits for its peers to let go of a dead pool's control
 /// file before one of them removes the dead creator's files.
@@ -96,6 +99,37 @@ fn read_msg(src: &[AtomicU8]) -> String {
         .take_while(|b| *b != 0)
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Record whom a failure blames: the first [`MAX_BLAMED`] of `ranks`.
+fn write_blamed(dst: &Blamed, ranks: &[u32]) {
+    let ranks = &ranks[..ranks.len().min(MAX_BLAMED)];
+    for (d, r) in dst.ranks.iter().zip(ranks) {
+        d.store(*r, Ordering::Relaxed);
+    }
+    dst.count.store(ranks.len() as u32, Ordering::Relaxed);
+}
+
+/// Whom the failure `owner` recorded blames, for its peers' [`Error::Peer`]:
+/// `owner`, then the ranks it recorded, each once, in order.
+fn read_blamed(owner: u32, src: &Blamed) -> Vec<u32> {
+    let count = (src.count.load(Ordering::Relaxed) as usize).min(MAX_BLAMED);
+    let mut ranks = vec![owner];
+    for r in src.ranks[..count].iter().map(|r| r.load(Ordering::Relaxed)) {
+        if !ranks.contains(&r) {
+            ranks.push(r);
+        }
+    }
+    ranks
+}
+
+/// The ranks `e` blames, for this rank to record with its failure: those
+/// of an [`Error::Peer`], none for any other error (this rank's own).
+fn blamed_by(e: &Error) -> &[u32] {
+    match e {
+        Error::Peer { ranks, .. } => ranks,
+        _ => &[],
+    }
 }
 
 /// One rank's attachment to a shared pool's control file.
@@ -315,7 +349,7 @@ impl Session {
         s.check_matches(spec)?;
         s.claim_slot()?;
         if let Err(e) = s.wait_ready(spec, deadline) {
-            s.fail(&e.to_string());
+            s.fail_with(&e);
             return Err(e);
         }
         Ok(Some(s))
@@ -353,12 +387,17 @@ impl Session {
             match h.state.load(Ordering::Acquire) {
                 POOL_READY => return Ok(()),
                 POOL_FAILED => {
-                    return Err(self.creator_peer(format!(
-                        "shared pool `{}`: its creator {} failed: {}",
-                        self.sharing.name,
-                        self.creator_desc(),
-                        read_msg(&h.fail_msg)
-                    )));
+                    // The creator, then whom it blamed.
+                    return Err(peer(
+                        format!(
+                            "shared pool `{}`: its creator {} failed: {}",
+                            self.sharing.name,
+                            self.creator_desc(),
+                            read_msg(&h.fail_msg)
+                        ),
+                        read_blamed(self.creator_rank(), &h.fail_blamed),
+                        known(self.creator_pid()),
+                    ));
                 }
                 _ => {}
             }
@@ -655,7 +694,7 @@ impl Session {
     }
 
     /// The first failure another rank has recorded, as a peer error that
-    /// names and blames it.
+    /// names and blames it, and then whom it blamed.
     fn peer_failure(&self) -> Option<Error> {
         let ctl = self.ctl();
         (0..self.sharing.world)
@@ -670,7 +709,7 @@ impl Session {
                             self.sharing.name,
                             read_msg(&slot.msg)
                         ),
-                        vec![r],
+                        read_blamed(r, &slot.blamed),
                         known(pid),
                     )
                 })
@@ -687,12 +726,13 @@ impl Session {
         ctl.header.state.store(POOL_READY, Ordering::Release);
     }
 
-    /// This rank failed: tell the peers, free the memory (unlink the data
-    /// files by inode), and keep the control file linked until every rank has
+    /// This rank failed: tell the peers, and whom it blames (`blamed`, empty
+    /// when the failure is its own), free the memory (unlink the data files
+    /// by inode), and keep the control file linked until every rank has
     /// attached or the attach deadline has passed, so that every rank of this
     /// run reads the cause instead of starting a new pool and timing out.
-    fn fail(&self, message: &str) {
-        self.mark_failed(message);
+    fn fail(&self, message: &str, blamed: &[u32]) {
+        self.mark_failed(message, blamed);
         for (path, id) in &self.data {
             let _ = file::unlink_if_same(path, *id);
         }
@@ -708,13 +748,21 @@ impl Session {
         let _ = file::unlink_if_same(&self.ctl_path, self.ctl_id);
     }
 
-    fn mark_failed(&self, message: &str) {
+    /// [`Self::fail`] with the error `e`: its message, and the ranks it
+    /// blames.
+    fn fail_with(&self, e: &Error) {
+        self.fail(&e.to_string(), blamed_by(e));
+    }
+
+    fn mark_failed(&self, message: &str, blamed: &[u32]) {
         let ctl = self.ctl();
         let slot = &ctl.slots[self.sharing.rank as usize];
         write_msg(&slot.msg, message);
+        write_blamed(&slot.blamed, blamed);
         slot.state.store(SLOT_FAILED, Ordering::Release);
         if self.role == Role::Creator && ctl.header.state.load(Ordering::Acquire) == POOL_CREATING {
             write_msg(&ctl.header.fail_msg, message);
+            write_blamed(&ctl.header.fail_blamed, blamed);
             ctl.header
                 .fail_rank
                 .store(self.sharing.rank, Ordering::Relaxed);
@@ -744,7 +792,7 @@ impl Session {
         let ctl = self.ctl();
         let (me, world) = (self.sharing.rank, self.sharing.world);
         if let Err(msg) = outcome {
-            self.fail(&msg);
+            self.fail(&msg, &[]);
             return Err(peer(
                 format!("rank {me} failed: {msg}"),
                 vec![me],
@@ -767,16 +815,18 @@ impl Session {
             }
             if let Err(e) = crate::interrupt::check() {
                 // Tell the peers at once, rather than let them wait for us.
-                self.fail(&format!("rank {me} was interrupted: {e}"));
+                self.fail(&format!("rank {me} was interrupted: {e}"), &[]);
                 return Err(e);
             }
             for r in (0..world).filter(|r| *r != me) {
                 let slot = &ctl.slots[r as usize];
                 let pid = slot.pid.load(Ordering::Relaxed);
-                // What rank `r` did, and its pid where the message names it.
+                // What rank `r` did, whom that blames (`r`, then whom `r`
+                // blamed if it failed), and its pid where the message names it.
                 let problem = match slot.state.load(Ordering::Acquire) {
                     SLOT_FAILED => Some((
                         format!("rank {r} (pid {pid}) failed: {}", read_msg(&slot.msg)),
+                        read_blamed(r, &slot.blamed),
                         known(pid),
                     )),
                     SLOT_EMPTY if Instant::now() >= attach_deadline => Some((
@@ -784,6 +834,7 @@ impl Session {
                             "rank {r} never attached within {:.0} s; start all {world} ranks, or raise --attach-timeout",
                             self.sharing.attach_timeout_secs
                         ),
+                        vec![r],
                         None,
                     )),
                     SLOT_ATTACHED | SLOT_ARRIVED
@@ -792,6 +843,7 @@ impl Session {
                     {
                         Some((
                             format!("rank {r} (pid {pid}) died before the barrier completed"),
+                            vec![r],
                             known(pid),
                         ))
                     }
@@ -803,18 +855,19 @@ impl Session {
                             crate::host::process::why_late(pid),
                             self.sharing.barrier_timeout_secs
                         ),
+                        vec![r],
                         known(pid),
                     )),
                     _ => None,
                 };
                 // A rank that passed the barrier may exit at once: only a
                 // barrier that is still open makes its absence a failure.
-                if let Some((p, pid)) = problem
+                if let Some((p, ranks, pid)) = problem
                     && ctl.header.done.load(Ordering::Acquire) == 0
                 {
                     let msg = format!("shared pool `{}`: {p}", self.sharing.name);
-                    self.fail(&msg);
-                    return Err(peer(msg, vec![r], pid));
+                    self.fail(&msg, &ranks);
+                    return Err(peer(msg, ranks, pid));
                 }
             }
             std::thread::sleep(POLL);
@@ -875,7 +928,7 @@ pub(super) fn map(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
             }))
         }
         Err(e) => {
-            session.fail(&e.to_string());
+            session.fail_with(&e);
             Err(e)
         }
     }
@@ -1003,7 +1056,7 @@ impl Mapping for SharedMapping {
             Some(b) => {
                 let r = b.wait(s.sharing.rank, s.sharing.world, outcome);
                 if let Err(e) = &r {
-                    s.fail(&e.to_string());
+                    s.fail_with(e);
                 }
                 r
             }
@@ -1037,6 +1090,8 @@ impl Mapping for SharedMapping {
 #[cfg(test)]
 mod tests {
     use super::super::data_path;
+    use std::sync::Barrier;
+
     use super::super::tests::{Dirs, attach, blamed, on_ranks, role, sharing};
     use super::*;
     use crate::host::capacity::CapacityCheck;
@@ -1104,10 +1159,11 @@ mod tests {
                 "{text}"
             );
             // The file rendezvous blames the slot it read: rank 2's, or
-            // that of the other survivor if it failed first, relaying.
+            // that of the other survivor if it failed first, relaying, and
+            // then rank 2, whom that slot blames.
             let (ranks, pid) = blamed(e);
             let other = 1 - r as u32;
-            assert!(ranks == [2] || ranks == [other], "{ranks:?}: {text}");
+            assert!(ranks == [2] || ranks == [other, 2], "{ranks:?}: {text}");
             assert_eq!(pid, me, "{text}");
         }
         assert_eq!(
@@ -1116,6 +1172,72 @@ mod tests {
             "its own failure names itself"
         );
         assert!(d.left().is_empty(), "{:?}", d.left());
+    }
+
+    /// World 3: rank 2 dies after attaching; rank 1 reaches the barrier,
+    /// sees it dead and fails, recording in its slot that it blames rank 2;
+    /// rank 0 then reaches the barrier, reads rank 1's slot first, and
+    /// blames rank 1, then rank 2, whom rank 1's failure names.
+    #[test]
+    fn a_rank_that_fails_because_of_a_dead_peer_passes_the_blame_on() {
+        let d = Dirs::new("relay");
+        let me = std::process::id();
+        let (attached, gone) = (Barrier::new(3), Barrier::new(3));
+        // Ranks 0 and 1 only: rank 0 waits on it until rank 1 has failed.
+        let relayed = Barrier::new(2);
+        let errs: Vec<Option<Error>> = on_ranks(3, |r| {
+            let mut m = attach(&d, &sharing(&d, 3, r, 10.0), 4, &[]).unwrap();
+            attached.wait();
+            if r == 2 {
+                drop(m);
+                gone.wait();
+                return None;
+            }
+            gone.wait();
+            if r == 0 {
+                relayed.wait();
+            }
+            let e = m.rendezvous(Ok(()), None).unwrap_err();
+            if r == 1 {
+                relayed.wait();
+            }
+            m.teardown();
+            Some(e)
+        });
+        let (Some(e0), Some(e1)) = (&errs[0], &errs[1]) else {
+            panic!("ranks 0 and 1 must fail: {errs:?}");
+        };
+        let died = format!("rank 2 (pid {me}) died before the barrier completed");
+        assert!(e1.to_string().contains(&died), "{e1}");
+        assert_eq!(blamed(e1), (vec![2], Some(me)), "{e1}");
+        let text = e0.to_string();
+        assert!(
+            text.contains(&format!("rank 1 (pid {me}) failed")) && text.contains(&died),
+            "{text}"
+        );
+        assert_eq!(blamed(e0), (vec![1, 2], Some(me)), "{text}");
+        assert!(d.left().is_empty(), "{:?}", d.left());
+    }
+
+    /// A slot records at most `MAX_BLAMED` ranks; its readers blame its
+    /// owner first, then each rank it recorded once, in order.
+    #[test]
+    fn a_recorded_blame_is_bounded_and_read_owner_first_each_rank_once() {
+        let b = Blamed::default();
+        assert_eq!(read_blamed(4, &b), [4], "nothing recorded: the owner");
+        let many: Vec<u32> = (10..10 + MAX_BLAMED as u32 + 3).collect();
+        write_blamed(&b, &many);
+        assert_eq!(b.count.load(Ordering::Relaxed), MAX_BLAMED as u32);
+        let want: Vec<u32> = std::iter::once(4)
+            .chain(many[..MAX_BLAMED].iter().copied())
+            .collect();
+        assert_eq!(read_blamed(4, &b), want);
+        write_blamed(&b, &[2, 4, 2, 1]);
+        assert_eq!(read_blamed(4, &b), [4, 2, 1]);
+        // A count beyond the bound (a foreign or torn file) is clamped:
+        // the entries past the last record's are the first one's.
+        b.count.store(u32::MAX, Ordering::Relaxed);
+        assert_eq!(read_blamed(4, &b), [4, 2, 1, 14, 15, 16, 17]);
     }
 
     #[test]

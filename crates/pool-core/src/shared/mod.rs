@@ -310,7 +310,8 @@ mod tests {
         for socket in [false, true] {
             let d = Dirs::new(if socket { "died-socket" } else { "died" });
             // Two ranks over the file rendezvous: with a third, it could
-            // read the other survivor's slot first, which blames that one.
+            // read the other survivor's slot first, which blames that one
+            // before the victim.
             let world = if socket { 3 } else { 2 };
             let config = |r| {
                 if socket {
