@@ -155,7 +155,8 @@ pub enum Error {
         /// Which peer, and what it did.
         message: String,
         /// The ranks the message blames, in the order it names them, each
-        /// once: the rank that failed or died, every rank that never
+        /// once: the rank that failed or died (followed, when it failed
+        /// because of peers, by the ranks it blamed), every rank that never
         /// attached or did not reach the barrier, or this rank itself when
         /// its own setup failed. Empty when the message names a peer only by
         /// its pid (a joiner never learns its creator's rank before it is

@@ -1067,4 +1067,19 @@ mod tests {
         );
         assert_eq!(blamed(&e), (Vec::new(), Some(pid)), "{e}");
     }
+
+    /// Over the socket, the creator names every rank that never attached,
+    /// in order, and no pid (none of them ever connected).
+    #[test]
+    fn ranks_that_never_come_over_the_socket_are_all_named() {
+        use super::super::tests::{Dirs, attach, blamed, socket_sharing};
+        let d = Dirs::new("absent-socket");
+        let e = attach(&d, &socket_sharing("absent", 4, 0, 0.3), 4, &[]).unwrap_err();
+        assert!(
+            e.to_string().contains("rank(s) 1, 2, 3 never attached"),
+            "{e}"
+        );
+        assert_eq!(blamed(&e), (vec![1, 2, 3], None), "{e}");
+        assert!(d.left().is_empty(), "{:?}", d.left());
+    }
 }

@@ -9,6 +9,19 @@ use super::AtomicsOnly;
 pub const MAX_WORLD: u32 = 256;
 /// Most files (segments) one shared pool can have.
 pub const MAX_FILES: usize = 1024;
+/// Most ranks one recorded failure blames besides the rank that recorded it:
+/// a rank that fails because of its peers records whom it blamed, the first
+/// `MAX_BLAMED` of them when it blamed more.
+pub(crate) const MAX_BLAMED: usize = 8;
+
+/// The ranks a recorded failure blames, in the order its message names
+/// them: the first `count` of `ranks` (`count` at most [`MAX_BLAMED`]).
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct Blamed {
+    pub(crate) count: AtomicU32,
+    pub(crate) ranks: [AtomicU32; MAX_BLAMED],
+}
 
 #[repr(C)]
 pub(crate) struct Header {
@@ -24,6 +37,8 @@ pub(crate) struct Header {
     pub(crate) arrived: AtomicU32,
     pub(crate) done: AtomicU32,
     pub(crate) fail_rank: AtomicU32,
+    /// Whom the creator blamed when it failed before the pool was ready.
+    pub(crate) fail_blamed: Blamed,
     pub(crate) fail_msg: [AtomicU8; 1024],
 }
 
@@ -31,6 +46,8 @@ pub(crate) struct Header {
 pub(crate) struct Slot {
     pub(crate) state: AtomicU32,
     pub(crate) pid: AtomicU32,
+    /// Whom this rank blamed when it failed (`state` is failed).
+    pub(crate) blamed: Blamed,
     pub(crate) msg: [AtomicU8; 248],
 }
 
