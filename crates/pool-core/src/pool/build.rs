@@ -122,7 +122,7 @@ fn map_files(plan: &PoolPlan, files: &FilePlan) -> Result<Box<dyn Mapping>> {
 pub(super) fn shared_names(files: &FilePlan, sharing: &SharingConfig) -> Vec<PathBuf> {
     (0..files.extents.len())
         .map(|i| match &files.dir {
-            Some(dir) => crate::shared::data_path(
+            Some(dir) => crate::gc::data_path(
                 dir,
                 &sharing.name,
                 (files.indexed_names || files.extents.len() > 1).then_some(i),

@@ -37,16 +37,15 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
-use super::{
-    DEFAULT_CONTROL_DIR, RankBarrier, Role, SharedPoolSpec, SharingReport, ctl_path, known, peer,
-    shard,
-};
+use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
 use crate::config::SharingConfig;
 use crate::error::{Context, Error, Result, TeardownIssue};
 use crate::file::{self, FileId, FileMapping, PoolFile};
+use crate::gc::{DEFAULT_CONTROL_DIR, ctl_path};
 use crate::host::capacity;
 use crate::layout::{Extent, PageSize, format_bytes};
 use crate::plugin::Mapping;
+use crate::plugin::RankBarrier;
 use crate::sys::control::{Blamed, Ctl, MAX_BLAMED};
 use crate::sys::{self, Region, SharedView};
 
@@ -1089,7 +1088,7 @@ impl Mapping for SharedMapping {
 
 #[cfg(test)]
 mod tests {
-    use super::super::data_path;
+    use crate::gc::data_path;
     use std::sync::Barrier;
 
     use super::super::tests::{Dirs, attach, blamed, on_ranks, role, sharing};

@@ -27,7 +27,6 @@ use crate::plugin::Mapping;
 mod file;
 mod socket;
 
-pub use crate::gc::{DEFAULT_CONTROL_DIR, FILE_PREFIX, ctl_path, data_path};
 pub use crate::sys::control::{MAX_FILES, MAX_WORLD};
 pub use file::SharedMapping;
 
@@ -45,8 +44,6 @@ pub fn shard(size: MappedSize, sharing: &SharingConfig) -> Result<Extent> {
         ))
     })
 }
-
-pub use crate::plugin::RankBarrier;
 
 /// Whether this rank created the pool or joined it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -178,6 +175,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::gc::data_path;
     use crate::layout::{PageSize, round_to_page};
 
     /// A scratch control dir on /dev/shm and data dir, removed on drop.

@@ -46,11 +46,11 @@ fn rendezvous_finding(sharing: &pool_core::SharingConfig) -> Finding {
         ),
         pool_core::Rendezvous::File => format!(
             "file {}: a control file and named data files, unlinked after the barrier",
-            pool_core::shared::ctl_path(
+            pool_core::gc::ctl_path(
                 sharing
                     .control_dir
                     .as_deref()
-                    .unwrap_or(std::path::Path::new(pool_core::shared::DEFAULT_CONTROL_DIR)),
+                    .unwrap_or(std::path::Path::new(pool_core::gc::DEFAULT_CONTROL_DIR)),
                 &sharing.name
             )
             .display()
