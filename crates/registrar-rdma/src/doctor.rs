@@ -109,7 +109,7 @@ const RDMA_DEVICES: &str = "check `ibv_devices` or `rdma link`, that the NIC's R
                             mlx5_ib) and ibverbs-providers are installed, and in a container that \
                             /dev/infiniband is passed through";
 
-/// Each RDMA device's `max_mr_size`, from [`probe`].
+/// Each RDMA device's `max_mr_size`, from [`probe()`].
 fn devices(probe: &Result<Vec<DeviceProbe>, Error>, options: &RdmaOptions) -> Vec<Finding> {
     let library = options.library();
     match probe {
