@@ -9,6 +9,7 @@
 
 use std::sync::Mutex;
 
+use pool_core::plugin::PinContext;
 use pool_core::plugin::{Pin, Pinner, PinnerPlugin, Registrar, RegistrarPlugin, Registration};
 use pool_core::{
     ByteSize, Error, PinStatus, Pool, PoolConfig, PoolPlan, Quiet, Region, Result, Span,
@@ -115,7 +116,7 @@ impl Pinner for Recorder {
     fn name(&self) -> &'static str {
         self.name
     }
-    fn pin(&self, region: Region<'_>, _: &PoolConfig) -> Result<Box<dyn Pin>> {
+    fn pin(&self, region: Region<'_>, _: &PinContext) -> Result<Box<dyn Pin>> {
         Ok(Box::new(self.start(region)?))
     }
 }
@@ -124,7 +125,7 @@ impl Registrar for Recorder {
     fn name(&self) -> &'static str {
         self.name
     }
-    fn register(&self, region: Region<'_>, _: &PoolConfig) -> Result<Box<dyn Registration>> {
+    fn register(&self, region: Region<'_>, _: &PinContext) -> Result<Box<dyn Registration>> {
         Ok(Box::new(self.start(region)?))
     }
 }

@@ -3,8 +3,9 @@
 use std::time::Instant;
 
 use pool_core::host::memlock;
+use pool_core::plugin::PinContext;
 use pool_core::plugin::{Pin, Pinner};
-use pool_core::{ByteSize, Error, PoolConfig, Region, Result, TeardownIssue};
+use pool_core::{Error, Region, Result, TeardownIssue};
 use pool_core::{Extent, format_bytes, registration_chunks};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -87,8 +88,8 @@ pub(crate) fn register_hint(status: Status) -> &'static str {
 }
 
 impl Pinner for CudaPinner {
-    fn plan(&self, size: pool_core::MappedSize, config: &PoolConfig) -> serde_json::Value {
-        let block = config.block_size.map_or(size.page().get(), ByteSize::get);
+    fn plan(&self, size: pool_core::MappedSize, ctx: &PinContext) -> serde_json::Value {
+        let block = ctx.block(size.page());
         match pool_core::registration_chunks(
             size.mapped(),
             size.page(),
@@ -109,23 +110,19 @@ impl Pinner for CudaPinner {
         NAME
     }
 
-    fn pin(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Pin>> {
-        sys::guarded(|| self.pin_inner(region, config))
+    fn pin(&self, region: Region<'_>, ctx: &PinContext) -> Result<Box<dyn Pin>> {
+        sys::guarded(|| self.pin_inner(region, ctx))
             .unwrap_or_else(|msg| Err(panicked("cuda pinner", &msg)))
     }
 }
 
 impl CudaPinner {
-    pub(crate) fn pin_inner(
-        &self,
-        region: Region<'_>,
-        config: &PoolConfig,
-    ) -> Result<Box<dyn Pin>> {
+    pub(crate) fn pin_inner(&self, region: Region<'_>, ctx: &PinContext) -> Result<Box<dyn Pin>> {
         const WHAT: &str = "cuda pinner";
         let api = driver(WHAT)?;
         let len = region.mapped_len();
-        let memlock = memlock::check(len, NAME, region.is_hugetlb(), config.pin.memlock_bound)?;
-        let block = config.block_size.map_or(region.page().get(), ByteSize::get);
+        let memlock = memlock::check(len, NAME, region.is_hugetlb(), ctx.memlock_bound)?;
+        let block = ctx.block(region.page());
         let extents =
             registration_chunks(len, region.page(), block, self.options.chunk_size.get())?;
         let flags = self.options.flag_bits();

@@ -151,7 +151,7 @@ fn pin_twice() -> Value {
     };
     let region = pool.region().unwrap();
     let base = region.addr().addr();
-    let second = pinner("cuda", &config).pin(region, &config);
+    let second = pinner("cuda", &config).pin(region, &pool_core::plugin::PinContext::of(&config));
     let second_out = outcome(second.as_ref().map(|_| ()).map_err(clone_err));
     let second_issues = second.map(|p| p.unpin()).unwrap_or_default();
     let report = pool.teardown();
@@ -190,7 +190,8 @@ fn unpin_on_another_thread() -> Value {
     let pool = Pool::build(&plan, &Quiet).unwrap();
     let region = pool.region().unwrap();
     let base = region.addr().addr();
-    let pin = match pinner("cuda", &config).pin(region, &config) {
+    let pin = match pinner("cuda", &config).pin(region, &pool_core::plugin::PinContext::of(&config))
+    {
         Ok(p) => p,
         Err(e) => return json!({ "pin": outcome::<()>(Err(e)) }),
     };

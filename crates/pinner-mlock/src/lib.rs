@@ -17,9 +17,10 @@ use std::time::Instant;
 
 use pool_core::format_bytes;
 use pool_core::host::{memlock, process};
+use pool_core::plugin::PinContext;
 use pool_core::plugin::{Pin, Pinner, PinnerPlugin};
 use pool_core::plugin::{PinCost, parse_table};
-use pool_core::{Context, Error, PoolConfig, Region, Result, Span, TeardownIssue};
+use pool_core::{Context, Error, Region, Result, Span, TeardownIssue};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -79,7 +80,7 @@ impl Pinner for MlockPinner {
         NAME
     }
 
-    fn pin(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Pin>> {
+    fn pin(&self, region: Region<'_>, ctx: &PinContext) -> Result<Box<dyn Pin>> {
         let len = region.mapped_len();
         if region.is_hugetlb() {
             return Ok(Box::new(Locked {
@@ -93,7 +94,7 @@ impl Pinner for MlockPinner {
                 }),
             }));
         }
-        let line = memlock::check(len, "mlock", false, config.pin.memlock_bound)?;
+        let line = memlock::check(len, "mlock", false, ctx.memlock_bound)?;
         let restore = raise_soft_limit(len);
         let before = locked_bytes().unwrap_or(0);
         let t = Instant::now();

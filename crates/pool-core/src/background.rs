@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::config::PoolConfig;
 use crate::error::{Error, Result, TeardownIssue};
 use crate::layout::{self, Extent, format_bytes};
-use crate::plugin::{Pin, Pinner};
+use crate::plugin::{Pin, PinContext, Pinner};
 use crate::sys::Region;
 
 /// The default chunk of a background pin.
@@ -228,12 +228,12 @@ impl Background {
             changed: Condvar::new(),
             started: Instant::now(),
         });
-        let config = config.clone();
+        let ctx = PinContext::of(config);
         let required = config.pin.required;
         let thread_shared = Arc::clone(&shared);
         let name = format!("hostpool-pin-{}", pinner.name());
         let thread = crate::sys::spawn_on_region(name, region, move |region| {
-            run(&thread_shared, region, &parts, &*pinner, &config, required)
+            run(&thread_shared, region, &parts, &*pinner, &ctx, required)
         })
         .map_err(|e| Error::Plugin {
             what: "background pinning".into(),
@@ -352,7 +352,7 @@ fn run(
     region: Region<'static>,
     parts: &[Extent],
     pinner: &dyn Pinner,
-    config: &PoolConfig,
+    ctx: &PinContext,
     required: bool,
 ) -> Vec<Box<dyn Pin>> {
     let mut pins: Vec<Box<dyn Pin>> = Vec::with_capacity(parts.len());
@@ -371,7 +371,7 @@ fn run(
         let Some(sub) = region.sub(*part) else {
             break;
         };
-        match pinner.pin(sub, config) {
+        match pinner.pin(sub, ctx) {
             Ok(pin) => {
                 pins.push(pin);
                 shared.update(|p| {

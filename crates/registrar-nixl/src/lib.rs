@@ -37,9 +37,10 @@ mod sys;
 use std::sync::Arc;
 use std::time::Instant;
 
+use pool_core::plugin::PinContext;
 use pool_core::plugin::PinCost;
 use pool_core::plugin::{Registrar, RegistrarPlugin, Registration};
-use pool_core::{ByteSize, Error, Extent, PoolConfig, Region, Result, TeardownIssue};
+use pool_core::{ByteSize, Error, Extent, Region, Result, TeardownIssue};
 use pool_core::{format_bytes, mr_regions};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -318,8 +319,8 @@ impl Registrar for NixlRegistrar {
         NAME
     }
 
-    fn plan(&self, size: pool_core::MappedSize, config: &PoolConfig) -> Value {
-        let block = config.block_size.map_or(size.page().get(), ByteSize::get);
+    fn plan(&self, size: pool_core::MappedSize, ctx: &PinContext) -> Value {
+        let block = ctx.block(size.page());
         let (lib, source) = library(&self.options);
         match regions(
             size.mapped(),
@@ -339,10 +340,10 @@ impl Registrar for NixlRegistrar {
         }
     }
 
-    fn register(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Registration>> {
+    fn register(&self, region: Region<'_>, ctx: &PinContext) -> Result<Box<dyn Registration>> {
         let started = Instant::now();
         let page = region.page();
-        let block = config.block_size.map_or(page.get(), ByteSize::get);
+        let block = ctx.block(page);
         let extents = regions(
             region.mapped_len(),
             page,

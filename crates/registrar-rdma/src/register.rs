@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use pool_core::host::memlock::{self, MemlockPolicy};
+use pool_core::plugin::PinContext;
 use pool_core::plugin::{Registrar, Registration};
-use pool_core::{Error, PageSize, PoolConfig, Region, Result, TeardownIssue};
+use pool_core::{Error, PageSize, Region, Result, TeardownIssue};
 use pool_core::{format_bytes, mr_regions};
 use rustix::process::Rlimit;
 use serde_json::{Value, json};
@@ -74,10 +75,8 @@ impl Registrar for RdmaRegistrar {
     /// The memory regions each selected device would get: the pool split at
     /// the device's `max_mr_size` on block boundaries. Opens each device to
     /// read `max_mr_size` and closes it again; registers nothing.
-    fn plan(&self, size: pool_core::MappedSize, config: &PoolConfig) -> serde_json::Value {
-        let block = config
-            .block_size
-            .map_or(size.page().get(), pool_core::ByteSize::get);
+    fn plan(&self, size: pool_core::MappedSize, ctx: &PinContext) -> serde_json::Value {
+        let block = ctx.block(size.page());
         let devices = match probe(&self.options) {
             Ok(d) => d,
             Err(e) => return serde_json::json!({ "error": e.to_string() }),
@@ -106,14 +105,14 @@ impl Registrar for RdmaRegistrar {
         serde_json::json!({ "block": block, "devices": per_device })
     }
 
-    fn register(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Registration>> {
+    fn register(&self, region: Region<'_>, ctx: &PinContext) -> Result<Box<dyn Registration>> {
         let started = Instant::now();
         let len = region.mapped_len();
         let page = region.page();
-        let policy = config.pin.memlock_bound;
+        let policy = ctx.memlock_bound;
         let limits = memlock::state();
         let memlock_line = memlock_check(&limits, len, 1, region.is_hugetlb(), policy)?;
-        let block = config.block_size.map_or(page.get(), |b| b.0);
+        let block = ctx.block(page);
         // Refuse a block the layout cannot honour before touching any device.
         mr_regions(len, page, block, u64::MAX)?;
 

@@ -314,7 +314,7 @@ fn run_spec(spec: &Value) -> Value {
         Ok(r) => r,
         Err(e) => return json!({"ok": false, "error": error_json(&e), "memlock": memlock}),
     };
-    let out = match registrar.register(region, &config) {
+    let out = match registrar.register(region, &pool_core::plugin::PinContext::of(&config)) {
         Ok(reg) => {
             let details = reg.details();
             let issues = if spec["deregister"] == json!(false) {

@@ -39,8 +39,8 @@ use serde_json::Value;
 pub use cost::{CostInputs, PREFAULT_CEILING_GBPS, Predicted, REGISTER_SECONDS_PER_PAGE, predict};
 pub use doctor::{DoctorContext, DoctorFn, Finding, Level, PoolFacts, split_reason};
 pub use traits::{
-    Backing, BackingPlan, CreateFile, ExtentReport, FilePlan, Mapping, MemorySource, Pin, Pinner,
-    RankBarrier, Recheck, Registrar, Registration,
+    Backing, BackingPlan, CreateFile, ExtentReport, FilePlan, Mapping, MemorySource, Pin,
+    PinContext, Pinner, RankBarrier, Recheck, Registrar, Registration,
 };
 
 use crate::config::PoolConfig;

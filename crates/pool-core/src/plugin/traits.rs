@@ -252,6 +252,45 @@ pub trait Mapping: Send + Sync + fmt::Debug {
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue>;
 }
 
+/// What a pinner or registrar is told besides the region: the settings of
+/// the pool that concern it, never the whole config (its own table it read
+/// when it was built).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PinContext {
+    /// The caller's block in bytes (chunks and regions never split one);
+    /// `None`: the page size.
+    pub block_size: Option<u64>,
+    /// Whether to compare the pool with the memlock bound first.
+    pub memlock_bound: crate::host::memlock::MemlockPolicy,
+}
+
+impl PinContext {
+    /// A context with this block and memlock policy.
+    pub fn new(
+        block_size: Option<u64>,
+        memlock_bound: crate::host::memlock::MemlockPolicy,
+    ) -> PinContext {
+        PinContext {
+            block_size,
+            memlock_bound,
+        }
+    }
+
+    /// What `config` says of the block and the memlock bound.
+    pub fn of(config: &PoolConfig) -> PinContext {
+        PinContext::new(
+            config.block_size.map(crate::ByteSize::get),
+            config.pin.memlock_bound,
+        )
+    }
+
+    /// The block in bytes: the caller's, or `page`.
+    pub fn block(&self, page: crate::layout::PageSize) -> u64 {
+        self.block_size.unwrap_or(page.get())
+    }
+}
+
 /// Makes a pool DMA-able (for example `cuMemHostRegister`, or `mlock`).
 pub trait Pinner: Send + Sync + fmt::Debug {
     /// The plugin name.
@@ -259,8 +298,8 @@ pub trait Pinner: Send + Sync + fmt::Debug {
 
     /// What pinning a pool of `size` would do (for example its registration
     /// chunks), for `hostpool plan`. Pure; `Null` when there is nothing to say.
-    fn plan(&self, size: MappedSize, config: &PoolConfig) -> Value {
-        let _ = (size, config);
+    fn plan(&self, size: MappedSize, ctx: &PinContext) -> Value {
+        let _ = (size, ctx);
         Value::Null
     }
 
@@ -272,7 +311,7 @@ pub trait Pinner: Send + Sync + fmt::Debug {
     /// [`crate::Error::NotAvailable`] when the host lacks what the pinner
     /// needs; other variants when pinning itself failed (nothing is left
     /// pinned either way).
-    fn pin(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Pin>>;
+    fn pin(&self, region: Region<'_>, ctx: &PinContext) -> Result<Box<dyn Pin>>;
 }
 
 /// A live pin.
@@ -293,8 +332,8 @@ pub trait Registrar: Send + Sync + fmt::Debug {
 
     /// What registering a pool of `size` would do, for `hostpool plan`.
     /// Pure; `Null` when it depends on what only registration learns.
-    fn plan(&self, size: MappedSize, config: &PoolConfig) -> Value {
-        let _ = (size, config);
+    fn plan(&self, size: MappedSize, ctx: &PinContext) -> Value {
+        let _ = (size, ctx);
         Value::Null
     }
 
@@ -302,7 +341,7 @@ pub trait Registrar: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// As for [`Pinner::pin`]; nothing is left registered on error.
-    fn register(&self, region: Region<'_>, config: &PoolConfig) -> Result<Box<dyn Registration>>;
+    fn register(&self, region: Region<'_>, ctx: &PinContext) -> Result<Box<dyn Registration>>;
 }
 
 /// A live registration.

@@ -17,7 +17,7 @@ use crate::config::SharingConfig;
 use crate::error::{Context, Result};
 use crate::host::capacity;
 use crate::layout::Extent;
-use crate::plugin::{ExtentReport, FilePlan, Mapping, MemorySource, RankBarrier};
+use crate::plugin::{ExtentReport, FilePlan, Mapping, MemorySource, PinContext, RankBarrier};
 use crate::prefault::{self, PrefaultMethod, PrefaultOutcome};
 use crate::sys::Region;
 
@@ -306,7 +306,7 @@ fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> 
         return Ok(());
     }
     let (pinned, secs) = timed(observer, Phase::Pin, pin_region.mapped_len(), || {
-        pinner.pin(pin_region, &plan.config)
+        pinner.pin(pin_region, &PinContext::of(&plan.config))
     });
     pool.report.phases.pin = Some(secs);
     match pinned {
@@ -336,7 +336,7 @@ fn register(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result
     let region = pool.mapping.as_ref().ok_or_else(gone)?.region();
     let (registered, secs) = timed(observer, Phase::Register, region.mapped_len(), || {
         for r in &plan.registrars {
-            let reg = r.register(region, &plan.config)?;
+            let reg = r.register(region, &PinContext::of(&plan.config))?;
             pool.report.registrations.push(RegistrationReport {
                 kind: r.name().to_string(),
                 details: reg.details(),

@@ -9,7 +9,8 @@ use crate::error::Result;
 use crate::host::capacity;
 use crate::layout::{Extent, MAX_POOL_BYTES, format_bytes};
 use crate::plugin::{
-    self, Backing, BackingPlan, ExtentReport, Pinner, PinnerPlugin, Registrar, RegistrarPlugin,
+    self, Backing, BackingPlan, ExtentReport, PinContext, Pinner, PinnerPlugin, Registrar,
+    RegistrarPlugin,
 };
 use crate::prefault::{self, FaultIn, PrefaultPlan};
 
@@ -168,11 +169,11 @@ impl PoolPlan {
         let pin_plan = self
             .pinner
             .as_ref()
-            .map_or(Value::Null, |p| p.plan(size, &self.config));
+            .map_or(Value::Null, |p| p.plan(size, &PinContext::of(&self.config)));
         let registration_plans = self
             .registrars
             .iter()
-            .map(|r| serde_json::json!({"kind": r.name(), "plan": r.plan(size, &self.config)}))
+            .map(|r| serde_json::json!({"kind": r.name(), "plan": r.plan(size, &PinContext::of(&self.config))}))
             .collect();
         let prefault_cost = plugin::lookup::<plugin::BackingPlugin>(bp.backing)
             .ok()

@@ -3,7 +3,7 @@
 //!
 //! This module is the API every rendezvous ([`crate::Rendezvous`]) shares:
 //! the shard of each rank ([`shard`]), what the ranks must agree on
-//! ([`SharedPoolSpec`]), the files' names ([`data_path`], [`ctl_path`]) and
+//! ([`SharedPoolSpec`]), the files' names (from [`crate::gc::data_path`] and [`crate::gc::ctl_path`], which `gc` recognises) and
 //! the report ([`SharingReport`]); [`map_shared`] hands the spec to one of
 //! two rendezvous. The default, `socket`, is in `socket.rs`: the ranks meet
 //! on an abstract unix socket and the creator passes its unlinked files'
