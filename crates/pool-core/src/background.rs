@@ -13,7 +13,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -21,8 +20,13 @@ use serde::Serialize;
 use crate::config::PoolConfig;
 use crate::error::{Error, Result, TeardownIssue};
 use crate::layout::{self, Extent, format_bytes};
-use crate::plugin::{Pin, PinContext, Pinner};
+use crate::plugin::{Mapping, Pin, PinContext, Pinner};
 use crate::sys::Region;
+
+/// A pool's mapping and the background pin's thread, which runs on its
+/// memory and returns the pins it made: the owner joins the thread before
+/// the mapping goes.
+pub(crate) type MappingOwner = crate::sys::Owner<Box<dyn Mapping>, Vec<Box<dyn Pin>>>;
 
 /// The default chunk of a background pin.
 pub const DEFAULT_CHUNK: u64 = 256 << 20;
@@ -156,7 +160,6 @@ impl Shared {
 #[derive(Debug)]
 pub(crate) struct Background {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<Vec<Box<dyn Pin>>>>,
     /// The largest chunk it pins: `background_chunk` made whole units.
     chunk: u64,
 }
@@ -188,15 +191,16 @@ pub fn chunks(
 }
 
 impl Background {
-    /// Start pinning `extent` of `region` with `pinner`. The pool stops it
-    /// (or drops it, which stops it too) before it releases the mapping.
+    /// Start pinning `extent` of the mapping `owner` owns with `pinner`, on
+    /// a thread of the owner's (which joins it before the mapping goes). The
+    /// pool stops it before it releases the mapping.
     pub(crate) fn start(
-        region: Region<'_>,
+        owner: &mut MappingOwner,
         extent: Extent,
         pinner: Arc<dyn Pinner>,
         config: &PoolConfig,
     ) -> Result<Background> {
-        let page = region.page();
+        let page = owner.get().region().page();
         let block = config.block_size.map_or(page.get(), crate::ByteSize::get);
         let chunk = config
             .pin
@@ -232,17 +236,17 @@ impl Background {
         let required = config.pin.required;
         let thread_shared = Arc::clone(&shared);
         let name = format!("hostpool-pin-{}", pinner.name());
-        let thread = crate::sys::spawn_on_region(name, region, move |region| {
-            run(&thread_shared, region, &parts, &*pinner, &ctx, required)
-        })
-        .map_err(|e| Error::Plugin {
-            what: "background pinning".into(),
-            message: "cannot start the pinning thread".into(),
-            source: Some(Box::new(e)),
-        })?;
+        owner
+            .spawn(name, move |region| {
+                run(&thread_shared, region, &parts, &*pinner, &ctx, required)
+            })
+            .map_err(|e| Error::Plugin {
+                what: "background pinning".into(),
+                message: "cannot start the pinning thread".into(),
+                source: Some(Box::new(e)),
+            })?;
         Ok(Background {
             shared,
-            thread: Some(thread),
             chunk: largest,
         })
     }
@@ -304,20 +308,12 @@ impl Background {
         p.clone()
     }
 
-    /// Stop after the current chunk, join the thread, and unpin what it
-    /// pinned, last chunk first. Returns the final progress and what could
-    /// not be undone.
-    pub(crate) fn stop(mut self) -> (PinProgress, Vec<TeardownIssue>) {
-        self.halt()
-    }
-
-    fn halt(&mut self) -> (PinProgress, Vec<TeardownIssue>) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // A paused pin wakes to stop (the lock orders the store before its
-        // next look at `stop`).
-        drop(self.shared.progress.lock());
-        self.shared.changed.notify_all();
-        let pins = match self.thread.take().map(JoinHandle::join) {
+    /// Stop after the current chunk, join the thread (on `owner`, the
+    /// mapping's owner it runs on), and unpin what it pinned, last chunk
+    /// first. Returns the final progress and what could not be undone.
+    pub(crate) fn stop(self, owner: &mut MappingOwner) -> (PinProgress, Vec<TeardownIssue>) {
+        self.request_stop();
+        let pins = match owner.join() {
             Some(Ok(pins)) => pins,
             Some(Err(_)) => {
                 return (
@@ -338,12 +334,21 @@ impl Background {
     }
 }
 
+impl Background {
+    /// Ask the thread to stop after its current chunk (waking a paused
+    /// pin: the lock orders the store before its next look at `stop`).
+    fn request_stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        drop(self.shared.progress.lock());
+        self.shared.changed.notify_all();
+    }
+}
+
 impl Drop for Background {
-    /// Never detach the thread: it uses the pool's memory until joined.
+    /// The thread stops soon: the mapping's owner joins it before the
+    /// mapping goes.
     fn drop(&mut self) {
-        if self.thread.is_some() {
-            let _ = self.halt();
-        }
+        self.request_stop();
     }
 }
 

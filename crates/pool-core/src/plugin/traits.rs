@@ -191,6 +191,14 @@ pub trait Backing: Send + Sync + fmt::Debug {
     }
 }
 
+/// A pool's mapping keeps its region mapped for as long as it lives, so the
+/// core's owner of it may run the background pin on it.
+impl crate::sys::Holds for Box<dyn Mapping> {
+    fn held(&self) -> Region<'_> {
+        self.region()
+    }
+}
+
 /// A live mapping made by a backing; its owner.
 pub trait Mapping: Send + Sync + fmt::Debug {
     /// The mapped memory.

@@ -82,7 +82,7 @@ fn map(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
     let mapping = mapping?;
     let report = first_report(plan, mapping.as_ref(), map_secs);
     Ok(Pool {
-        mapping: Some(mapping),
+        mapping: Some(crate::sys::Owner::new(mapping)),
         pin: None,
         background: None,
         pin_extent: None,
@@ -178,7 +178,11 @@ fn bind(pool: &mut Pool, plan: &PoolPlan, barrier: Option<&dyn RankBarrier>) -> 
     let Some(node) = plan.config.numa_node else {
         return Ok(());
     };
-    let mapping = pool.mapping.as_mut().ok_or_else(gone)?;
+    let mapping = pool
+        .mapping
+        .as_mut()
+        .and_then(|m| m.get_mut())
+        .ok_or_else(gone)?;
     if let Err(e) = crate::host::numa::bind(&mapping.region(), node) {
         if plan.config.sharing.is_some() {
             let _ = mapping.rendezvous(Err(e.to_string()), barrier);
@@ -190,7 +194,7 @@ fn bind(pool: &mut Pool, plan: &PoolPlan, barrier: Option<&dyn RankBarrier>) -> 
 
 /// Fault this rank's pages in (its shard of a shared pool).
 fn prefault(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<PrefaultOutcome> {
-    let mapping = pool.mapping.as_ref().ok_or_else(gone)?;
+    let mapping = pool.mapping.as_ref().ok_or_else(gone)?.get();
     let (outcome, secs) = timed(observer, Phase::Prefault, plan.prefault.extent.len, || {
         // Touching a page the backing cannot supply is SIGBUS: have the
         // backing allocate the range first, which fails cleanly instead.
@@ -215,7 +219,11 @@ fn rendezvous(
     if plan.config.sharing.is_none() {
         return Ok(());
     }
-    let mapping = pool.mapping.as_mut().ok_or_else(gone)?;
+    let mapping = pool
+        .mapping
+        .as_mut()
+        .and_then(|m| m.get_mut())
+        .ok_or_else(gone)?;
     let t = Instant::now();
     let met = mapping.rendezvous(
         faulted.as_ref().map(|_| ()).map_err(|e| e.to_string()),
@@ -235,7 +243,7 @@ fn attach(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<(
     {
         return Ok(());
     }
-    let region = pool.mapping.as_ref().ok_or_else(gone)?.region();
+    let region = pool.mapping.as_ref().ok_or_else(gone)?.get().region();
     let (attached, secs) = timed(
         observer,
         Phase::Attach,
@@ -254,7 +262,7 @@ fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
     let Some(node) = plan.config.numa_node else {
         return Ok(());
     };
-    let region = pool.mapping.as_ref().ok_or_else(gone)?.region();
+    let region = pool.mapping.as_ref().ok_or_else(gone)?.get().region();
     let placement = crate::host::numa::verify(&region, node, NUMA_SAMPLES)?;
     pool.report.numa = Some(placement.clone());
     let faulted_all = plan.config.sharing.is_none()
@@ -272,26 +280,27 @@ fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> 
     let Some(pinner) = &plan.pinner else {
         return Ok(());
     };
-    let region = pool.mapping.as_ref().ok_or_else(gone)?.region();
+    let mapped = pool.report.mapped_bytes;
     let pin_extent = match (plan.config.sharing.is_some(), plan.config.pin.scope) {
         (true, PinScope::Shard) => plan.prefault.extent,
         _ => Extent {
             offset: 0,
-            len: region.mapped_len(),
+            len: mapped,
         },
     };
     pool.pin_extent = Some(pin_extent);
-    let Some(pin_region) = region.sub(pin_extent).filter(|_| pin_extent.len > 0) else {
+    if pin_extent.len == 0 {
         pool.report.pin.status = PinStatus::Skipped;
         pool.report.pin.reason =
             Some("this rank's shard is empty (more ranks than pages): nothing to pin".into());
         return Ok(());
-    };
+    }
     if plan.config.pin.background {
-        // The pool stops (and joins) it in `release`, before it releases
-        // the mapping.
+        // The thread runs on the mapping's owner, which joins it before the
+        // mapping goes; the pool stops it first in `release`.
+        let owner = pool.mapping.as_mut().ok_or_else(gone)?;
         let started = Background::start(
-            region,
+            owner,
             pin_extent,
             std::sync::Arc::clone(pinner),
             &plan.config,
@@ -305,6 +314,8 @@ fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> 
         pool.background = Some(started);
         return Ok(());
     }
+    let region = pool.mapping.as_ref().ok_or_else(gone)?.get().region();
+    let pin_region = region.sub(pin_extent).ok_or_else(gone)?;
     let (pinned, secs) = timed(observer, Phase::Pin, pin_region.mapped_len(), || {
         pinner.pin(pin_region, &PinContext::of(&plan.config))
     });
@@ -333,7 +344,7 @@ fn register(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result
     if plan.registrars.is_empty() {
         return Ok(());
     }
-    let region = pool.mapping.as_ref().ok_or_else(gone)?.region();
+    let region = pool.mapping.as_ref().ok_or_else(gone)?.get().region();
     let (registered, secs) = timed(observer, Phase::Register, region.mapped_len(), || {
         for r in &plan.registrars {
             let reg = r.register(region, &PinContext::of(&plan.config))?;

@@ -17,8 +17,9 @@ mod teardown;
 
 use std::time::Instant;
 
+use crate::background::MappingOwner;
 use crate::layout::Extent;
-use crate::plugin::{Mapping, Pin, Registration};
+use crate::plugin::{Pin, Registration};
 use crate::sys::Region;
 
 pub use plan::PoolPlan;
@@ -80,7 +81,9 @@ impl Observer for Quiet {}
 /// A built pool: owns its mapping, pin and registrations.
 #[derive(Debug)]
 pub struct Pool {
-    mapping: Option<Box<dyn Mapping>>,
+    /// The mapping, with the background pin's thread when there is one
+    /// (joined before the mapping goes).
+    mapping: Option<MappingOwner>,
     pin: Option<Box<dyn Pin>>,
     /// A background pin, while the pool has one.
     background: Option<crate::background::Background>,
@@ -107,7 +110,7 @@ impl Pool {
     /// The pool's memory, for as long as the pool is borrowed (`None` only
     /// once torn down).
     pub fn region(&self) -> Option<Region<'_>> {
-        self.mapping.as_ref().map(|m| m.region())
+        self.mapping.as_ref().map(|m| m.get().region())
     }
 
     /// The report so far (teardown not yet included).
@@ -123,7 +126,10 @@ impl Pool {
 
     /// Files backing the pool that exist right now.
     pub fn files(&self) -> Vec<std::path::PathBuf> {
-        self.mapping.as_ref().map(|m| m.files()).unwrap_or_default()
+        self.mapping
+            .as_ref()
+            .map(|m| m.get().files())
+            .unwrap_or_default()
     }
 }
 

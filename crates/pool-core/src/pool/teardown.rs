@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use super::{Observer, Phase, Pool, PoolReport, Quiet, timed};
 use crate::background::PinStatus;
-use crate::plugin::Mapping;
 
 impl Pool {
     /// Tear down in reverse (deregister, unpin, unmap/close/unlink) and return
@@ -34,8 +33,8 @@ impl Pool {
             let mut issues = Vec::new();
             // A background pin stops after its current chunk and unpins, so
             // nothing is unmapped under a pinning call.
-            if let Some(bg) = self.background.take() {
-                let (progress, undone) = bg.stop();
+            if let (Some(bg), Some(owner)) = (self.background.take(), self.mapping.as_mut()) {
+                let (progress, undone) = bg.stop(owner);
                 issues.extend(undone);
                 // A pin stopped part way is skipped, whatever it pinned.
                 self.report.pin.status = match progress.status {
@@ -55,8 +54,8 @@ impl Pool {
             if let Some(pin) = self.pin.take() {
                 issues.extend(pin.unpin());
             }
-            if let Some(mapping) = self.mapping.take() {
-                issues.extend(mapping.teardown());
+            if let Some(owner) = self.mapping.take() {
+                issues.extend(owner.into_mapping().teardown());
             }
             issues
         });
@@ -79,13 +78,16 @@ impl Pool {
             "releasing a pool inherited from pid {owner} through fork: only this process's view; \
              its pins and registrations stay with pid {owner}"
         );
+        if let Some(mapping) = self.mapping.as_mut() {
+            mapping.forget_worker_after_fork();
+        }
         std::mem::forget(self.background.take());
         std::mem::forget(std::mem::take(&mut self.registrations));
         std::mem::forget(self.pin.take());
         let issues = self
             .mapping
             .take()
-            .map(Mapping::teardown)
+            .map(|owner| owner.into_mapping().teardown())
             .unwrap_or_default();
         if self.report.pin.status != PinStatus::Off {
             self.report.pin.status = PinStatus::Skipped;

@@ -18,8 +18,10 @@ use rustix::mm::{Advice, MapFlags, ProtFlags};
 pub(crate) mod control;
 pub mod numa;
 mod region;
+mod worker;
 
 pub use region::{FixedMapError, Mmap, Placeholder, Region, Reservation, Span, with_placeholders};
+pub(crate) use worker::{Holds, Owner};
 
 /// The base page size of this machine (4 KiB on x86-64).
 pub fn base_page_size() -> usize {
@@ -118,29 +120,6 @@ pub unsafe fn replace_with_placeholder(addr: *mut u8, len: usize) -> io::Result<
         }
     }
     Err(io::Error::from_raw_os_error(libc::ENOMEM))
-}
-
-/// Run `f` on a thread of its own with `region`, for the pool's background
-/// pin. The thread must be joined before the memory goes: its one caller,
-/// `background::Background`, joins it in `stop` and in its `Drop`, and
-/// `Pool::release` stops it before it releases the mapping (the pool's `Drop`
-/// runs `release`).
-///
-/// # Errors
-/// The thread could not be started.
-pub(crate) fn spawn_on_region<T: Send + 'static>(
-    name: String,
-    region: Region<'_>,
-    f: impl FnOnce(Region<'static>) -> T + Send + 'static,
-) -> io::Result<std::thread::JoinHandle<T>> {
-    let base =
-        NonNull::new(region.addr()).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
-    // SAFETY: the memory stays mapped until the thread is joined, as said
-    // above; the region gives only atomic and kernel accesses.
-    let region: Region<'static> = unsafe { Region::new(base, region.size()) };
-    std::thread::Builder::new()
-        .name(name)
-        .spawn(move || f(region))
 }
 
 /// `madvise(MADV_POPULATE_WRITE)` (Linux 5.14): fault every page of the range
