@@ -1,9 +1,14 @@
-//! The system calls pool-core makes, and the only `unsafe` in it.
+//! The only `unsafe` in pool-core: the calls that touch memory by address,
+//! and the owners that make them safe to use.
 //!
-//! Each function is a thin wrapper over one call. Plugins use them too, so the
-//! raw-pointer handling lives in one audited place. [`Region`] and [`Mmap`]
-//! are the safe face of it: memory reached through them is alive for as long
-//! as they are borrowed.
+//! Private to the crate: plugins and embedders reach it through its safe
+//! face, re-exported at the crate root ([`Region`], [`Mmap`],
+//! [`Reservation`], ...): memory reached through them is alive for as long
+//! as they are borrowed. The raw mapping calls are `unsafe fn`s whose
+//! callers hand the new mapping to its owner at once, and the background
+//! pin's thread runs on an [`Owner`], which joins it before the mapping
+//! goes. Calls that need no `unsafe` (`statfs`, `flock`, sockets) live with
+//! the code that makes them.
 
 #![allow(unsafe_code)]
 
