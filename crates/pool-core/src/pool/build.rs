@@ -1,5 +1,5 @@
 //! Building a pool: [`Pool::build_with`] is the README's arrow, one function
-//! per step: [`map`] → [`bind`] → [`prefault`] → [`rendezvous`] →
+//! per step: [`map`] → [`bind`] → [`prefault()`] → [`rendezvous`] →
 //! [`attach`] (and the placement check) → [`pin`] → [`register`]. Every step
 //! after `map` works on the [`Pool`] that owns what is built so far, so an
 //! early return tears it down (its `Drop`).
