@@ -1,5 +1,6 @@
-//! `cgroup`: the memory limit (`memory.max`) of this process's cgroup (the
-//! hugetlb backing reports its hugetlb limits).
+//! `cgroup`: the tightest memory limit (`memory.max`, v1's
+//! `memory.limit_in_bytes`) of this process's cgroup and its ancestors, from
+//! the one cgroup walk (the hugetlb backing reports its hugetlb limits).
 
 use pool_core::format_bytes;
 use pool_core::host::capacity;
