@@ -120,3 +120,58 @@ def test_a_rank_killed_mid_setup_is_named_by_every_other(shared_kwargs):
             # the creator's rank) by pid alone.
             assert err_ranks in ((2,), ()) and err_pid == dead_pid, (rank, err_ranks, err_pid, dead_pid, message)
         assert procs[rank].exitcode == 0
+
+
+FAILED_CREATOR = """
+import os, sys, time, hostpool
+try:
+    hostpool.Pool(size="8MiB", shared=hostpool.Shared(sys.argv[1], 2, 0, attach_timeout=20))
+except hostpool.Error as e:
+    print("raised", type(e).__name__, flush=True)
+# An engine lives on after the error; its failed pool still answers.
+time.sleep(float(sys.argv[2]))
+"""
+
+LATE_PEER = """
+import sys, time, hostpool
+t = time.monotonic()
+try:
+    hostpool.Pool(size="8MiB", shared=hostpool.Shared(sys.argv[1], 2, 1, attach_timeout=20))
+    print("built")
+except hostpool.PeerError as e:
+    print(f"peer {time.monotonic() - t:.2f} {e.pid} {e}")
+"""
+
+
+def test_a_rank_that_comes_after_its_creator_failed_hears_the_cause_at_once():
+    """Issue 19: the creator's mmap fails before its peer connects (vLLM's
+    test_mmap_failure_unlinks_initialized_file_before_releasing_peers). Its
+    Pool() raises at once; the peer that comes later fails within a second
+    with the creator's cause, instead of becoming a creator itself and
+    waiting out its attach timeout."""
+    import subprocess
+    import sys
+    import time
+
+    import hostpool._hostpool
+
+    assert hostpool._hostpool._FAILPOINTS, "build with --features failpoints (cargo xtask test does)"
+    name = f"py-late-{os.getpid()}"
+    env = {**os.environ, "HOSTPOOL_TEST_FAILPOINTS": "shared-creator-map=ENOMEM"}
+    creator = subprocess.Popen([sys.executable, "-c", FAILED_CREATOR, name, "10"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = creator.stdout.readline()
+        assert line.startswith("raised Error"), line + creator.stderr.read()
+        time.sleep(0.3)
+        late = subprocess.run([sys.executable, "-c", LATE_PEER, name],
+                              capture_output=True, text=True, timeout=30)
+        out = late.stdout.strip()
+        assert out.startswith("peer "), out + late.stderr
+        _, seconds, pid, message = out.split(" ", 3)
+        assert float(seconds) < 2.0, out
+        assert int(pid) == creator.pid, out
+        assert "its creator" in message and "Cannot allocate memory" in message, out
+    finally:
+        creator.kill()
+        creator.wait()

@@ -28,9 +28,10 @@ pub const ENABLED: bool = cfg!(feature = "failpoints");
 pub const ENV: &str = "HOSTPOOL_TEST_FAILPOINTS";
 
 /// The failpoints hostpool checks, for documentation and tests.
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 8] = [
     "populate-write-probe",
     "anon-mmap",
+    "shared-creator-map",
     "shared-before-connect",
     "shared-passing-fds",
     "shared-before-ready",

@@ -87,8 +87,9 @@ enum Msg {
     },
 }
 
-/// What a rank tells its peers about `e`: the message, and whom it blames
-/// when `e` is an [`Error::Peer`] (nobody otherwise).
+/// What a rank tells its peers about `e`: the message with its causes (the
+/// errno of a failed call), and whom it blames when `e` is an
+/// [`Error::Peer`] (nobody otherwise).
 fn blame(e: &Error) -> (String, Vec<u32>, Option<u32>) {
     match e {
         Error::Peer {
@@ -96,7 +97,7 @@ fn blame(e: &Error) -> (String, Vec<u32>, Option<u32>) {
             ranks,
             pid,
         } => (message.clone(), ranks.clone(), *pid),
-        other => (other.to_string(), Vec::new(), None),
+        other => (other.chain_message(), Vec::new(), None),
     }
 }
 
@@ -294,6 +295,9 @@ fn create(
     let mut links: Vec<Link> = Vec::new();
     let built = (|| -> Result<FileMapping> {
         crate::host::capacity::require(spec.capacity)?;
+        if let Some(e) = crate::failpoint::check("shared-creator-map") {
+            return Err(os("mmap", e, "mapping the pool's files failed"));
+        }
         let mut files = Vec::with_capacity(spec.files.len());
         for (_, extent) in &spec.files {
             let fd = (spec.create)(*extent)?;
@@ -310,7 +314,7 @@ fn create(
     let mapping = match built {
         Ok(m) => m,
         Err(e) => {
-            refuse_pending(&listener, &e);
+            keep_refusing(listener, &e, sharing.world - 1, attach_deadline);
             return Err(e);
         }
     };
@@ -331,7 +335,13 @@ fn create(
                 Some(std::process::id()),
             )),
         };
-        fail_creation(&listener, &mut links, own.as_ref().unwrap_or(&e));
+        fail_creation(
+            listener,
+            &mut links,
+            own.as_ref().unwrap_or(&e),
+            sharing,
+            attach_deadline,
+        );
         return Err(e);
     }
     drop(fds);
@@ -553,6 +563,56 @@ fn refuse_pending(listener: &OwnedFd, why: &Error) {
     }
 }
 
+/// The creator failed before every rank could be told: go on answering on
+/// the pool's socket, from a thread of its own, with why (`why`'s message
+/// and whom it blames), until `untold` more ranks have connected and heard
+/// it or `deadline` (the attach timeout) passes, while this process lives.
+/// So in an engine, which outlives the error `Pool()` raised at once, a rank
+/// that comes after the failure fails at once with the creator's cause
+/// instead of becoming a creator itself and waiting out its attach timeout.
+/// The CLI exits on the error, and its later ranks retry as before.
+/// Ranks already waiting in the backlog are answered first, the same way.
+/// Without a thread (or with nobody left to tell) the backlog is answered
+/// at once and the socket closed ([`refuse_pending`]).
+fn keep_refusing(listener: OwnedFd, why: &Error, untold: u32, deadline: Instant) {
+    if untold == 0 || Instant::now() >= deadline {
+        refuse_pending(&listener, why);
+        return;
+    }
+    let (message, ranks, pid) = blame(why);
+    let refusal = Msg::Refused {
+        usage: false,
+        message,
+        ranks,
+        pid,
+    };
+    let answer = move |listener: OwnedFd| {
+        let _ = rustix::io::ioctl_fionbio(&listener, true);
+        let mut told = 0;
+        while told < untold && Instant::now() < deadline {
+            if !readable(listener.as_fd(), deadline.min(Instant::now() + TICK)).unwrap_or(false) {
+                continue;
+            }
+            if let Ok(conn) = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) {
+                let _ = send(&conn, &refusal, &[]);
+                told += 1;
+            }
+        }
+    };
+    // The listener goes to the thread; if no thread can start, answer the
+    // backlog now (a second descriptor of the same socket, for that).
+    let spare = listener.try_clone();
+    if let Err(e) = std::thread::Builder::new()
+        .name("hostpool-refuse".into())
+        .spawn(move || answer(listener))
+    {
+        tracing::warn!("cannot keep answering on the failed pool's socket: {e}");
+        if let Ok(spare) = spare {
+            refuse_pending(&spare, why);
+        }
+    }
+}
+
 /// Read what attached joiners said without waiting: an arrival is noted, an
 /// EOF is a death. The peer error naming the joiner, if one died or failed.
 fn watch(links: &mut [Link], sharing: &crate::config::SharingConfig) -> Option<Error> {
@@ -603,9 +663,21 @@ fn watch(links: &mut [Link], sharing: &crate::config::SharingConfig) -> Option<E
 /// those still waiting in the backlog (who would otherwise see only the
 /// listener close, and blame the creator's death), why: `why`'s message,
 /// and whom it blames.
-fn fail_creation(listener: &OwnedFd, links: &mut [Link], why: &Error) {
+fn fail_creation(
+    listener: OwnedFd,
+    links: &mut [Link],
+    why: &Error,
+    sharing: &crate::config::SharingConfig,
+    deadline: Instant,
+) {
     fail_all(links, why);
-    refuse_pending(listener, why);
+    let told = u32::try_from(links.len()).unwrap_or(u32::MAX);
+    keep_refusing(
+        listener,
+        why,
+        (sharing.world - 1).saturating_sub(told),
+        deadline,
+    );
 }
 
 /// Tell every linked peer that the pool failed: `why`'s message, and whom
@@ -966,9 +1038,10 @@ mod tests {
     /// A rank that connected while the creator was failing (a welcomed peer
     /// died) is told why, naming the dead rank, instead of seeing the
     /// listener close and blaming the creator; a welcomed rank hears it
-    /// too, both with the rank and pid it blames; and a rank that connects
-    /// after the failure is refused by the kernel, so it retries rather than
-    /// waiting on a creator that left.
+    /// too, both with the rank and pid it blames; a rank that connects
+    /// after the failure hears the same cause at once (issue 19: it once
+    /// became a creator itself and waited out its attach timeout); and once
+    /// every rank was told, the socket is gone.
     #[test]
     fn a_failing_creator_tells_welcomed_and_waiting_ranks_why() {
         let (l, addr) = listener("fail");
@@ -988,7 +1061,23 @@ mod tests {
             arrived: None,
         }];
         let why = "shared pool `unit`: rank 2 (pid 7) died before the barrier completed";
-        fail_creation(&l, &mut links, &peer(why.into(), vec![2], Some(7)));
+        let sharing = crate::config::SharingConfig {
+            name: "unit".into(),
+            world: 4,
+            rank: 0,
+            attach_timeout_secs: 20.0,
+            barrier_timeout_secs: 600.0,
+            rendezvous: crate::config::Rendezvous::Socket,
+            control_dir: None,
+        };
+        let started = Instant::now();
+        fail_creation(
+            l,
+            &mut links,
+            &peer(why.into(), vec![2], Some(7)),
+            &sharing,
+            started + Duration::from_secs(20),
+        );
         match message_of(&waiting) {
             Msg::Refused {
                 usage,
@@ -1013,12 +1102,27 @@ mod tests {
             }
             other => panic!("the welcomed rank got {other:?}"),
         }
-        let late = seqpacket().unwrap();
-        assert_eq!(
-            rustix::net::connect(&late, &addr),
-            Err(rustix::io::Errno::CONNREFUSED),
-            "a rank arriving after the failure is refused, and retries"
-        );
+        // World 4: one welcomed, two to tell (the waiting one and a late one).
+        std::thread::sleep(Duration::from_millis(50));
+        let late = connected(&addr);
+        match message_of(&late) {
+            Msg::Refused { message, ranks, .. } => {
+                assert_eq!(message, why);
+                assert_eq!(ranks, vec![2]);
+            }
+            other => panic!("the late rank got {other:?}"),
+        }
+        // Every rank heard it: the answering thread ends, long before the
+        // attach deadline, and the failed pool's socket goes with it.
+        let gone = loop {
+            let again = seqpacket().unwrap();
+            match rustix::net::connect(&again, &addr) {
+                Err(rustix::io::Errno::CONNREFUSED) => break true,
+                _ if started.elapsed() > Duration::from_secs(5) => break false,
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        assert!(gone, "the socket outlived the last rank it had to tell");
     }
 
     /// A `Failed` or `Refused` of a peer that sends no `ranks` or `pid`
