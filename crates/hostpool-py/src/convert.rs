@@ -1,7 +1,7 @@
 //! Values handed to Python: sizes read from Python, reports and plans as
 //! dicts (through JSON, as the CLI prints them).
 
-use pool_core::{Error, PoolReport};
+use pool_core::Error;
 use pyo3::prelude::*;
 
 use crate::{config, errors};
@@ -17,26 +17,18 @@ pub fn opt_size(
     }
 }
 
+/// `value` as Python objects (through JSON, as the CLI prints it); `what`
+/// names it in the error.
 pub fn json_dict<'py, T: serde::Serialize>(
     py: Python<'py>,
+    what: &str,
     value: &T,
 ) -> PyResult<Bound<'py, PyAny>> {
     let text = serde_json::to_string(value).map_err(|e| {
         errors::raise(
             py,
             errors::Kind::Error,
-            format!("could not be written as JSON: {e}"),
-        )
-    })?;
-    py.import("json")?.call_method1("loads", (text,))
-}
-
-pub fn report_dict<'py>(py: Python<'py>, report: &PoolReport) -> PyResult<Bound<'py, PyAny>> {
-    let text = serde_json::to_string(report).map_err(|e| {
-        errors::raise(
-            py,
-            errors::Kind::Error,
-            format!("the report could not be written as JSON: {e}"),
+            format!("{what} could not be written as JSON: {e}"),
         )
     })?;
     py.import("json")?.call_method1("loads", (text,))

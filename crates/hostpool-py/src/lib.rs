@@ -77,7 +77,7 @@ fn plan<'py>(py: Python<'py>, source: &Bound<'py, PyAny>) -> PyResult<Bound<'py,
     let plan = py.detach(|| pool_core::PoolPlan::new(config));
     logs::flush(py);
     let plan = plan.map_err(|e| errors::to_py(py, &e, None))?;
-    convert::json_dict(py, &plan.report())
+    convert::json_dict(py, "the plan", &plan.report())
 }
 
 #[pymodule]

@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::config::{self, Args, Parsed};
-use crate::convert::{json_dict, opt_size, report_dict};
+use crate::convert::{json_dict, opt_size};
 use crate::shared::PyShared;
 use crate::sys::Exports;
 use crate::{build, errors, logs};
@@ -277,7 +277,7 @@ impl PyPool {
                 ),
             }
         };
-        json_dict(py, &progress)
+        json_dict(py, "the pin status", &progress)
     }
 
     /// Wait (without the GIL) until the pin is settled, at most `timeout`
@@ -318,7 +318,7 @@ impl PyPool {
             };
             let over = deadline.is_some_and(|d| std::time::Instant::now() >= d);
             if progress.status != pool_core::PinStatus::Pinning || over {
-                return json_dict(py, &progress);
+                return json_dict(py, "the pin status", &progress);
             }
             py.check_signals()?;
         }
@@ -354,8 +354,8 @@ impl PyPool {
     fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let state = self.lock();
         match (&state.pool, &state.closed) {
-            (Some(pool), _) => report_dict(py, pool.report()),
-            (None, Some(report)) => report_dict(py, report),
+            (Some(pool), _) => json_dict(py, "the report", pool.report()),
+            (None, Some(report)) => json_dict(py, "the report", report),
             (None, None) => Ok(py.None().into_bound(py)),
         }
     }

@@ -437,12 +437,24 @@ impl Registration for RdmaRegistration {
     /// Deregister every region last-first on each device (devices in
     /// parallel), free the protection domains, close the devices.
     fn deregister(mut self: Box<Self>) -> Vec<TeardownIssue> {
-        let issues = close_all(
-            std::mem::take(&mut self.devices)
-                .into_iter()
-                .map(|d| (d.name, d.session))
-                .collect(),
-        );
+        self.release()
+    }
+}
+
+impl RdmaRegistration {
+    /// Close every device (deregistering its regions last-first) and put
+    /// the memlock soft limit back: what `deregister` and `Drop` both do.
+    fn release(&mut self) -> Vec<TeardownIssue> {
+        let issues = if self.devices.is_empty() {
+            Vec::new()
+        } else {
+            close_all(
+                std::mem::take(&mut self.devices)
+                    .into_iter()
+                    .map(|d| (d.name, d.session))
+                    .collect(),
+            )
+        };
         if let Some(old) = self.restore.take() {
             restore_soft_limit(old);
         }
@@ -454,16 +466,6 @@ impl Drop for RdmaRegistration {
     /// Dropped without [`Registration::deregister`]: release all the same
     /// (failures are logged).
     fn drop(&mut self) {
-        if !self.devices.is_empty() {
-            drop(close_all(
-                std::mem::take(&mut self.devices)
-                    .into_iter()
-                    .map(|d| (d.name, d.session))
-                    .collect(),
-            ));
-        }
-        if let Some(old) = self.restore.take() {
-            restore_soft_limit(old);
-        }
+        drop(self.release());
     }
 }

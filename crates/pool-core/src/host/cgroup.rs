@@ -237,14 +237,7 @@ mod tests {
     }
 
     fn memory() -> Controller {
-        Controller {
-            name: "memory".into(),
-            v2: vec![LimitFile::new("memory.max", "memory.current")],
-            v1: vec![LimitFile::new(
-                "memory.limit_in_bytes",
-                "memory.usage_in_bytes",
-            )],
-        }
+        crate::host::capacity::memory_controller()
     }
 
     fn hugetlb_2m() -> Controller {

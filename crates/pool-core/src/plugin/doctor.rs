@@ -44,7 +44,7 @@ impl Level {
     }
 }
 
-/// One line of the doctor's report: [`Finding::new`] and its `with_*`
+/// One line of the doctor's report: [`Finding::new`] and its builder
 /// methods (the struct is `#[non_exhaustive]`).
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
@@ -77,31 +77,10 @@ impl Finding {
         }
     }
 
-    /// With this item.
-    #[must_use]
-    pub fn with_item(mut self, item: impl Into<String>) -> Finding {
-        self.item = item.into();
-        self
-    }
-
     /// With this value.
     #[must_use]
     pub fn with_value(mut self, value: impl Into<String>) -> Finding {
         self.value = value.into();
-        self
-    }
-
-    /// With this remedy, or none.
-    #[must_use]
-    pub fn with_remedy(mut self, remedy: Option<String>) -> Finding {
-        self.remedy = remedy;
-        self
-    }
-
-    /// With no remedy.
-    #[must_use]
-    pub fn no_remedy(mut self) -> Finding {
-        self.remedy = None;
         self
     }
 

@@ -9,15 +9,15 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::report::{Phases, PinReport, PoolReport, RegistrationReport};
+use super::report::{Phases, PinReport, PoolReport, RegistrationReport, segment_reports};
 use super::{NUMA_SAMPLES, Observer, Phase, Pool, PoolPlan, gone, timed};
-use crate::background::{Background, PinStatus};
+use crate::background::{Background, MappingOwner, PinStatus};
 use crate::config::PinScope;
 use crate::config::SharingConfig;
 use crate::error::{Context, Result};
 use crate::host::capacity;
 use crate::layout::Extent;
-use crate::plugin::{ExtentReport, FilePlan, Mapping, MemorySource, PinContext, RankBarrier};
+use crate::plugin::{FilePlan, Mapping, MemorySource, PinContext, RankBarrier};
 use crate::prefault::{self, PrefaultMethod, PrefaultOutcome};
 use crate::sys::Region;
 
@@ -141,12 +141,7 @@ fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolRe
         logical_bytes: region.logical_len(),
         mapped_bytes: region.mapped_len(),
         address: format!("{:#x}", region.addr() as usize),
-        segments: bp
-            .segments
-            .iter()
-            .copied()
-            .map(ExtentReport::from)
-            .collect(),
+        segments: segment_reports(bp),
         options: bp.options.clone(),
         prefault: None,
         phases: Phases {
@@ -171,6 +166,22 @@ fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolRe
     }
 }
 
+/// The pool's mapping, for a step that reads it (its owner is a field
+/// borrowed alone, so the step may write the report meanwhile).
+fn held(owner: &Option<MappingOwner>) -> Result<&dyn Mapping> {
+    owner.as_ref().map(|o| &**o.get()).ok_or_else(gone)
+}
+
+/// The pool's mapping to change (its rendezvous), before any background
+/// pin runs on it.
+fn held_mut(owner: &mut Option<MappingOwner>) -> Result<&mut (dyn Mapping + 'static)> {
+    owner
+        .as_mut()
+        .and_then(MappingOwner::get_mut)
+        .map(|m| &mut **m)
+        .ok_or_else(gone)
+}
+
 /// Bind the pool's pages to `numa_node` before the first touch decides
 /// where they go. A shared pool's peers learn the cause rather than a
 /// vanished rank.
@@ -178,11 +189,7 @@ fn bind(pool: &mut Pool, plan: &PoolPlan, barrier: Option<&dyn RankBarrier>) -> 
     let Some(node) = plan.config.numa_node else {
         return Ok(());
     };
-    let mapping = pool
-        .mapping
-        .as_mut()
-        .and_then(|m| m.get_mut())
-        .ok_or_else(gone)?;
+    let mapping = held_mut(&mut pool.mapping)?;
     if let Err(e) = crate::host::numa::bind(&mapping.region(), node) {
         if plan.config.sharing.is_some() {
             let _ = mapping.rendezvous(Err(e.to_string()), barrier);
@@ -194,7 +201,7 @@ fn bind(pool: &mut Pool, plan: &PoolPlan, barrier: Option<&dyn RankBarrier>) -> 
 
 /// Fault this rank's pages in (its shard of a shared pool).
 fn prefault(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<PrefaultOutcome> {
-    let mapping = pool.mapping.as_ref().ok_or_else(gone)?.get();
+    let mapping = held(&pool.mapping)?;
     let (outcome, secs) = timed(observer, Phase::Prefault, plan.prefault.extent.len, || {
         // Touching a page the backing cannot supply is SIGBUS: have the
         // backing allocate the range first, which fails cleanly instead.
@@ -219,11 +226,7 @@ fn rendezvous(
     if plan.config.sharing.is_none() {
         return Ok(());
     }
-    let mapping = pool
-        .mapping
-        .as_mut()
-        .and_then(|m| m.get_mut())
-        .ok_or_else(gone)?;
+    let mapping = held_mut(&mut pool.mapping)?;
     let t = Instant::now();
     let met = mapping.rendezvous(
         faulted.as_ref().map(|_| ()).map_err(|e| e.to_string()),
@@ -243,7 +246,7 @@ fn attach(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<(
     {
         return Ok(());
     }
-    let region = pool.mapping.as_ref().ok_or_else(gone)?.get().region();
+    let region = held(&pool.mapping)?.region();
     let (attached, secs) = timed(
         observer,
         Phase::Attach,
@@ -262,7 +265,7 @@ fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
     let Some(node) = plan.config.numa_node else {
         return Ok(());
     };
-    let region = pool.mapping.as_ref().ok_or_else(gone)?.get().region();
+    let region = held(&pool.mapping)?.region();
     let placement = crate::host::numa::verify(&region, node, NUMA_SAMPLES)?;
     pool.report.numa = Some(placement.clone());
     let faulted_all = plan.config.sharing.is_none()
@@ -314,7 +317,7 @@ fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> 
         pool.background = Some(started);
         return Ok(());
     }
-    let region = pool.mapping.as_ref().ok_or_else(gone)?.get().region();
+    let region = held(&pool.mapping)?.region();
     let pin_region = region.sub(pin_extent).ok_or_else(gone)?;
     let (pinned, secs) = timed(observer, Phase::Pin, pin_region.mapped_len(), || {
         pinner.pin(pin_region, &PinContext::of(&plan.config))
@@ -344,7 +347,7 @@ fn register(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result
     if plan.registrars.is_empty() {
         return Ok(());
     }
-    let region = pool.mapping.as_ref().ok_or_else(gone)?.get().region();
+    let region = held(&pool.mapping)?.region();
     let (registered, secs) = timed(observer, Phase::Register, region.mapped_len(), || {
         for r in &plan.registrars {
             let reg = r.register(region, &PinContext::of(&plan.config))?;

@@ -220,12 +220,7 @@ impl PoolPlan {
             page_size: bp.size.page().get(),
             logical_bytes: bp.size.logical(),
             mapped_bytes: bp.size.mapped(),
-            segments: bp
-                .segments
-                .iter()
-                .copied()
-                .map(ExtentReport::from)
-                .collect(),
+            segments: super::report::segment_reports(bp),
             files: bp.files.iter().map(|p| p.display().to_string()).collect(),
             options: bp.options.clone(),
             prefault: PrefaultPlanReport {

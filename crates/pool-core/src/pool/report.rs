@@ -50,6 +50,15 @@ pub struct PlanReport {
     pub explain: Vec<String>,
 }
 
+/// The report's `segments` of a backing's plan.
+pub(super) fn segment_reports(bp: &crate::plugin::BackingPlan) -> Vec<ExtentReport> {
+    bp.segments
+        .iter()
+        .copied()
+        .map(ExtentReport::from)
+        .collect()
+}
+
 /// Prefault part of a plan.
 #[derive(Debug, Clone, Serialize)]
 pub struct PrefaultPlanReport {

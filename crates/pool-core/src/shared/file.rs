@@ -1239,6 +1239,17 @@ mod tests {
         assert_eq!(read_blamed(4, &b), [4, 2, 1, 14, 15, 16, 17]);
     }
 
+    /// A capacity check the creator fails: 4 MiB needed, 1 MiB free.
+    fn short_of_memory() -> [CapacityCheck; 1] {
+        [CapacityCheck::new(
+            "memory",
+            "test",
+            4 << 20,
+            Some(1 << 20),
+            "add memory",
+        )]
+    }
+
     #[test]
     fn a_rank_that_never_comes_times_out_with_its_number() {
         let d = Dirs::new("absent");
@@ -1256,13 +1267,7 @@ mod tests {
     #[test]
     fn a_creator_that_fails_is_blamed_by_its_rank_and_pid_from_the_control_file() {
         let d = Dirs::new("creator-fails");
-        let short = [CapacityCheck::new(
-            "memory",
-            "test",
-            4 << 20,
-            Some(1 << 20),
-            "add memory",
-        )];
+        let short = short_of_memory();
         let results = on_ranks(2, |r| attach(&d, &sharing(&d, 2, r, 5.0), 4, &short));
         let creator = results
             .iter()
@@ -1307,13 +1312,7 @@ mod tests {
     #[test]
     fn a_creator_short_of_capacity_fails_and_leaves_nothing() {
         let d = Dirs::new("short");
-        let short = [CapacityCheck::new(
-            "memory",
-            "test",
-            4 << 20,
-            Some(1 << 20),
-            "add memory",
-        )];
+        let short = short_of_memory();
         let e = attach(&d, &sharing(&d, 2, 0, 0.5), 4, &short).unwrap_err();
         assert!(matches!(e, Error::Capacity { .. }), "{e}");
         assert!(d.left().is_empty(), "{:?}", d.left());

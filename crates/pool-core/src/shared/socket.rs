@@ -548,18 +548,21 @@ fn welcome(
 fn refuse_pending(listener: &OwnedFd, why: &Error) {
     let _ = rustix::net::shutdown(listener, rustix::net::Shutdown::Read);
     let _ = rustix::io::ioctl_fionbio(listener, true);
-    let (message, ranks, pid) = blame(why);
+    let refused = refusal(why);
     while let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) {
-        let _ = send(
-            &conn,
-            &Msg::Refused {
-                usage: false,
-                message: message.clone(),
-                ranks: ranks.clone(),
-                pid,
-            },
-            &[],
-        );
+        let _ = send(&conn, &refused, &[]);
+    }
+}
+
+/// The refusal a failed creator answers a connecting rank with: `why`'s
+/// message and whom it blames.
+fn refusal(why: &Error) -> Msg {
+    let (message, ranks, pid) = blame(why);
+    Msg::Refused {
+        usage: false,
+        message,
+        ranks,
+        pid,
     }
 }
 
@@ -579,13 +582,7 @@ fn keep_refusing(listener: OwnedFd, why: &Error, untold: u32, deadline: Instant)
         refuse_pending(&listener, why);
         return;
     }
-    let (message, ranks, pid) = blame(why);
-    let refusal = Msg::Refused {
-        usage: false,
-        message,
-        ranks,
-        pid,
-    };
+    let refused = refusal(why);
     let answer = move |listener: OwnedFd| {
         let _ = rustix::io::ioctl_fionbio(&listener, true);
         let mut told = 0;
@@ -594,7 +591,7 @@ fn keep_refusing(listener: OwnedFd, why: &Error, untold: u32, deadline: Instant)
                 continue;
             }
             if let Ok(conn) = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) {
-                let _ = send(&conn, &refusal, &[]);
+                let _ = send(&conn, &refused, &[]);
                 told += 1;
             }
         }
