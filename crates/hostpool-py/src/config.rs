@@ -105,6 +105,10 @@ pub fn threads(value: i64) -> Result<NonZeroUsize, Error> {
 #[derive(Debug)]
 pub struct Args {
     pub size: ByteSize,
+    pub size_given: bool,
+    pub keeper: Option<String>,
+    pub keeper_tag: Option<String>,
+    pub keeper_fallback: pool_core::KeeperFallback,
     pub backing: String,
     pub dir: Option<PathBuf>,
     pub page_size: Option<ByteSize>,
@@ -128,6 +132,13 @@ impl Args {
         if let Some(s) = &self.sharing {
             s.validate()?;
         }
+        if self.keeper.is_none()
+            && (self.keeper_tag.is_some() || self.keeper_fallback != pool_core::KeeperFallback::Fail)
+        {
+            return Err(Error::config(
+                "keeper_tag and keeper_fallback go with keeper=\"NAME\": the pool is leased from that keeper",
+            ));
+        }
         let mut config = PoolConfig {
             size: self.size,
             backing: self.backing,
@@ -139,6 +150,10 @@ impl Args {
             register: self.register,
             sharing: self.sharing,
             numa_node: self.numa_node,
+            keeper: self.keeper,
+            keeper_tag: self.keeper_tag,
+            keeper_fallback: self.keeper_fallback,
+            size_given: self.size_given,
             ..PoolConfig::default()
         };
         config.pin.kind = self.pin.and_then(pool_core::pin_kind_from);

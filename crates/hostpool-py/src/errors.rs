@@ -30,11 +30,14 @@ pub enum Kind {
     Pin,
     /// `PoolBusyError(Error, BufferError)`: `close()` while exports live.
     PoolBusy,
+    /// `KeeperError(Error)`: the pool's keeper does not answer, refused the
+    /// lease, or went away during it.
+    Keeper,
 }
 
 impl Kind {
     /// Every class, each after its bases.
-    const ALL: [Kind; 7] = [
+    const ALL: [Kind; 8] = [
         Kind::Error,
         Kind::Config,
         Kind::Capacity,
@@ -42,6 +45,7 @@ impl Kind {
         Kind::NotAvailable,
         Kind::Pin,
         Kind::PoolBusy,
+        Kind::Keeper,
     ];
 
     /// The class's name in `hostpool`.
@@ -54,6 +58,7 @@ impl Kind {
             Kind::NotAvailable => "NotAvailableError",
             Kind::Pin => "PinError",
             Kind::PoolBusy => "PoolBusyError",
+            Kind::Keeper => "KeeperError",
         }
     }
 
@@ -87,6 +92,12 @@ impl Kind {
                 "``close()`` while buffers, arrays or tensors exported from the pool are alive.\n\n\
                  The pool is left intact: delete the exports (``del tensor``), then close again.\n"
             }
+            Kind::Keeper => {
+                "The pool's keeper (``keeper=\"NAME\"``) does not answer, refused the lease, or\n\
+                 went away during it. ``keeper`` is the kept pool's name, ``pid`` the process\n\
+                 blamed (the keeper, or the lease's holder) when known, and ``absent`` whether\n\
+                 no keeper answers at all (``keeper_fallback=\"build\"`` then builds instead).\n"
+            }
         }
     }
 
@@ -98,7 +109,9 @@ impl Kind {
             Kind::Error => vec![py.get_type::<PyRuntimeError>().into_any()],
             Kind::Config => vec![error()?, py.get_type::<PyValueError>().into_any()],
             Kind::PoolBusy => vec![error()?, py.get_type::<PyBufferError>().into_any()],
-            Kind::Capacity | Kind::Peer | Kind::NotAvailable | Kind::Pin => vec![error()?],
+            Kind::Capacity | Kind::Peer | Kind::NotAvailable | Kind::Pin | Kind::Keeper => {
+                vec![error()?]
+            }
         };
         PyTuple::new(py, bases)
     }
@@ -121,6 +134,11 @@ impl Kind {
                 d.set_item("rank", py.None())?;
                 d.set_item("ranks", PyTuple::empty(py))?;
                 d.set_item("pid", py.None())?;
+            }
+            Kind::Keeper => {
+                d.set_item("keeper", "")?;
+                d.set_item("pid", py.None())?;
+                d.set_item("absent", false)?;
             }
             Kind::NotAvailable | Kind::Pin | Kind::PoolBusy => {}
         }
@@ -163,6 +181,7 @@ fn kind_of(e: &Error, phase: Option<Phase>) -> Kind {
         e if e.is_usage() => Kind::Config,
         Error::Capacity { .. } => Kind::Capacity,
         Error::Peer { .. } => Kind::Peer,
+        Error::Keeper { .. } => Kind::Keeper,
         Error::NotAvailable { .. } => Kind::NotAvailable,
         _ if phase == Some(Phase::Pin) => Kind::Pin,
         _ => Kind::Error,
@@ -204,6 +223,13 @@ pub fn to_py(py: Python<'_>, e: &Error, phase: Option<Phase>) -> PyErr {
                 err.setattr("rank", ranks.first().copied())?;
                 err.setattr("ranks", PyTuple::new(py, ranks)?)?;
                 err.setattr("pid", *pid)?;
+            }
+            Error::Keeper {
+                name, pid, absent, ..
+            } => {
+                err.setattr("keeper", name.as_str())?;
+                err.setattr("pid", *pid)?;
+                err.setattr("absent", *absent)?;
             }
             _ => {}
         }

@@ -124,7 +124,8 @@ impl PyPool {
         threads = None, prefault = Parsed(PrefaultChoice::Auto), block_size = None, shared = None, pin = None,
         pin_required = false, register = None, pin_scope = Parsed(PinScope::Pool),
         memlock_bound = Parsed(MemlockPolicy::Check),
-        pin_background = false, background_chunk = None, progress = None,
+        pin_background = false, background_chunk = None, keeper = None, keeper_tag = None,
+        keeper_fallback = Parsed(pool_core::KeeperFallback::Fail), progress = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -145,11 +146,19 @@ impl PyPool {
         memlock_bound: Parsed<MemlockPolicy>,
         pin_background: bool,
         background_chunk: Option<&Bound<'_, PyAny>>,
+        keeper: Option<String>,
+        keeper_tag: Option<String>,
+        keeper_fallback: Parsed<pool_core::KeeperFallback>,
         progress: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<PyPool>> {
         let config = (|| {
+            let asked = opt_size("size", size)?;
             let args = Args {
-                size: opt_size("size", size)?.unwrap_or(pool_core::ByteSize::gib(1)),
+                size_given: asked.is_some(),
+                size: asked.unwrap_or(pool_core::ByteSize::gib(1)),
+                keeper,
+                keeper_tag,
+                keeper_fallback: keeper_fallback.0,
                 backing: backing.to_string(),
                 dir: match dir {
                     Some(d) if !d.is_none() => Some(config::path("dir", d)?),

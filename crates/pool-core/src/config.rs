@@ -40,6 +40,9 @@ pub const POOL_KEYS: &[&str] = &[
     "register",
     "sharing",
     "numa_node",
+    "keeper",
+    "keeper_tag",
+    "keeper_fallback",
 ];
 
 /// How pages are faulted in before the pool is handed out.
@@ -320,10 +323,42 @@ pub struct PoolConfig {
     /// Bind the pool's pages to this NUMA node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<u32>,
+    /// Lease the pool from the keeper of this name (`hostpool keep`)
+    /// instead of building it: the memory comes resident, this process maps,
+    /// pins and registers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keeper: Option<String>,
+    /// A tag this engine stores with its lease, handed to the next lease
+    /// (say, a hash of the model config that its offloaded KV cache is for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keeper_tag: Option<String>,
+    /// What to do when no keeper answers: fail (default) or build a pool of
+    /// this process's own.
+    #[serde(default)]
+    pub keeper_fallback: KeeperFallback,
+    /// Whether `size` was given (a key, a flag or an argument) rather than
+    /// defaulted: a keeper's client asks for a size only when it was.
+    #[serde(skip)]
+    pub size_given: bool,
     /// Plugin tables by plugin name, each parsed by its plugin.
     #[serde(skip)]
     pub plugins: BTreeMap<String, Value>,
 }
+
+/// What an engine whose keeper does not answer does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeeperFallback {
+    /// Fail, naming the keeper's socket and how to start it.
+    #[default]
+    Fail,
+    /// Build a pool of its own, as without a keeper (the report says why).
+    Build,
+}
+
+crate::choice::choice!(KeeperFallback, "keeper fallback", {
+    Fail => "fail", "fail, naming the keeper's socket and how to start it",
+    Build => "build", "build a pool of this process's own, as without a keeper",
+});
 
 fn default_size() -> ByteSize {
     ByteSize::gib(1)
@@ -347,6 +382,10 @@ impl Default for PoolConfig {
             register: Vec::new(),
             sharing: None,
             numa_node: None,
+            keeper: None,
+            keeper_tag: None,
+            keeper_fallback: KeeperFallback::Fail,
+            size_given: false,
             plugins: BTreeMap::new(),
         }
     }
@@ -463,6 +502,7 @@ impl PoolConfig {
                 }
             })?;
         config.plugins = plugins;
+        config.size_given = pool.contains_key("size");
         Ok(config)
     }
 

@@ -165,6 +165,22 @@ pub enum Error {
         /// The process id of the first peer blamed, when it is known.
         pid: Option<u32>,
     },
+
+    /// A pool's keeper (`keeper = "NAME"`) does not answer, refused the
+    /// lease, or failed or died during it (exit status 1).
+    #[error("{message}")]
+    Keeper {
+        /// The kept pool's name.
+        name: String,
+        /// What happened, naming the keeper's socket, and what to do.
+        message: String,
+        /// The process the message blames (the keeper, or the lease's
+        /// holder), when known.
+        pid: Option<u32>,
+        /// No keeper answers on the socket (`keeper_fallback = "build"`
+        /// then builds a pool instead).
+        absent: bool,
+    },
 }
 
 /// Where a failed system call happened: the fields of [`Error::Os`] other

@@ -78,6 +78,78 @@ pub struct PoolArgs {
     /// Bind the pool's pages to this NUMA node.
     #[arg(long, value_name = "N")]
     pub numa_node: Option<u32>,
+    /// Lease the pool from the keeper of this name (`hostpool keep`)
+    /// instead of building it.
+    #[arg(long, value_name = "NAME")]
+    pub keeper: Option<String>,
+    /// A tag to store with the lease, handed to the next lease (`keeper_tag`).
+    #[arg(long, value_name = "TAG", requires = "keeper")]
+    pub keeper_tag: Option<String>,
+    /// When no keeper answers: fail (default) or build a pool of this
+    /// process's own.
+    #[arg(long, value_enum, value_name = "WHAT", requires = "keeper")]
+    pub keeper_fallback: Option<pool_core::KeeperFallback>,
+}
+
+impl PoolArgs {
+    /// Whether any pool flag or `--config` was given.
+    pub fn given(&self) -> bool {
+        self.config.is_some() || self.flags_given()
+    }
+
+    /// Whether any pool flag other than `--config` was given. Destructured
+    /// in full, so a new pool flag cannot be forgotten here.
+    pub fn flags_given(&self) -> bool {
+        let PoolArgs {
+            config: _,
+            size,
+            backing,
+            dir,
+            page_size,
+            threads,
+            prefault,
+            pin,
+            pin_required,
+            memlock_bound,
+            pin_scope,
+            pin_background,
+            pin_background_chunk,
+            register,
+            shared,
+            world,
+            rank,
+            attach_timeout,
+            barrier_timeout,
+            rendezvous,
+            numa_node,
+            keeper,
+            keeper_tag,
+            keeper_fallback,
+        } = self;
+        size.is_some()
+            || backing.is_some()
+            || dir.is_some()
+            || page_size.is_some()
+            || threads.is_some()
+            || prefault.is_some()
+            || pin.is_some()
+            || *pin_required
+            || memlock_bound.is_some()
+            || pin_scope.is_some()
+            || *pin_background
+            || pin_background_chunk.is_some()
+            || !register.is_empty()
+            || shared.is_some()
+            || world.is_some()
+            || rank.is_some()
+            || attach_timeout.is_some()
+            || barrier_timeout.is_some()
+            || rendezvous.is_some()
+            || numa_node.is_some()
+            || keeper.is_some()
+            || keeper_tag.is_some()
+            || keeper_fallback.is_some()
+    }
 }
 
 /// The config from `--config` (or the embedded default) with flags applied.
@@ -91,6 +163,7 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
     };
     if let Some(size) = args.size {
         config.size = size;
+        config.size_given = true;
     }
     if let Some(backing) = &args.backing {
         config.backing = backing.clone();
@@ -130,6 +203,15 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
     }
     if let Some(node) = args.numa_node {
         config.numa_node = Some(node);
+    }
+    if let Some(keeper) = &args.keeper {
+        config.keeper = Some(keeper.clone());
+    }
+    if let Some(tag) = &args.keeper_tag {
+        config.keeper_tag = Some(tag.clone());
+    }
+    if let Some(f) = args.keeper_fallback {
+        config.keeper_fallback = f;
     }
     if let (Some(name), Some(world), Some(rank)) = (&args.shared, args.world, args.rank) {
         let previous = config.sharing.take();

@@ -1,5 +1,5 @@
 //! The `hostpool` command line, one module per command: `alloc`, `plan`,
-//! `plugins`, `gc`, `doctor`, `bench`; the pool flags they share in `args`.
+//! `plugins`, `gc`, `doctor`, `bench`, `keep`; the pool flags they share in `args`.
 //!
 //! Exit status: 0 success; 1 a runtime failure (including a plan whose
 //! capacity checks fail); 2 a usage or configuration error. Errors are one
@@ -10,6 +10,7 @@ mod args;
 mod bench;
 mod doctor;
 mod gc;
+mod keep;
 mod output;
 mod plan;
 mod plugins;
@@ -53,6 +54,9 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Measure memset, prefault per backing, page size, method and threads, and mlock.
     Bench(bench::BenchArgs),
+    /// Build pools once and keep them for engines that restart: they lease
+    /// the resident memory (`--keeper NAME`) instead of building it.
+    Keep(keep::KeepArgs),
 }
 
 /// Run the CLI on the process arguments; returns the exit status.
@@ -119,6 +123,7 @@ fn run(cli: Cli) -> Result<i32, Error> {
         Command::Gc(args) => gc::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Keep(args) => keep::run(args),
     }
 }
 

@@ -14,7 +14,9 @@ raises them; they are re-exported here and from :mod:`hostpool`. Their
   never attached (``rank``, ``ranks``, ``pid``);
 - ``NotAvailableError(Error)``: something this host lacks;
 - ``PinError(Error)``: pinning failed (and was required);
-- ``PoolBusyError(Error, BufferError)``: ``close()`` while exports are alive.
+- ``PoolBusyError(Error, BufferError)``: ``close()`` while exports are alive;
+- ``KeeperError(Error)``: the pool's keeper (``keeper="NAME"``) does not answer,
+  refused the lease, or went away during it (``keeper``, ``pid``, ``absent``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ._hostpool import (
     CapacityError,
     ConfigError,
     Error,
+    KeeperError,
     NotAvailableError,
     PeerError,
     PinError,
@@ -33,6 +36,7 @@ __all__ = [
     "CapacityError",
     "ConfigError",
     "Error",
+    "KeeperError",
     "NotAvailableError",
     "PeerError",
     "PinError",

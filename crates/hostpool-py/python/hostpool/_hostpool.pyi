@@ -54,6 +54,15 @@ class PinError(Error):
 class PoolBusyError(Error, BufferError):
     """`close()` while buffers, arrays or tensors exported from the pool are alive."""
 
+class KeeperError(Error):
+    """The pool's keeper (`keeper="NAME"`) does not answer, refused the lease, or went away
+    during it: `keeper` the kept pool's name, `pid` the process blamed (the keeper, or the
+    lease's holder), `absent` whether no keeper answers at all."""
+
+    keeper: str
+    pid: int | None
+    absent: bool
+
 class Shared:
     """How the ranks of one engine share a pool: the same `name` and `world` on every rank."""
 
@@ -86,6 +95,7 @@ class Pool:
 
     Raises `ConfigError` (bad input), `CapacityError` (the node cannot hold
     it), `PeerError` (a rank of a shared pool failed, died or never came),
+    `KeeperError` (the keeper of `keeper=` does not answer or refused),
     `NotAvailableError` (no driver, device or huge pages of that size),
     `PinError` (required pinning failed) or `Error`.
     """
@@ -109,9 +119,19 @@ class Pool:
         memlock_bound: Literal["check", "ignore"] = "check",
         pin_background: bool = False,
         background_chunk: int | str | None = None,
+        keeper: str | None = None,
+        keeper_tag: str | None = None,
+        keeper_fallback: Literal["fail", "build"] = "fail",
         progress: Progress | None = None,
     ) -> None:
-        """Build the pool. `size` is bytes or an IEC string ("64GiB"; default 1 GiB)."""
+        """Build the pool. `size` is bytes or an IEC string ("64GiB"; default 1 GiB).
+
+        With `keeper="NAME"` the pool is leased from `hostpool keep`'s pool of that name
+        instead: it comes resident (no prefault; `report["keeper"]` says which lease of which
+        keeper, and how the previous one ended), and is pinned and registered as asked. A
+        `size` or `page_size` given must be the kept pool's; none takes it as it is.
+        `keeper_tag` is stored with the lease and handed to the next one. Raises `KeeperError`
+        when the keeper does not answer (unless `keeper_fallback="build"`) or refuses."""
 
     @staticmethod
     def from_config(source: str | os.PathLike[str] | dict[str, Any], *, progress: Progress | None = None) -> Pool:

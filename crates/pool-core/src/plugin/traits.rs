@@ -251,6 +251,12 @@ pub trait Mapping: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The report's `keeper` object, for memory leased from a keeper
+    /// (which came resident: the build skips its prefault).
+    fn leased(&self) -> Option<Value> {
+        None
+    }
+
     /// Unmap, close, unlink. Never panics; returns what could not be undone.
     ///
     /// It also runs in a child that inherited the pool through `fork` (the

@@ -44,15 +44,17 @@ impl Pool {
         observer: &dyn Observer,
         barrier: Option<&dyn RankBarrier>,
     ) -> Result<Pool> {
-        // A shared pool's creator checks capacity itself: once it has
-        // reserved the pages, the counts look too low to joiners.
-        if plan.config.sharing.is_none() {
-            capacity::require(&plan.backing_plan.capacity)?;
-        }
         let mut pool = map(plan, observer)?;
         // From here on, an early return drops `pool`, which tears down.
-        bind(&mut pool, plan, barrier)?;
-        let faulted = prefault(&mut pool, plan, observer);
+        let leased = pool.report.keeper.is_some();
+        if !leased {
+            bind(&mut pool, plan, barrier)?;
+        }
+        let faulted = if leased {
+            Ok(resident())
+        } else {
+            prefault(&mut pool, plan, observer)
+        };
         // Every rank of a shared pool meets its peers, even after a failure,
         // so that they fail on its error instead of waiting for it.
         let met = rendezvous(&mut pool, plan, &faulted, barrier);
@@ -66,6 +68,67 @@ impl Pool {
         register(&mut pool, plan, observer)?;
         Ok(pool)
     }
+
+    /// Build a keeper's pool: capacity checks, map (files only, which a
+    /// lease can be handed), NUMA binding, prefault and placement; no pin,
+    /// no registration (those belong to the process that uses the memory).
+    /// With the pool, a second descriptor of each of its files and the
+    /// file's extent.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] for a backing that maps memory of its own;
+    /// the steps' errors, after what was built is torn down.
+    pub(crate) fn build_kept(
+        plan: &PoolPlan,
+        observer: &dyn Observer,
+    ) -> Result<(Pool, Vec<(std::os::fd::OwnedFd, Extent)>)> {
+        let bp = &plan.backing_plan;
+        let MemorySource::Files(files) = &bp.source else {
+            return Err(crate::Error::config(format!(
+                "backing {} maps memory of its own, which a keeper cannot hand to another \
+                 process; use a file backing (shm-segmented, hugetlbfs)",
+                bp.backing
+            )));
+        };
+        capacity::require(&bp.capacity)?;
+        let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
+            crate::file::map_planned(files, bp.size)
+        });
+        let mapping = mapping?;
+        let fds = mapping
+            .pool_files()
+            .iter()
+            .map(|f| Ok((f.fd.try_clone()?, f.extent)))
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| {
+                crate::Error::os(
+                    "fcntl(F_DUPFD_CLOEXEC)",
+                    e,
+                    Context::new(bp.size.mapped(), bp.size.page())
+                        .remedy("raise the open-file limit (ulimit -n)"),
+                )
+            })?;
+        let mut report = first_report(plan, &mapping, map_secs);
+        report.sharing = None;
+        let mut pool = Pool::of(Box::new(mapping), report);
+        bind(&mut pool, plan, None)?;
+        let faulted = prefault(&mut pool, plan, observer);
+        pool.report.prefault = Some(faulted?);
+        check_placement(&mut pool, plan)?;
+        Ok((pool, fds))
+    }
+}
+
+/// The prefault outcome of memory leased from a keeper: it came resident.
+fn resident() -> PrefaultOutcome {
+    PrefaultOutcome {
+        method: "resident",
+        threads: 0,
+        bytes: 0,
+        seconds: 0.0,
+        fell_back_to_touch: false,
+        per_thread: Vec::new(),
+    }
 }
 
 /// The mapping of the backing's plan, in a [`Pool`] with its first report:
@@ -73,6 +136,34 @@ impl Pool {
 /// and (for a shared pool) shares.
 fn map(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
     let bp = &plan.backing_plan;
+    let mut fallback = None;
+    if plan.config.keeper.is_some() {
+        let (leased, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
+            crate::keeper::attach(plan)
+        });
+        match leased {
+            Ok(mapping) => {
+                let report = first_report(plan, mapping.as_ref(), map_secs);
+                return Ok(Pool::of(mapping, report));
+            }
+            Err(crate::Error::Keeper {
+                absent: true,
+                message,
+                ..
+            }) if plan.config.keeper_fallback == crate::config::KeeperFallback::Build => {
+                tracing::warn!(
+                    "{message}; building a pool of this process's own (keeper_fallback = \"build\")"
+                );
+                fallback = Some(message);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // A shared pool's creator checks capacity itself: once it has reserved
+    // the pages, the counts look too low to joiners.
+    if plan.config.sharing.is_none() {
+        capacity::require(&bp.capacity)?;
+    }
     let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
         match &bp.source {
             MemorySource::Own => plan.backing.map(bp),
@@ -80,16 +171,24 @@ fn map(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
         }
     });
     let mapping = mapping?;
-    let report = first_report(plan, mapping.as_ref(), map_secs);
-    Ok(Pool {
-        mapping: Some(crate::sys::Owner::new(mapping)),
-        pin: None,
-        background: None,
-        pin_extent: None,
-        registrations: Vec::new(),
-        report,
-        owner: std::process::id(),
-    })
+    let mut report = first_report(plan, mapping.as_ref(), map_secs);
+    report.keeper_fallback = fallback;
+    Ok(Pool::of(mapping, report))
+}
+
+impl Pool {
+    /// A pool of `mapping`, with its first report, nothing pinned yet.
+    fn of(mapping: Box<dyn Mapping>, report: PoolReport) -> Pool {
+        Pool {
+            mapping: Some(crate::sys::Owner::new(mapping)),
+            pin: None,
+            background: None,
+            pin_extent: None,
+            registrations: Vec::new(),
+            report,
+            owner: std::process::id(),
+        }
+    }
 }
 
 /// A [`MemorySource::Files`] plan's mapping: private files stitched into one
@@ -135,14 +234,27 @@ pub(super) fn shared_names(files: &FilePlan, sharing: &SharingConfig) -> Vec<Pat
 fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolReport {
     let bp = &plan.backing_plan;
     let region = mapping.region();
+    let leased = mapping.leased();
     PoolReport {
-        backing: bp.backing.to_string(),
+        backing: leased
+            .as_ref()
+            .and_then(|l| l["backing"].as_str())
+            .unwrap_or(bp.backing)
+            .to_string(),
         page_size: region.page().get(),
         logical_bytes: region.logical_len(),
         mapped_bytes: region.mapped_len(),
         address: format!("{:#x}", region.addr() as usize),
-        segments: segment_reports(bp),
-        options: bp.options.clone(),
+        segments: if leased.is_some() {
+            Vec::new()
+        } else {
+            segment_reports(bp)
+        },
+        options: if leased.is_some() {
+            Value::Null
+        } else {
+            bp.options.clone()
+        },
         prefault: None,
         phases: Phases {
             map: Some(map_secs),
@@ -162,6 +274,8 @@ fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolRe
         },
         sharing: mapping.sharing(),
         numa: None,
+        keeper: leased,
+        keeper_fallback: None,
         teardown_issues: Vec::new(),
     }
 }
@@ -240,18 +354,25 @@ fn rendezvous(
 /// now, in one pass, rather than let the driver fault them in one page at a
 /// time under its lock.
 fn attach(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> {
-    if plan.config.sharing.is_none()
+    let leased = pool.report.keeper.is_some();
+    if (plan.config.sharing.is_none() && !leased)
         || plan.pinner.is_none()
         || plan.config.pin.scope != PinScope::Pool
     {
         return Ok(());
     }
     let region = held(&pool.mapping)?.region();
+    // Leased memory is resident, but in none of this process's page tables.
+    let own = if leased {
+        Extent { offset: 0, len: 0 }
+    } else {
+        plan.prefault.extent
+    };
     let (attached, secs) = timed(
         observer,
         Phase::Attach,
-        region.mapped_len() - plan.prefault.extent.len,
-        || attach_peers(&region, plan.prefault.extent),
+        region.mapped_len() - own.len,
+        || attach_peers(&region, own),
     );
     pool.report.phases.attach = Some(secs);
     attached
@@ -269,6 +390,7 @@ fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
     let placement = crate::host::numa::verify(&region, node, NUMA_SAMPLES)?;
     pool.report.numa = Some(placement.clone());
     let faulted_all = plan.config.sharing.is_none()
+        && pool.report.keeper.is_none()
         && !matches!(plan.prefault.method, PrefaultMethod::NoPrefault(_));
     if faulted_all {
         placement.require_exact()?;
@@ -284,8 +406,13 @@ fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> 
         return Ok(());
     };
     let mapped = pool.report.mapped_bytes;
-    let pin_extent = match (plan.config.sharing.is_some(), plan.config.pin.scope) {
-        (true, PinScope::Shard) => plan.prefault.extent,
+    let pin_extent = match (&plan.config.sharing, plan.config.pin.scope) {
+        // A leased pool's shard is of the keeper's size, not the plan's.
+        (Some(s), PinScope::Shard) if pool.report.keeper.is_some() => {
+            let region = held(&pool.mapping)?.region();
+            crate::shared::shard(region.size(), s)?
+        }
+        (Some(_), PinScope::Shard) => plan.prefault.extent,
         _ => Extent {
             offset: 0,
             len: mapped,

@@ -162,6 +162,15 @@ pub struct PoolReport {
     /// NUMA placement found after prefault, when a node was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub numa: Option<crate::host::numa::Placement>,
+    /// The lease, for a pool leased from a keeper (`keeper = "NAME"`):
+    /// name, instance, generation, content, attach_seconds, previous, tag;
+    /// absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keeper: Option<Value>,
+    /// Why this pool was built rather than leased, when its keeper did not
+    /// answer and `keeper_fallback = "build"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keeper_fallback: Option<String>,
     /// Steps teardown could not undo (empty when all went well).
     pub teardown_issues: Vec<TeardownIssue>,
 }

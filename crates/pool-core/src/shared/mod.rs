@@ -167,6 +167,21 @@ impl SharingReport {
         })
         .ok()
     }
+
+    /// The `sharing` object of a rank that leased its pool from a keeper:
+    /// every rank joins the keeper's pool.
+    pub(crate) fn of_lease(sharing: &SharingConfig, shard: Extent) -> Option<serde_json::Value> {
+        serde_json::to_value(SharingReport {
+            name: sharing.name.clone(),
+            world: sharing.world,
+            rank: sharing.rank,
+            role: Role::Joiner,
+            shard: shard.into(),
+            control_file: String::new(),
+            rendezvous: "keeper",
+        })
+        .ok()
+    }
 }
 
 #[cfg(test)]

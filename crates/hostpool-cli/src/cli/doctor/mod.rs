@@ -63,7 +63,7 @@ pub use pool_core::plugin::{Finding, Level};
 pub fn run(args: DoctorArgs) -> Result<i32, Error> {
     let mut plan = None;
     let mut plan_error = None;
-    if pool_given(&args.pool) {
+    if PoolArgs::given(&args.pool) {
         let config = super::resolve_config(&args.pool)?;
         match PoolPlan::new(config) {
             Ok(p) => plan = Some(p),
@@ -85,55 +85,6 @@ pub fn run(args: DoctorArgs) -> Result<i32, Error> {
     };
     super::write_stdout(&text)?;
     Ok(i32::from(verdict == Level::Fail))
-}
-
-/// Whether any pool flag or `--config` was given. Destructured in full, so a
-/// new pool flag cannot be forgotten here.
-fn pool_given(a: &PoolArgs) -> bool {
-    let PoolArgs {
-        config,
-        size,
-        backing,
-        dir,
-        page_size,
-        threads,
-        prefault,
-        pin,
-        pin_required,
-        memlock_bound,
-        pin_scope,
-        pin_background,
-        pin_background_chunk,
-        register,
-        shared,
-        world,
-        rank,
-        attach_timeout,
-        barrier_timeout,
-        rendezvous,
-        numa_node,
-    } = a;
-    config.is_some()
-        || size.is_some()
-        || backing.is_some()
-        || dir.is_some()
-        || page_size.is_some()
-        || threads.is_some()
-        || prefault.is_some()
-        || pin.is_some()
-        || *pin_required
-        || memlock_bound.is_some()
-        || pin_scope.is_some()
-        || *pin_background
-        || pin_background_chunk.is_some()
-        || !register.is_empty()
-        || shared.is_some()
-        || world.is_some()
-        || rank.is_some()
-        || attach_timeout.is_some()
-        || barrier_timeout.is_some()
-        || rendezvous.is_some()
-        || numa_node.is_some()
 }
 
 /// `fail` when a finding fails, else `warn` when one warns, else `ok`.

@@ -1,0 +1,296 @@
+//! `hostpool keep`: build pools once and keep them, serving leases to
+//! engines that restart (see `pool_core::keeper`); `hostpool keep status`.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use pool_core::keeper::{Content, Keeper, KeptPoolConfig, StopRequests};
+use pool_core::{Error, format_bytes};
+use serde_json::Value;
+
+use super::args::{PoolArgs, resolve_config};
+
+use super::{progress, say, to_json, write_stdout};
+use crate::sys::TerminationSignals;
+
+/// `hostpool keep`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct KeepArgs {
+    /// `status`: what the keepers of this node keep and who leases it.
+    #[command(subcommand)]
+    pub command: Option<KeepCommand>,
+    /// Keep one pool of this name, described by the pool flags; without it,
+    /// --config is a keeper's config (`keep.toml`: one [[pool]] table per
+    /// kept pool).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// With --name: zero (default: clear the pool between leases) or keep
+    /// (the next lease finds the bytes).
+    #[arg(long, value_enum, requires = "name")]
+    pub content: Option<Content>,
+    /// With --name: a user id besides the keeper's own that may lease the
+    /// pool (repeatable).
+    #[arg(long = "allow-uid", value_name = "UID", requires = "name")]
+    pub allow_uids: Vec<u32>,
+    /// Print one JSON line per pool when it is ready (and when it is released).
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds a stop request (SIGTERM) waits for leases to end before the
+    /// keeper tears down anyway (a second SIGTERM ends it at once).
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub drain_timeout: f64,
+    /// The pool (with --name), or --config, the keeper's config.
+    #[command(flatten)]
+    pub pool: PoolArgs,
+}
+
+/// `hostpool keep` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum KeepCommand {
+    /// List kept pools: size, page size, backing, NUMA node, lease, generations.
+    Status(StatusArgs),
+}
+
+/// `hostpool keep status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Only this kept pool.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Print as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Stop requests: SIGINT, SIGTERM, SIGHUP or SIGQUIT, counted.
+static STOPS: StopRequests = StopRequests::new(0);
+
+/// Run `hostpool keep`.
+pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
+    if let Some(KeepCommand::Status(s)) = args.command {
+        return status(&s);
+    }
+    if !(args.drain_timeout.is_finite() && args.drain_timeout >= 0.0) {
+        return Err(Error::config(format!(
+            "--drain-timeout {} must be a number of seconds, 0 or more",
+            args.drain_timeout
+        )));
+    }
+    let signals = TerminationSignals::block().map_err(|e| Error::Plugin {
+        what: "keep".into(),
+        message: "cannot block SIGINT/SIGTERM/SIGHUP/SIGQUIT".into(),
+        source: Some(Box::new(e)),
+    })?;
+    forward(signals);
+    let configs = configs(&args)?;
+    let observer = progress::Bars::new(false);
+    let mut keepers: Vec<Keeper> = Vec::new();
+    for c in configs {
+        let t = Instant::now();
+        // An error drops the keepers built so far, which tears them down.
+        let keeper = Keeper::start(c, &observer)?;
+        ready(&keeper, t.elapsed().as_secs_f64(), args.json)?;
+        keepers.push(keeper);
+    }
+    let drain = Duration::from_secs_f64(args.drain_timeout);
+    std::thread::scope(|s| {
+        for k in keepers.iter_mut() {
+            s.spawn(|| k.serve(&STOPS, drain));
+        }
+    });
+    let mut code = 0;
+    for k in keepers {
+        let name = k.name().to_string();
+        let report = k.teardown();
+        if !report.teardown_issues.is_empty() {
+            code = 1;
+        }
+        if args.json {
+            write_stdout(
+                &serde_json::to_string(&serde_json::json!({
+                    "name": name,
+                    "released": true,
+                    "teardown_seconds": report.phases.teardown,
+                    "teardown_issues": report.teardown_issues,
+                }))
+                .unwrap_or_default(),
+            )?;
+        } else {
+            say(format_args!(
+                "hostpool: kept pool `{name}` released in {:.3} s",
+                report.phases.teardown.unwrap_or(0.0)
+            ));
+        }
+    }
+    Ok(code)
+}
+
+/// The kept pools asked for: one from the pool flags (`--name`), or each
+/// [[pool]] of the keeper's config.
+fn configs(args: &KeepArgs) -> Result<Vec<KeptPoolConfig>, Error> {
+    if let Some(name) = &args.name {
+        let mut pool = resolve_config(&args.pool)?;
+        pool.size_given = pool.size_given || args.pool.size.is_some();
+        let kept = KeptPoolConfig {
+            name: name.clone(),
+            content: args.content.unwrap_or_default(),
+            allow_uids: args.allow_uids.clone(),
+            pool,
+        };
+        kept.validate()?;
+        return Ok(vec![kept]);
+    }
+    let Some(path) = &args.pool.config else {
+        return Err(Error::config(
+            "hostpool keep needs --name NAME (one pool from the pool flags) or --config \
+             keep.toml (one [[pool]] table per kept pool)",
+        ));
+    };
+    if args.pool.flags_given() {
+        return Err(Error::config(format!(
+            "pool flags go with --name; in {} each [[pool]] table has its own keys",
+            path.display()
+        )));
+    }
+    pool_core::keeper::read_config(path)
+}
+
+/// Say that a kept pool is ready.
+fn ready(keeper: &Keeper, seconds: f64, json: bool) -> Result<(), Error> {
+    let mut status = keeper.status();
+    let report = keeper.report();
+    if let Value::Object(m) = &mut status {
+        m.insert("ready_seconds".into(), seconds.into());
+        m.insert("prefault".into(), super::to_json_value(&report.prefault)?);
+        m.insert("phases".into(), super::to_json_value(&report.phases)?);
+        m.insert("capacity".into(), super::to_json_value(&report.capacity)?);
+    }
+    if json {
+        return write_stdout(&serde_json::to_string(&status).unwrap_or_default());
+    }
+    say(format_args!(
+        "hostpool: keeping `{}`: {} ({} pages, {}) on {}, content {}; ready in {seconds:.2} s; \
+         serving until SIGTERM",
+        keeper.name(),
+        format_bytes(report.logical_bytes),
+        format_bytes(report.page_size),
+        report.backing,
+        status["socket"].as_str().unwrap_or(""),
+        status["content"].as_str().unwrap_or(""),
+    ));
+    Ok(())
+}
+
+/// `hostpool keep status`.
+fn status(args: &StatusArgs) -> Result<i32, Error> {
+    let names = match &args.name {
+        Some(n) => vec![n.clone()],
+        None => pool_core::keeper::list(),
+    };
+    let mut all = Vec::new();
+    for n in &names {
+        match pool_core::keeper::status(n) {
+            Ok(v) => all.push(v),
+            // Asked for by name: that it does not answer is the answer.
+            Err(e) if args.name.is_some() => return Err(e),
+            Err(e) => all.push(serde_json::json!({"name": n, "error": e.chain_message()})),
+        }
+    }
+    if args.json {
+        write_stdout(&to_json(&all)?)?;
+        return Ok(0);
+    }
+    if all.is_empty() {
+        write_stdout("no keeper serves a pool in this network namespace")?;
+        return Ok(0);
+    }
+    let mut text = String::new();
+    for v in &all {
+        text.push_str(&human_status(v));
+    }
+    write_stdout(text.trim_end())?;
+    Ok(0)
+}
+
+fn human_status(v: &Value) -> String {
+    use std::fmt::Write;
+    let mut t = String::new();
+    let name = v["name"].as_str().unwrap_or("?");
+    if let Some(e) = v["error"].as_str() {
+        let _ = writeln!(t, "{name}: {e}");
+        return t;
+    }
+    let bytes = |k: &str| format_bytes(v[k].as_u64().unwrap_or(0));
+    let _ = writeln!(
+        t,
+        "{name}: {} ({} pages, {}{}) on {}, keeper pid {} (instance {}), {}",
+        bytes("size"),
+        bytes("page_size"),
+        v["backing"].as_str().unwrap_or("?"),
+        v["numa_node"]
+            .as_u64()
+            .map(|n| format!(", NUMA node {n}"))
+            .unwrap_or_default(),
+        v["socket"].as_str().unwrap_or("?"),
+        v["pid"],
+        v["instance"].as_str().unwrap_or("?"),
+        v["state"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        t,
+        "  content {}, generation {}, allow_uids {}",
+        v["content"].as_str().unwrap_or("?"),
+        v["generation"],
+        v["allow_uids"]
+    );
+    match v["lease"].as_object() {
+        Some(l) => {
+            let _ = writeln!(
+                t,
+                "  leased by pid {} (uid {}) since {}, {} rank(s) of world {}",
+                l["pid"],
+                l["uid"],
+                l["since"].as_str().unwrap_or("?"),
+                l["ranks"].as_array().map_or(0, Vec::len),
+                l["world"]
+            );
+        }
+        None => {
+            let _ = writeln!(t, "  not leased");
+        }
+    }
+    if let Some(p) = v["previous"].as_object() {
+        let _ = writeln!(
+            t,
+            "  last lease: pid {} {} at {}",
+            p["pid"],
+            p["how"].as_str().unwrap_or("?"),
+            p["ended_at"].as_str().unwrap_or("?")
+        );
+    }
+    if let Some(b) = v["broken"].as_str() {
+        let _ = writeln!(t, "  broken: {b}");
+    }
+    t
+}
+
+/// Count the blocked signals and ask builds to stop, from a thread of its own.
+fn forward(signals: TerminationSignals) {
+    let (started, running) = std::sync::mpsc::sync_channel(0);
+    std::thread::spawn(move || {
+        let _ = started.send(());
+        while let Ok(sig) = signals.wait() {
+            let n = STOPS.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == 1 {
+                say(format_args!(
+                    "hostpool: signal {sig}: taking no new leases, waiting for leases to end \
+                     (again to stop at once)"
+                ));
+            }
+            pool_core::interrupt::request(sig);
+        }
+    });
+    let _ = running.recv();
+}

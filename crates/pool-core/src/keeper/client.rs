@@ -1,0 +1,350 @@
+//! An engine's side of a lease: attach to a keeper, map what it hands over,
+//! meet the other ranks at its barrier, release at teardown.
+
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::server::{FromKeeper, ToKeeper};
+use super::{LeaseInfo, address, how_to_start, keeper_error, socket_name};
+use crate::error::{Error, Result, TeardownIssue};
+use crate::file::{self, FileMapping, MapContext, PoolFile};
+use crate::layout::{Extent, PageSize};
+use crate::plugin::{Mapping, RankBarrier};
+use crate::pool::PoolPlan;
+use crate::sys::Region;
+use crate::wire::{self, Received};
+
+/// Connect to the keeper of `name`, checking that it runs as this user or
+/// root (memory from anyone else's process is refused).
+fn connect(name: &str) -> Result<(OwnedFd, u32)> {
+    let addr = address(name)?;
+    let sock = wire::seqpacket()?;
+    crate::failpoint::stall("keeper-before-connect");
+    if let Err(e) = rustix::net::connect(&sock, &addr) {
+        return Err(keeper_error(
+            name,
+            format!(
+                "no keeper answers for kept pool `{name}` on {} ({}); {}",
+                socket_name(name),
+                std::io::Error::from(e),
+                how_to_start(name)
+            ),
+            None,
+            true,
+        ));
+    }
+    let (uid, pid) = wire::peer_cred(&sock)?;
+    let me = rustix::process::geteuid().as_raw();
+    if uid != me && uid != 0 {
+        return Err(Error::Conflict {
+            path: socket_name(name).into(),
+            message: format!(
+                "the socket {} of kept pool `{name}` is held by pid {pid} of uid {uid}, neither \
+                 this user (uid {me}) nor root; refusing to take memory from it: stop that \
+                 process",
+                socket_name(name)
+            ),
+        });
+    }
+    Ok((sock, pid))
+}
+
+/// The status of the keeper of `name`.
+pub(super) fn status(name: &str) -> Result<Value> {
+    let (sock, pid) = connect(name)?;
+    wire::send(&sock, &ToKeeper::Status, &[])
+        .map_err(|e| wire::os("sendmsg", e, "asking the keeper failed"))?;
+    match wire::recv::<FromKeeper>(
+        &sock,
+        Instant::now() + Duration::from_secs(5),
+        &mut Vec::new(),
+        false,
+    )? {
+        Received::Msg(FromKeeper::Status(v)) => Ok(v),
+        Received::Msg(FromKeeper::Refused { message, .. }) => {
+            Err(keeper_error(name, message, Some(pid), false))
+        }
+        _ => Err(keeper_error(
+            name,
+            format!(
+                "the keeper of `{name}` (pid {pid}) did not answer a status request within 5 s"
+            ),
+            Some(pid),
+            false,
+        )),
+    }
+}
+
+/// Lease the pool `plan.config.keeper` names and map it.
+///
+/// # Errors
+/// [`Error::Keeper`] (with `absent` when no keeper answers), a usage error
+/// when the keeper's pool is not the one asked for, mapping errors.
+pub(crate) fn attach(plan: &PoolPlan) -> Result<Box<dyn Mapping>> {
+    let config = &plan.config;
+    let Some(name) = config.keeper.as_deref() else {
+        return Err(Error::config("no keeper named"));
+    };
+    let started = Instant::now();
+    let sharing = config.sharing.clone();
+    let (world, rank, engine) = sharing
+        .as_ref()
+        .map_or((1, 0, String::new()), |s| (s.world, s.rank, s.name.clone()));
+    let attach_timeout = sharing
+        .as_ref()
+        .map_or(crate::config::DEFAULT_ATTACH_TIMEOUT_SECS, |s| {
+            s.attach_timeout_secs
+        });
+    let barrier_timeout = sharing
+        .as_ref()
+        .map_or(crate::config::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
+            s.barrier_timeout_secs
+        });
+    let (sock, pid) = connect(name)?;
+    let hello = ToKeeper::Hello {
+        world,
+        rank,
+        engine,
+        size: config.size_given.then_some(config.size.get()),
+        page: config.page_size.map(|p| p.get()),
+        tag: config.keeper_tag.clone(),
+        attach_timeout_secs: attach_timeout,
+        barrier_timeout_secs: barrier_timeout,
+    };
+    wire::send(&sock, &hello, &[])
+        .map_err(|e| wire::os("sendmsg", e, "asking the keeper for a lease failed"))?;
+    let deadline = started + Duration::from_secs_f64(attach_timeout) + Duration::from_secs(1);
+    let died = |what: &str| {
+        keeper_error(
+            name,
+            format!(
+                "the keeper of `{name}` (pid {pid}) {what}; {}",
+                how_to_start(name)
+            ),
+            Some(pid),
+            false,
+        )
+    };
+    let mut fds = Vec::new();
+    let (info, logical, mapped, page, backing, extents, count) =
+        match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, true)? {
+            Received::Msg(FromKeeper::Lease {
+                info,
+                logical,
+                mapped,
+                page,
+                backing,
+                extents,
+                files,
+            }) => (info, logical, mapped, page, backing, extents, files),
+            Received::Msg(FromKeeper::Refused {
+                usage: true,
+                message,
+                ..
+            }) => return Err(Error::config(message)),
+            Received::Msg(FromKeeper::Refused { message, pid, .. }) => {
+                return Err(keeper_error(name, message, pid, false));
+            }
+            Received::Msg(_) | Received::Gone => {
+                return Err(died("died before it handed over the pool"));
+            }
+            Received::TimedOut => {
+                return Err(keeper_error(
+                    name,
+                    format!(
+                        "the keeper of `{name}` (pid {pid}) did not hand over the pool within \
+                         {attach_timeout:.0} s (it may be clearing it after the previous lease); \
+                         raise --attach-timeout"
+                    ),
+                    Some(pid),
+                    false,
+                ));
+            }
+        };
+    while fds.len() < count {
+        match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, true)? {
+            Received::Msg(FromKeeper::Files) => {}
+            _ => return Err(died("died while handing over the pool")),
+        }
+    }
+    crate::failpoint::stall("keeper-passing-fds");
+    if fds.len() != extents.len() {
+        return Err(died(&format!(
+            "handed over {} file(s) for {} extent(s)",
+            fds.len(),
+            extents.len()
+        )));
+    }
+    let page = PageSize::new(page)?;
+    let size = crate::layout::round_to_page(logical, page)?;
+    if size.mapped() != mapped {
+        return Err(died("sent sizes that do not agree"));
+    }
+    let files = fds
+        .into_iter()
+        .zip(extents)
+        .map(|(fd, (offset, len))| {
+            let id = file::file_id(&fd).map_err(|e| wire::os("fstat", e, "a leased pool file"))?;
+            Ok(PoolFile {
+                fd,
+                path: None,
+                id,
+                extent: Extent { offset, len },
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let inner = file::map_files(
+        files,
+        size,
+        &MapContext {
+            enomem_remedy: "mapping the kept pool failed: raise the address-space limit \
+                            (ulimit -v)"
+                .into(),
+        },
+    )?;
+    crate::failpoint::stall("keeper-attached");
+    let shard = match &sharing {
+        Some(s) => crate::shared::shard(size, s)?,
+        None => Extent {
+            offset: 0,
+            len: size.mapped(),
+        },
+    };
+    Ok(Box::new(LeasedMapping {
+        inner,
+        conn: Some(sock),
+        info,
+        backing,
+        attach_seconds: started.elapsed().as_secs_f64(),
+        keeper_pid: pid,
+        sharing,
+        shard,
+    }))
+}
+
+/// The mapping of a leased pool.
+#[derive(Debug)]
+struct LeasedMapping {
+    inner: FileMapping,
+    /// The lease: its end is this connection's end.
+    conn: Option<OwnedFd>,
+    info: LeaseInfo,
+    backing: String,
+    attach_seconds: f64,
+    keeper_pid: u32,
+    sharing: Option<crate::config::SharingConfig>,
+    shard: Extent,
+}
+
+impl LeasedMapping {
+    fn barrier(&mut self, outcome: std::result::Result<(), String>) -> Result<()> {
+        let name = &self.info.name;
+        let Some(conn) = &self.conn else {
+            return outcome.map_err(Error::config);
+        };
+        let timeout = self
+            .sharing
+            .as_ref()
+            .map_or(crate::config::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
+                s.barrier_timeout_secs
+            });
+        let mine = outcome.as_ref().err().cloned();
+        let _ = wire::send(
+            conn,
+            &ToKeeper::Arrived {
+                error: mine.clone(),
+            },
+            &[],
+        );
+        let rank = self.sharing.as_ref().map_or(0, |s| s.rank);
+        if let Some(msg) = mine {
+            return Err(Error::Peer {
+                message: format!("rank {rank} failed: {msg}"),
+                ranks: vec![rank],
+                pid: Some(std::process::id()),
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs_f64(timeout) + Duration::from_secs(2);
+        match wire::recv::<FromKeeper>(conn, deadline, &mut Vec::new(), true)? {
+            Received::Msg(FromKeeper::Go) => Ok(()),
+            Received::Msg(FromKeeper::Failed {
+                message,
+                ranks,
+                pid,
+            }) => Err(Error::Peer {
+                message,
+                ranks,
+                pid,
+            }),
+            Received::Msg(_) | Received::Gone => Err(keeper_error(
+                name,
+                format!(
+                    "the keeper of `{name}` (pid {}) died while the ranks attached; {}",
+                    self.keeper_pid,
+                    how_to_start(name)
+                ),
+                Some(self.keeper_pid),
+                false,
+            )),
+            Received::TimedOut => Err(keeper_error(
+                name,
+                format!(
+                    "the other ranks of kept pool `{name}` did not attach within {timeout:.0} s"
+                ),
+                None,
+                false,
+            )),
+        }
+    }
+}
+
+impl Mapping for LeasedMapping {
+    fn region(&self) -> Region<'_> {
+        self.inner.region()
+    }
+
+    fn checked_capacity(&self) -> bool {
+        false
+    }
+
+    fn sharing(&self) -> Option<Value> {
+        let s = self.sharing.as_ref()?;
+        crate::shared::SharingReport::of_lease(s, self.shard)
+    }
+
+    fn leased(&self) -> Option<Value> {
+        let mut v = serde_json::to_value(&self.info).ok()?;
+        if let Value::Object(m) = &mut v {
+            m.insert("attach_seconds".into(), self.attach_seconds.into());
+            m.insert("backing".into(), self.backing.clone().into());
+        }
+        Some(v)
+    }
+
+    fn reserve_for_touch(&self, _extent: Extent) -> Result<()> {
+        Ok(())
+    }
+
+    fn rendezvous(
+        &mut self,
+        outcome: std::result::Result<(), String>,
+        _barrier: Option<&dyn RankBarrier>,
+    ) -> Result<()> {
+        if self.sharing.as_ref().is_none_or(|s| s.world == 1) {
+            return outcome.map_err(Error::config);
+        }
+        self.barrier(outcome)
+    }
+
+    fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
+        let LeasedMapping { inner, conn, .. } = *self;
+        let issues = Box::new(inner).teardown();
+        if let Some(conn) = conn {
+            // Unmapped first: the keeper may clear the pool once it reads this.
+            let _ = wire::send(&conn, &ToKeeper::Release, &[]);
+        }
+        issues
+    }
+}

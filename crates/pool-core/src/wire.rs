@@ -1,0 +1,198 @@
+//! Messages over a unix `SOCK_SEQPACKET` socket in the abstract namespace:
+//! one JSON document per packet, with file descriptors passed alongside
+//! (`SCM_RIGHTS`). The keeper's protocol speaks it; a peer's death is an
+//! EOF, seen at once.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Context, Error, Result};
+
+/// Largest message (JSON) in bytes.
+pub(crate) const MSG_BYTES: usize = 64 << 10;
+/// File descriptors per message (the kernel takes at most 253).
+pub(crate) const FDS_PER_MSG: usize = 200;
+/// The longest one `poll` waits, so deadlines and stop requests are seen.
+pub(crate) const TICK: Duration = Duration::from_millis(20);
+
+/// A failed call on the socket, with what to do about it.
+pub(crate) fn os(op: &'static str, e: impl Into<std::io::Error>, remedy: &str) -> Error {
+    Error::os(
+        op,
+        e,
+        Context::new(0, crate::layout::PageSize::BASE_4K).remedy(remedy),
+    )
+}
+
+/// A new `SOCK_SEQPACKET` unix socket, close-on-exec.
+pub(crate) fn seqpacket() -> Result<OwnedFd> {
+    rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| {
+        os(
+            "socket(AF_UNIX, SOCK_SEQPACKET)",
+            e,
+            "the kernel refused a unix socket",
+        )
+    })
+}
+
+/// Send `msg`, with `files` (at most [`FDS_PER_MSG`]).
+pub(crate) fn send<M: Serialize>(
+    fd: impl AsFd,
+    msg: &M,
+    files: &[BorrowedFd<'_>],
+) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MSG))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !files.is_empty() && !control.push(SendAncillaryMessage::ScmRights(files)) {
+        return Err(std::io::Error::from_raw_os_error(libc::E2BIG));
+    }
+    rustix::net::sendmsg(
+        fd,
+        &[IoSlice::new(&bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    Ok(())
+}
+
+/// What [`recv`] got.
+#[derive(Debug)]
+pub(crate) enum Received<M> {
+    /// A message.
+    Msg(M),
+    /// End of file: the peer is gone (closed, or died).
+    Gone,
+    /// Nothing before the deadline.
+    TimedOut,
+}
+
+/// Wait for a message until `deadline`. Received descriptors are appended
+/// to `files`. `stoppable`: a stop request (see [`crate::interrupt`]) ends
+/// the wait with [`Error::Interrupted`].
+///
+/// # Errors
+/// [`Error::Interrupted`]; [`Error::Os`] for a failed call;
+/// [`Error::Plugin`] for a message this version cannot read.
+pub(crate) fn recv<M: DeserializeOwned>(
+    fd: impl AsFd,
+    deadline: Instant,
+    files: &mut Vec<OwnedFd>,
+    stoppable: bool,
+) -> Result<Received<M>> {
+    let fd = fd.as_fd();
+    loop {
+        if stoppable {
+            crate::interrupt::check()?;
+        }
+        if readable(fd, deadline)? {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Ok(Received::TimedOut);
+        }
+    }
+    let mut buf = vec![0u8; MSG_BYTES];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MSG))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut flags = RecvFlags::CMSG_CLOEXEC;
+    let got = loop {
+        match rustix::net::recvmsg(fd, &mut [IoSliceMut::new(&mut buf)], &mut control, flags) {
+            Ok(g) => break g,
+            // A peer that closed its socket with our message unread in it
+            // makes the kernel report ECONNRESET once, before the messages
+            // it had sent us and that are still queued: read those first.
+            Err(e) if e == rustix::io::Errno::CONNRESET && !flags.contains(RecvFlags::DONTWAIT) => {
+                flags |= RecvFlags::DONTWAIT;
+            }
+            Err(e) if e == rustix::io::Errno::CONNRESET || e == rustix::io::Errno::AGAIN => {
+                return Ok(Received::Gone);
+            }
+            Err(e) => return Err(os("recvmsg", e, "the socket failed")),
+        }
+    };
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            files.extend(fds);
+        }
+    }
+    if got.bytes == 0 {
+        return Ok(Received::Gone);
+    }
+    serde_json::from_slice(&buf[..got.bytes])
+        .map(Received::Msg)
+        .map_err(|e| Error::Plugin {
+            what: "hostpool socket".into(),
+            message: "the peer sent a message that is not of this hostpool version".into(),
+            source: Some(Box::new(e)),
+        })
+}
+
+/// Whether `fd` has something to read (or hung up) within one tick.
+pub(crate) fn readable(fd: BorrowedFd<'_>, deadline: Instant) -> Result<bool> {
+    let wait = deadline.saturating_duration_since(Instant::now()).min(TICK);
+    let timeout = Timespec {
+        tv_sec: 0,
+        tv_nsec: i64::from(wait.subsec_nanos()),
+    };
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    match poll(&mut fds, Some(&timeout)) {
+        Ok(n) => Ok(n > 0),
+        Err(e) if e == rustix::io::Errno::INTR => Ok(false),
+        Err(e) => Err(os("poll", e, "waiting on a unix socket failed")),
+    }
+}
+
+/// Whether `fd` has something to read (or hung up) right now.
+pub(crate) fn ready(fd: impl AsFd) -> bool {
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    poll(
+        &mut fds,
+        Some(&Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        }),
+    )
+    .unwrap_or(0)
+        > 0
+}
+
+/// Wait up to `wait` (below a second) until any of `fds` has something to
+/// read or hung up.
+pub(crate) fn wait_any(fds: &[BorrowedFd<'_>], wait: Duration) {
+    let mut polled: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
+        .collect();
+    let timeout = Timespec {
+        tv_sec: 0,
+        tv_nsec: i64::from(wait.subsec_nanos()),
+    };
+    let _ = poll(&mut polled, Some(&timeout));
+}
+
+/// The peer's uid and pid (`SO_PEERCRED`; pid 0 when unknown).
+pub(crate) fn peer_cred(fd: impl AsFd) -> Result<(u32, u32)> {
+    let cred = rustix::net::sockopt::socket_peercred(fd)
+        .map_err(|e| os("getsockopt(SO_PEERCRED)", e, "the unix socket failed"))?;
+    Ok((
+        cred.uid.as_raw(),
+        u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(0),
+    ))
+}
