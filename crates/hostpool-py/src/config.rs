@@ -133,7 +133,8 @@ impl Args {
             s.validate()?;
         }
         if self.keeper.is_none()
-            && (self.keeper_tag.is_some() || self.keeper_fallback != pool_core::KeeperFallback::Fail)
+            && (self.keeper_tag.is_some()
+                || self.keeper_fallback != pool_core::KeeperFallback::Fail)
         {
             return Err(Error::config(
                 "keeper_tag and keeper_fallback go with keeper=\"NAME\": the pool is leased from that keeper",

@@ -28,7 +28,7 @@ pub const ENABLED: bool = cfg!(feature = "failpoints");
 pub const ENV: &str = "HOSTPOOL_TEST_FAILPOINTS";
 
 /// The failpoints hostpool checks, for documentation and tests.
-pub const NAMES: [&str; 8] = [
+pub const NAMES: [&str; 17] = [
     "populate-write-probe",
     "anon-mmap",
     "shared-creator-map",
@@ -37,6 +37,15 @@ pub const NAMES: [&str; 8] = [
     "shared-before-ready",
     "shared-before-barrier",
     "shared-after-barrier",
+    "keeper-before-build",
+    "keeper-hello",
+    "keeper-passing-fds",
+    "keeper-leased",
+    "keeper-lease-end",
+    "keeper-zeroing",
+    "keeper-before-connect",
+    "keeper-attached",
+    "keeper-release",
 ];
 
 /// What an armed failpoint does.

@@ -341,6 +341,7 @@ impl Mapping for LeasedMapping {
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
         let LeasedMapping { inner, conn, .. } = *self;
         let issues = Box::new(inner).teardown();
+        crate::failpoint::stall("keeper-release");
         if let Some(conn) = conn {
             // Unmapped first: the keeper may clear the pool once it reads this.
             let _ = wire::send(&conn, &ToKeeper::Release, &[]);

@@ -124,6 +124,16 @@ struct Lease {
     generation: u64,
 }
 
+/// A lease that failed while its ranks attached.
+#[derive(Debug)]
+struct FailedLease {
+    engine: String,
+    ranks: Vec<u32>,
+    message: String,
+    pid: Option<u32>,
+    until: Instant,
+}
+
 /// An attach that waits for the pool to be cleared.
 #[derive(Debug)]
 struct Waiting {
@@ -158,6 +168,10 @@ struct Serving {
     lease: Option<Lease>,
     waiting: Vec<Waiting>,
     hellos: Vec<(OwnedFd, Instant)>,
+    /// Leases of a world > 1 that failed, until their attach timeout: a rank
+    /// of that engine that comes late is told why, rather than starting a
+    /// lease that waits for ranks that are gone.
+    failed: Vec<FailedLease>,
     state: State,
     last_clear_seconds: Option<f64>,
     stopping: bool,
@@ -203,6 +217,7 @@ impl Keeper {
             lease: None,
             waiting: Vec::new(),
             hellos: Vec::new(),
+            failed: Vec::new(),
             state: State::Idle,
             last_clear_seconds: None,
             stopping: false,
@@ -281,8 +296,13 @@ impl Keeper {
                     s.cleared(done);
                 }
                 s.accept();
-                s.read_hellos(memory);
                 s.watch_lease();
+                // A lease whose ranks said something (or hung up) since is
+                // settled first, so that an engine's restart never finds its
+                // own dead predecessor's lease in force.
+                if !s.lease_unsettled() {
+                    s.read_hellos(memory);
+                }
                 if s.lease_over()
                     && s.end_lease()
                     && s.config.content == Content::Zero
@@ -532,6 +552,7 @@ impl Serving {
         else {
             return;
         };
+        crate::failpoint::stall("keeper-hello");
         let name = self.config.name.clone();
         if self.stopping {
             self.refuse(
@@ -556,6 +577,20 @@ impl Serving {
         }
         if let Some(message) = self.mismatch(*size, *page, *world, *rank) {
             self.refuse(&conn, true, message, None);
+            return;
+        }
+        let now = Instant::now();
+        self.failed.retain(|f| f.until > now);
+        if let Some(f) = self
+            .failed
+            .iter()
+            .find(|f| !engine.is_empty() && f.engine == *engine && !f.ranks.contains(rank))
+        {
+            let message = format!(
+                "the lease of engine `{engine}` failed before rank {rank} attached: {}",
+                f.message
+            );
+            self.refuse(&conn, false, message, f.pid);
             return;
         }
         if let Some(lease) = &self.lease {
@@ -606,6 +641,8 @@ impl Serving {
             });
             return;
         } else {
+            // A new lease of this engine: its ranks start again.
+            self.failed.retain(|f| f.engine != *engine);
             self.generation += 1;
             let now = Instant::now();
             let attach = Duration::from_secs_f64(attach_timeout_secs.clamp(0.1, 86_400.0));
@@ -655,6 +692,7 @@ impl Serving {
         if lease.world == 1 && sent.is_ok() {
             lease.live = true;
         }
+        crate::failpoint::stall("keeper-leased");
     }
 
     /// Why an engine's size, page size, world or rank do not fit the pool.
@@ -794,6 +832,15 @@ impl Serving {
         }
         if let Some((message, ranks, pid)) = failure {
             lease.failed = true;
+            if lease.world > 1 {
+                self.failed.push(FailedLease {
+                    engine: lease.engine.clone(),
+                    ranks: lease.ranks.iter().map(|r| r.rank).collect(),
+                    message: message.clone(),
+                    pid,
+                    until: lease.attach_deadline,
+                });
+            }
             for r in &lease.ranks {
                 if let Some(fd) = &r.fd {
                     let _ = wire::send(
@@ -808,6 +855,16 @@ impl Serving {
                 }
             }
         }
+    }
+
+    /// Whether a rank of the lease in force has something unread (a
+    /// message, or its hang-up).
+    fn lease_unsettled(&self) -> bool {
+        self.lease.as_ref().is_some_and(|l| {
+            l.ranks
+                .iter()
+                .any(|r| r.fd.as_ref().is_some_and(wire::ready))
+        })
     }
 
     /// Whether the lease in force has ended: every rank's connection is gone.

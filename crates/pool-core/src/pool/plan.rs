@@ -48,9 +48,32 @@ impl PoolPlan {
         if let Some(node) = config.numa_node {
             crate::host::numa::check_node(node)?;
         }
-        let selection = plugin::select_backing(&config)?;
+        // An engine that leases its pool and never builds one plans only
+        // what it does itself: the backing's side is the keeper's, so its
+        // own `dir`, backing and page size are not planned (a page size is
+        // checked against the kept pool's when it attaches).
+        let leases_only = config.keeper.is_some()
+            && config.keeper_fallback == crate::config::KeeperFallback::Fail;
+        let backing_config = if leases_only {
+            PoolConfig {
+                backing: "auto".into(),
+                dir: None,
+                page_size: None,
+                ..config.clone()
+            }
+        } else {
+            config.clone()
+        };
+        let mut selection = plugin::select_backing(&backing_config)?;
+        if let Some(keeper) = config.keeper.as_deref().filter(|_| leases_only) {
+            selection.reason = format!(
+                "leased from keeper `{keeper}` ({}): its backing; this process maps, pins and \
+                 registers it",
+                crate::keeper::socket_name(keeper)
+            );
+        }
         let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;
-        let mut backing_plan = backing.plan(&config)?;
+        let mut backing_plan = backing.plan(&backing_config)?;
         // A shared pool of files names them in the plan (the file
         // rendezvous's data files).
         if let (Some(sharing), crate::plugin::MemorySource::Files(files)) =

@@ -1,0 +1,860 @@
+//! `hostpool keep` and engines that lease from it, with real processes
+//! killed at every step. Needs root (a small tmpfs of its own, so that what
+//! is left on it is exact; another user's process): under `cargo xtask
+//! test` its absence fails the test, elsewhere the test prints why it skips.
+
+mod support;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::procs::{
+    Children, SmallTmpfs, addr, bin, mem_read, mem_write, name, read_json_line, read_report,
+    root_or_skip, signal, stderr_of, wait_stderr, wait_timeout,
+};
+
+const MIB: u64 = 1 << 20;
+
+/// A keeper of one 8 MiB pool named `pool` on `tmpfs`, with `args` and
+/// failpoints `fail`; its ready line.
+fn keeper(pool: &str, tmpfs: &SmallTmpfs, args: &[&str], fail: &str) -> (Child, Value) {
+    let mut child = bin()
+        .args(["keep", "--name", pool, "--json", "--size", "8MiB"])
+        .args(["--backing", "shm-segmented", "--dir", tmpfs.path()])
+        .args(args)
+        .env("HOSTPOOL_TEST_FAILPOINTS", fail)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = read_json_line(&mut child);
+    assert_eq!(ready["name"], pool, "{ready}");
+    (child, ready)
+}
+
+/// An engine that leases `pool` and holds it (`alloc --keeper --hold
+/// --json`), with `args` and failpoints `fail`.
+fn engine(pool: &str, args: &[&str], fail: &str) -> Child {
+    bin()
+        .args(["alloc", "--keeper", pool, "--hold", "--json"])
+        .args(args)
+        .env("HOSTPOOL_TEST_FAILPOINTS", fail)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// An engine that leases `pool`, prints its report and releases it.
+fn engine_once(pool: &str, args: &[&str]) -> std::process::Output {
+    bin()
+        .args(["alloc", "--keeper", pool, "--json"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn status(pool: &str) -> Value {
+    let out = bin()
+        .args(["keep", "status", "--name", pool, "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    all[0].clone()
+}
+
+/// SIGTERM a keeper; it must exit 0 within 10 s.
+fn stop(mut keeper: Child) {
+    signal(&keeper, libc::SIGTERM);
+    let st = wait_timeout(&mut keeper, Duration::from_secs(10)).expect("the keeper stops");
+    let err = stderr_of(&mut keeper);
+    assert_eq!(st.code(), Some(0), "{err}");
+}
+
+#[track_caller]
+fn assert_clean(tmpfs: &SmallTmpfs, what: &str) {
+    // The kernel frees an unlinked file's pages as its last holder exits.
+    let end = Instant::now() + Duration::from_secs(5);
+    while tmpfs.used() != 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(tmpfs.used(), 0, "{what}: the tmpfs still holds pages");
+    assert!(tmpfs.files().is_empty(), "{what}: {:?}", tmpfs.files());
+}
+
+/// The offsets each generation writes its mark at: first, middle, last.
+const MARKS: [u64; 3] = [0, 4 * MIB, 8 * MIB - 4];
+
+/// An engine SIGKILLed and restarted 20 times against one keeper: every
+/// attach succeeds, is resident (no prefault), counts the generation up,
+/// hears that the previous lease died (and its pid) and the tag it stored;
+/// with content = keep it finds the previous generation's bytes, with
+/// content = zero only zeros. Nothing is left once the keeper stops.
+#[test]
+fn an_engine_killed_and_restarted_20_times_finds_its_bytes_or_zeros() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    for content in ["keep", "zero"] {
+        let tmpfs = SmallTmpfs::mount(&format!("restart-{content}"), 32);
+        let pool = name(&format!("restart-{content}"));
+        let (k, ready) = keeper(&pool, &tmpfs, &["--content", content], "");
+        let mut k = Children(vec![k]);
+        assert_eq!(ready["content"], content);
+        assert_eq!(ready["prefault"]["bytes"], 8 * MIB, "{ready}");
+        let instance = ready["instance"].as_str().unwrap().to_string();
+        let mut last_pid = 0;
+        for generation in 1..=20u8 {
+            let tag = format!("gen-{generation}");
+            let mut e = Children(vec![engine(&pool, &["--keeper-tag", &tag], "")]);
+            let report = read_report(&mut e[0]);
+            let lease = &report["keeper"];
+            let what = format!("content {content}, generation {generation}: {lease}");
+            assert_eq!(lease["generation"], u64::from(generation), "{what}");
+            assert_eq!(lease["instance"], instance.as_str(), "{what}");
+            assert_eq!(lease["content"], content, "{what}");
+            assert!(lease["attach_seconds"].as_f64().unwrap() < 5.0, "{what}");
+            assert_eq!(report["prefault"]["bytes"], 0, "{what}");
+            assert_eq!(report["mapped_bytes"], 8 * MIB, "{what}");
+            if generation == 1 {
+                assert!(lease["previous"].is_null(), "{what}");
+                assert!(lease["tag"].is_null(), "{what}");
+            } else {
+                assert_eq!(lease["previous"]["how"], "died", "{what}");
+                assert_eq!(lease["previous"]["pid"], last_pid, "{what}");
+                assert_eq!(lease["tag"], format!("gen-{}", generation - 1), "{what}");
+            }
+            let pid = e[0].id();
+            let base = addr(&report);
+            for off in MARKS {
+                let found = mem_read(pid, base + off, 4);
+                let expect = if content == "keep" && generation > 1 {
+                    [generation - 1; 4]
+                } else {
+                    [0; 4]
+                };
+                assert_eq!(found, expect, "{what}: offset {off}");
+                mem_write(pid, base + off, &[generation; 4]);
+            }
+            e[0].kill().unwrap();
+            e[0].wait().unwrap();
+            last_pid = pid;
+        }
+        let st = status(&pool);
+        assert_eq!(st["generation"], 20, "{st}");
+        assert_eq!(st["previous"]["how"], "died", "{st}");
+        stop(k.0.remove(0));
+        assert_clean(&tmpfs, content);
+    }
+}
+
+/// Two engines race for one pool: one lease, and the other is refused,
+/// naming the holder's pid. A process of another user is refused, unless
+/// the pool allows its uid.
+#[test]
+fn one_lease_at_a_time_and_only_for_allowed_users() {
+    if !root_or_skip("needs root to mount a small tmpfs and to run as another user") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("race", 32);
+    let pool = name("race");
+    let (k, _) = keeper(&pool, &tmpfs, &[], "");
+    let _k = Children(vec![k]);
+    let mut both = Children(vec![engine(&pool, &[], ""), engine(&pool, &[], "")]);
+    let mut outcomes = Vec::new();
+    for i in 0..2 {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = both[i].try_wait().unwrap() {
+                outcomes.push((i, Err((st.code(), stderr_of(&mut both[i])))));
+                break;
+            }
+            if status(&pool)["lease"]["pid"] == both[i].id() {
+                outcomes.push((i, Ok(())));
+                break;
+            }
+            assert!(Instant::now() < end, "engine {i} neither leased nor failed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let winner = outcomes
+        .iter()
+        .find(|(_, o)| o.is_ok())
+        .expect("one lease")
+        .0;
+    let (_, lost) = outcomes
+        .iter()
+        .find(|(_, o)| o.is_err())
+        .expect("one refusal");
+    let Err((code, err)) = lost else {
+        unreachable!()
+    };
+    assert_eq!(*code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("is leased by pid {}", both[winner].id()))
+            && err.contains("one lease at a time"),
+        "{err}"
+    );
+    signal(&both[winner], libc::SIGTERM);
+    assert_eq!(
+        wait_timeout(&mut both[winner], Duration::from_secs(10)).and_then(|s| s.code()),
+        Some(0)
+    );
+
+    // Another user: refused by the keeper's credentials check.
+    let as_nobody = |pool: &str| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_hostpool"))
+            .args(["alloc", "--keeper", pool, "--json"])
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("setpriv")
+    };
+    let out = as_nobody(&pool);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("uid 65534 may not use kept pool") && err.contains("allow_uids"),
+        "{err}"
+    );
+    let other = name("race-allowed");
+    let (k2, _) = keeper(&other, &tmpfs, &["--allow-uid", "65534"], "");
+    let _k2 = Children(vec![k2]);
+    let out = as_nobody(&other);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["keeper"]["generation"], 1);
+    assert_eq!(status(&other)["previous"]["how"], "closed");
+}
+
+/// A socket name held by another process fails the keeper at start, naming
+/// that process; a second keeper of a name is told the first one's pid.
+#[test]
+fn a_squatted_socket_name_fails_the_keeper_at_start() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("squat", 32);
+    let pool = name("squat");
+    let squatter = {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+        let a =
+            SocketAddrUnix::new_abstract_name(format!("hostpool-keep/{pool}").as_bytes()).unwrap();
+        // Close-on-exec: the other tests' children must not hold the name.
+        let s = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        rustix::net::bind(&s, &a).unwrap();
+        rustix::net::listen(&s, 4).unwrap();
+        s
+    };
+    let t = Instant::now();
+    let out = bin()
+        .args([
+            "keep",
+            "--name",
+            &pool,
+            "--size",
+            "8MiB",
+            "--backing",
+            "shm-segmented",
+        ])
+        .args(["--dir", tmpfs.path()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "@hostpool-keep/{pool} is held by pid {}",
+            std::process::id()
+        )) && err.contains("not a keeper"),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_clean(&tmpfs, "refused keeper");
+    drop(squatter);
+    let (first, _) = keeper(&pool, &tmpfs, &[], "");
+    let first = Children(vec![first]);
+    let out = bin()
+        .args([
+            "keep",
+            "--name",
+            &pool,
+            "--size",
+            "8MiB",
+            "--backing",
+            "shm-segmented",
+        ])
+        .args(["--dir", tmpfs.path()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "a keeper of `{pool}` already runs (pid {}",
+            first[0].id()
+        )),
+        "{err}"
+    );
+}
+
+/// The keeper SIGKILLed while leased: the engine goes on reading and
+/// writing its pool; a new attach fails at once naming the socket and how to
+/// start it; a restarted keeper serves again (a new instance, generation
+/// 1); nothing is left once the keepers and the engines are gone.
+#[test]
+fn a_keeper_killed_while_leased_leaves_its_engine_working() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("kill-keeper", 32);
+    let pool = name("kill-keeper");
+    let (k, ready) = keeper(&pool, &tmpfs, &["--content", "keep"], "");
+    let mut k = Children(vec![k]);
+    let mut e = Children(vec![engine(&pool, &[], "")]);
+    let report = read_report(&mut e[0]);
+    let (pid, base) = (e[0].id(), addr(&report));
+    mem_write(pid, base + 12345, b"before");
+    k[0].kill().unwrap();
+    k[0].wait().unwrap();
+    mem_write(pid, base + 7 * MIB, b"after");
+    assert_eq!(mem_read(pid, base + 12345, 6), b"before");
+    assert_eq!(mem_read(pid, base + 7 * MIB, 5), b"after");
+    assert_eq!(tmpfs.used(), 8 * MIB, "the engine holds the pool's pages");
+    let t = Instant::now();
+    let out = engine_once(&pool, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "no keeper answers for kept pool `{pool}` on @hostpool-keep/{pool}"
+        )) && err.contains("hostpool keep --name"),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    let (k2, ready2) = keeper(&pool, &tmpfs, &[], "");
+    k.push(k2);
+    assert_ne!(ready2["instance"], ready["instance"]);
+    let mut e2 = Children(vec![engine(&pool, &[], "")]);
+    let r2 = read_report(&mut e2[0]);
+    assert_eq!(r2["keeper"]["generation"], 1, "{r2}");
+    assert_eq!(r2["keeper"]["instance"], ready2["instance"], "{r2}");
+    assert_eq!(
+        mem_read(e2[0].id(), addr(&r2) + 12345, 6),
+        [0; 6],
+        "a new pool"
+    );
+    for c in [&mut e[0], &mut e2[0]] {
+        signal(c, libc::SIGTERM);
+        let st = wait_timeout(c, Duration::from_secs(10)).expect("the engine exits");
+        assert_eq!(
+            st.code(),
+            Some(0),
+            "a held pool exits 0 on SIGTERM, keeper or not"
+        );
+    }
+    stop(k.0.remove(1));
+    assert_clean(&tmpfs, "keepers and engines gone");
+}
+
+/// One step of the fault matrix: who stalls at which failpoint, and who is
+/// killed there.
+struct Step {
+    what: &'static str,
+    /// The keeper's failpoint (empty: none).
+    keeper_fail: &'static str,
+    /// The engine's failpoint (empty: none).
+    engine_fail: &'static str,
+    /// Whose stall the test waits for before the kill.
+    stalls: Who,
+    /// Who is SIGKILLed there.
+    victim: Who,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Who {
+    Keeper,
+    Engine,
+}
+
+/// The keeper protocol's fault matrix: the engine and the keeper each
+/// killed at each step (connect, descriptor passing, attach, lease end,
+/// zeroing), with the shared-pool matrix's rules: the survivor fails within
+/// seconds naming what happened, or goes on with a lease that stays valid;
+/// a killed engine's lease ends as "died" and the pool goes back to the
+/// keeper; nothing is left once every process is gone; and a keeper started
+/// again serves a new engine.
+#[test]
+fn fault_matrix_of_the_keeper_protocol() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let steps = [
+        Step {
+            what: "engine killed before it connects",
+            keeper_fail: "",
+            engine_fail: "keeper-before-connect=stall",
+            stalls: Who::Engine,
+            victim: Who::Engine,
+        },
+        Step {
+            what: "keeper killed as it reads the hello",
+            keeper_fail: "keeper-hello=stall",
+            engine_fail: "",
+            stalls: Who::Keeper,
+            victim: Who::Keeper,
+        },
+        Step {
+            what: "engine killed holding the descriptors",
+            keeper_fail: "",
+            engine_fail: "keeper-passing-fds=stall",
+            stalls: Who::Engine,
+            victim: Who::Engine,
+        },
+        Step {
+            what: "keeper killed passing the descriptors",
+            keeper_fail: "keeper-passing-fds=stall",
+            engine_fail: "",
+            stalls: Who::Keeper,
+            victim: Who::Keeper,
+        },
+        Step {
+            what: "engine killed once attached",
+            keeper_fail: "",
+            engine_fail: "keeper-attached=stall",
+            stalls: Who::Engine,
+            victim: Who::Engine,
+        },
+        Step {
+            what: "keeper killed once it leased",
+            keeper_fail: "keeper-leased=stall",
+            engine_fail: "",
+            stalls: Who::Keeper,
+            victim: Who::Keeper,
+        },
+        Step {
+            what: "engine killed releasing",
+            keeper_fail: "",
+            engine_fail: "keeper-release=stall",
+            stalls: Who::Engine,
+            victim: Who::Engine,
+        },
+        Step {
+            what: "keeper killed at the lease's end",
+            keeper_fail: "keeper-lease-end=stall",
+            engine_fail: "",
+            stalls: Who::Keeper,
+            victim: Who::Keeper,
+        },
+        Step {
+            what: "engine killed waiting for the zeroing",
+            keeper_fail: "keeper-zeroing=stall",
+            engine_fail: "",
+            stalls: Who::Keeper,
+            victim: Who::Engine,
+        },
+        Step {
+            what: "keeper killed zeroing",
+            keeper_fail: "keeper-zeroing=stall",
+            engine_fail: "",
+            stalls: Who::Keeper,
+            victim: Who::Keeper,
+        },
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        let what = step.what;
+        let tmpfs = SmallTmpfs::mount(&format!("matrix-{i}"), 32);
+        let pool = name(&format!("matrix-{i}"));
+        let (k, _) = keeper(&pool, &tmpfs, &[], step.keeper_fail);
+        let mut k = Children(vec![k]);
+        let lease_end = step.keeper_fail.starts_with("keeper-lease-end")
+            || step.keeper_fail.starts_with("keeper-zeroing");
+        let mut first_pid = None;
+        if lease_end || step.engine_fail.starts_with("keeper-release") {
+            // A first engine leases and releases (or dies releasing).
+            let mut first = engine(&pool, &[], step.engine_fail);
+            first_pid = Some(first.id());
+            let _ = read_report(&mut first);
+            signal(&first, libc::SIGTERM);
+            if step.stalls == Who::Engine {
+                wait_stderr(&mut first, "stalling until killed", Duration::from_secs(10));
+                first.kill().unwrap();
+            }
+            first.wait().unwrap();
+        }
+        let mut e = Children(Vec::new());
+        if !lease_end && !step.engine_fail.starts_with("keeper-release") {
+            e.push(engine(&pool, &[], step.engine_fail));
+        } else if step.keeper_fail.starts_with("keeper-zeroing") {
+            // The next engine waits for the zeroing.
+            e.push(engine(&pool, &[], ""));
+        }
+        match step.stalls {
+            Who::Keeper => {
+                wait_stderr(&mut k[0], "stalling until killed", Duration::from_secs(10));
+            }
+            Who::Engine if !e.is_empty() => {
+                wait_stderr(&mut e[0], "stalling until killed", Duration::from_secs(10));
+            }
+            Who::Engine => {}
+        }
+        if step.keeper_fail.starts_with("keeper-zeroing") {
+            // The next engine is waiting for the zeroing before the kill.
+            let end = Instant::now() + Duration::from_secs(10);
+            while status(&pool)["waiting"] != 1 {
+                assert!(Instant::now() < end, "{what}: {}", status(&pool));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let killed = Instant::now();
+        match step.victim {
+            Who::Keeper => {
+                k[0].kill().unwrap();
+                k[0].wait().unwrap();
+                if let Some(c) = e.first_mut() {
+                    if step.keeper_fail.starts_with("keeper-leased") {
+                        // Leased before the keeper died: the engine goes on.
+                        let report = read_report(c);
+                        let (pid, base) = (c.id(), addr(&report));
+                        mem_write(pid, base + 5, b"alive");
+                        assert_eq!(mem_read(pid, base + 5, 5), b"alive", "{what}");
+                        signal(c, libc::SIGTERM);
+                        let st = wait_timeout(c, Duration::from_secs(10)).expect(what);
+                        assert_eq!(st.code(), Some(0), "{what}");
+                    } else {
+                        let st = wait_timeout(c, Duration::from_secs(5))
+                            .unwrap_or_else(|| panic!("{what}: the engine did not fail"));
+                        let err = stderr_of(c);
+                        assert_eq!(st.code(), Some(1), "{what}: {err}");
+                        assert!(
+                            err.contains(&format!("the keeper of `{pool}`"))
+                                && err.contains("died"),
+                            "{what}: {err}"
+                        );
+                        assert!(
+                            killed.elapsed() < Duration::from_secs(3),
+                            "{what}: {:?}",
+                            killed.elapsed()
+                        );
+                    }
+                }
+            }
+            Who::Engine => {
+                // The engine killed releasing is the first one, killed above.
+                let victim_pid = match e.first_mut() {
+                    Some(c) => {
+                        c.kill().unwrap();
+                        c.wait().unwrap();
+                        c.id()
+                    }
+                    None => first_pid.expect("the first engine"),
+                };
+                // The keeper takes the pool back (or drops the waiter).
+                let end = Instant::now() + Duration::from_secs(5);
+                loop {
+                    let st = status(&pool);
+                    if st["lease"].is_null() && st["waiting"] == 0 {
+                        if step.engine_fail.starts_with("keeper-passing-fds")
+                            || step.engine_fail.starts_with("keeper-attached")
+                            || step.engine_fail.starts_with("keeper-release")
+                        {
+                            assert_eq!(st["previous"]["how"], "died", "{what}: {st}");
+                            assert_eq!(st["previous"]["pid"], victim_pid, "{what}: {st}");
+                        }
+                        break;
+                    }
+                    assert!(Instant::now() < end, "{what}: {st}");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                if step.keeper_fail.is_empty() {
+                    // The keeper serves the next engine.
+                    let out = engine_once(&pool, &[]);
+                    assert!(
+                        out.status.success(),
+                        "{what}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                k[0].kill().unwrap();
+                k[0].wait().unwrap();
+            }
+        }
+        drop(e);
+        assert_clean(&tmpfs, what);
+        // A keeper started again serves.
+        let (k2, _) = keeper(&pool, &tmpfs, &[], "");
+        let out = engine_once(&pool, &[]);
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["keeper"]["generation"], 1, "{what}");
+        stop(k2);
+        assert_clean(&tmpfs, what);
+    }
+}
+
+/// A world of 4 ranks leases one kept pool; one SIGKILLed mid-attach fails
+/// the others, naming it; the pool goes back to the keeper (not to the
+/// kernel), and a new world leases it.
+#[test]
+fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("world", 32);
+    let pool = name("world");
+    let (k, _) = keeper(&pool, &tmpfs, &["--content", "keep"], "");
+    let _k = Children(vec![k]);
+    let engine_name = name("world-engine");
+    let rank = |r: u32, fail: &str| {
+        engine(
+            &pool,
+            &[
+                "--shared",
+                &engine_name,
+                "--world",
+                "4",
+                "--rank",
+                &r.to_string(),
+            ],
+            fail,
+        )
+    };
+    let mut ranks = Children(
+        (0..4)
+            .map(|r| rank(r, if r == 2 { "keeper-attached=stall" } else { "" }))
+            .collect(),
+    );
+    wait_stderr(
+        &mut ranks[2],
+        "stalling until killed",
+        Duration::from_secs(10),
+    );
+    // Every rank has its lease before the victim dies.
+    let end = Instant::now() + Duration::from_secs(10);
+    while status(&pool)["lease"]["ranks"]
+        .as_array()
+        .map_or(0, Vec::len)
+        < 4
+    {
+        assert!(Instant::now() < end, "{}", status(&pool));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let victim = ranks[2].id();
+    ranks[2].kill().unwrap();
+    ranks[2].wait().unwrap();
+    for r in [0, 1, 3] {
+        let st = wait_timeout(&mut ranks[r], Duration::from_secs(5)).expect("a survivor fails");
+        let err = stderr_of(&mut ranks[r]);
+        assert_eq!(st.code(), Some(1), "rank {r}: {err}");
+        assert!(
+            err.contains(&format!("rank 2 (pid {victim}) died while attaching")),
+            "rank {r}: {err}"
+        );
+    }
+    let st = status(&pool);
+    assert!(st["lease"].is_null(), "{st}");
+    assert_eq!(st["previous"]["how"], "died", "{st}");
+    assert_eq!(st["previous"]["pid"], victim, "{st}");
+    assert_eq!(tmpfs.used(), 8 * MIB, "the pool went back to the keeper");
+
+    // A rank of an engine whose lease failed that comes late hears why at
+    // once, instead of waiting out its attach timeout for ranks that are gone.
+    let late = name("world-late");
+    let late_rank = |r: u32, fail: &str| {
+        let flags = ["--shared", &late, "--world", "4", "--rank", &r.to_string()];
+        engine(&pool, &flags, fail)
+    };
+    let mut first = Children(vec![
+        late_rank(0, ""),
+        late_rank(1, "keeper-attached=stall"),
+    ]);
+    wait_stderr(
+        &mut first[1],
+        "stalling until killed",
+        Duration::from_secs(10),
+    );
+    let dead = first[1].id();
+    first[1].kill().unwrap();
+    first[1].wait().unwrap();
+    let st = wait_timeout(&mut first[0], Duration::from_secs(5)).expect("rank 0 fails");
+    assert_eq!(st.code(), Some(1), "{}", stderr_of(&mut first[0]));
+    let t = Instant::now();
+    let out = engine_once(&pool, &["--shared", &late, "--world", "4", "--rank", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("failed before rank 3 attached")
+            && err.contains(&format!("rank 1 (pid {dead}) died while attaching")),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // Generation 3: the first world's lease, the late engine's, this one.
+    let mut world = Children((0..4).map(|r| rank(r, "")).collect());
+    let reports: Vec<Value> = world.iter_mut().map(read_report).collect();
+    for (r, report) in reports.iter().enumerate() {
+        assert_eq!(report["keeper"]["generation"], 3, "rank {r}");
+        assert_eq!(report["sharing"]["rank"], r, "rank {r}");
+        assert_eq!(report["sharing"]["rendezvous"], "keeper", "rank {r}");
+    }
+    // They map the same memory.
+    mem_write(world[1].id(), addr(&reports[1]) + 100, b"rank1");
+    assert_eq!(
+        mem_read(world[3].id(), addr(&reports[3]) + 100, 5),
+        b"rank1"
+    );
+    // A rank of the live lease cannot be leased again, nor by another engine.
+    let out = engine_once(
+        &pool,
+        &["--shared", &engine_name, "--world", "4", "--rank", "1"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    for c in world.iter_mut() {
+        signal(c, libc::SIGTERM);
+        assert_eq!(
+            wait_timeout(c, Duration::from_secs(10)).and_then(|s| s.code()),
+            Some(0)
+        );
+    }
+    let end = Instant::now() + Duration::from_secs(5);
+    while status(&pool)["previous"]["how"] != "closed" {
+        assert!(Instant::now() < end, "{}", status(&pool));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What an engine asks for is checked: another size or page size is a
+/// usage error; no keeper is a runtime error naming the socket, or, with
+/// keeper_fallback = build, a pool of the engine's own (the report says
+/// why).
+#[test]
+fn sizes_are_checked_and_a_missing_keeper_fails_or_falls_back() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("checks", 32);
+    let pool = name("checks");
+    let (k, _) = keeper(&pool, &tmpfs, &[], "");
+    let _k = Children(vec![k]);
+    let out = engine_once(&pool, &["--size", "16MiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("asks for 16 MiB, but kept pool") && err.contains("8 MiB"),
+        "{err}"
+    );
+    let out = engine_once(&pool, &["--size", "8MiB"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = engine_once(&pool, &["--page-size", "2MiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("asks for 2 MiB pages"), "{err}");
+
+    let absent = name("absent");
+    let out = engine_once(&absent, &["--size", "4MiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("@hostpool-keep/{absent}")) && err.contains("keeper_fallback"),
+        "{err}"
+    );
+    let out = engine_once(&absent, &["--size", "4MiB", "--keeper-fallback", "build"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["keeper"].is_null(), "{report}");
+    assert!(
+        report["keeper_fallback"]
+            .as_str()
+            .unwrap()
+            .contains("no keeper answers"),
+        "{report}"
+    );
+    assert_eq!(
+        report["prefault"]["bytes"],
+        4 * MIB,
+        "built and prefaulted: {report}"
+    );
+}
+
+/// SIGTERM: the keeper refuses new leases and waits for the lease to end,
+/// then tears down (exit 0); a second SIGTERM ends it at once, and the
+/// engine keeps its mapping.
+#[test]
+fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("drain", 32);
+    let pool = name("drain");
+    let (k, _) = keeper(&pool, &tmpfs, &[], "");
+    let mut k = Children(vec![k]);
+    let mut e = Children(vec![engine(&pool, &[], "")]);
+    read_report(&mut e[0]);
+    signal(&k[0], libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        k[0].try_wait().unwrap().is_none(),
+        "the keeper waits for its lease"
+    );
+    let out = engine_once(&pool, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("is stopping and takes no new leases"), "{err}");
+    signal(&e[0], libc::SIGTERM);
+    assert_eq!(
+        wait_timeout(&mut e[0], Duration::from_secs(10)).and_then(|s| s.code()),
+        Some(0)
+    );
+    let st =
+        wait_timeout(&mut k[0], Duration::from_secs(5)).expect("the keeper ends with its lease");
+    assert_eq!(st.code(), Some(0), "{}", stderr_of(&mut k[0]));
+    assert_clean(&tmpfs, "drained");
+
+    let (k2, _) = keeper(&pool, &tmpfs, &[], "");
+    k.push(k2);
+    let mut e2 = Children(vec![engine(&pool, &[], "")]);
+    let report = read_report(&mut e2[0]);
+    signal(&k[1], libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    signal(&k[1], libc::SIGTERM);
+    let st = wait_timeout(&mut k[1], Duration::from_secs(2)).expect("a second SIGTERM ends it");
+    assert_eq!(st.code(), Some(0));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    mem_write(e2[0].id(), addr(&report) + 1, b"still");
+    assert_eq!(mem_read(e2[0].id(), addr(&report) + 1, 5), b"still");
+    signal(&e2[0], libc::SIGTERM);
+    assert_eq!(
+        wait_timeout(&mut e2[0], Duration::from_secs(10)).and_then(|s| s.code()),
+        Some(0)
+    );
+    assert_clean(&tmpfs, "ended at once");
+}

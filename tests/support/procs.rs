@@ -1,0 +1,234 @@
+//! Helpers for tests that run `hostpool` processes and kill them: children
+//! killed on drop, waits with a limit, signals, a small tmpfs whose use is
+//! exact, and another process's memory read and written through
+//! `/proc/PID/mem`.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+use serde_json::Value;
+
+/// The `hostpool` binary, without logging or stall settings from outside.
+pub fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
+    c.env_remove("RUST_LOG")
+        .env_remove("HOSTPOOL_TEST_FAILPOINTS")
+        .env_remove("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS");
+    c
+}
+
+/// A name no other test (or test process) uses.
+pub fn name(tag: &str) -> String {
+    format!("t{}-{tag}", std::process::id())
+}
+
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Whether this process is root; elsewhere says why the test skips (and
+/// fails where hardware tests are required, as in CI).
+pub fn root_or_skip(why: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() != Ok("1"),
+        "{why}"
+    );
+    eprintln!("skip: {why}");
+    false
+}
+
+/// Children that are killed if the test fails before they exit.
+pub struct Children(pub Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Children {
+    type Target = Vec<Child>;
+    fn deref(&self) -> &Vec<Child> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Children {
+    fn deref_mut(&mut self) -> &mut Vec<Child> {
+        &mut self.0
+    }
+}
+
+/// Wait for `child` to exit, at most `limit`.
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// Everything left on a child's piped stderr (waits for it to close).
+pub fn stderr_of(child: &mut Child) -> String {
+    let mut s = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s
+}
+
+pub fn signal(child: &Child, sig: i32) {
+    let pid = i32::try_from(child.id()).ok().and_then(Pid::from_raw);
+    let sig = Signal::from_named_raw(sig).expect("a named signal");
+    kill_process(pid.expect("a child pid"), sig).expect("kill");
+}
+
+/// Read a child's stdout up to the line `until` matches, returning what
+/// was read; panics with its stderr if the stream ends first.
+pub fn read_until(child: &mut Child, until: impl Fn(&str) -> bool) -> String {
+    let out = child.stdout.as_mut().expect("piped stdout");
+    let mut reader = BufReader::new(out);
+    let mut text = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            let err = stderr_of(child);
+            panic!("stdout ended before the line looked for: {text}\nstderr: {err}");
+        }
+        text.push_str(&line);
+        if until(&line) {
+            return text;
+        }
+    }
+}
+
+/// Read one pretty-printed JSON report (ends with a line "}") from a child.
+pub fn read_report(child: &mut Child) -> Value {
+    let text = read_until(child, |l| l == "}\n");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("no report ({e}): {text}"))
+}
+
+/// Read one JSON line from a child.
+pub fn read_json_line(child: &mut Child) -> Value {
+    let text = read_until(child, |_| true);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// Wait (at most `limit`) until a child's piped stderr has a line
+/// containing `needle`; the stderr read so far. The rest of stderr stays
+/// readable on the returned reader's thread: it is drained in the
+/// background so that the child never blocks on a full pipe.
+pub fn wait_stderr(child: &mut Child, needle: &str, limit: Duration) -> String {
+    let err = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let end = Instant::now() + limit;
+    let mut seen = String::new();
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+                if line.contains(needle) {
+                    return seen;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    panic!("no stderr line with `{needle}` within {limit:?}: {seen}");
+}
+
+/// A tmpfs of `mib` MiB of its own, unmounted on drop: what is used on it
+/// is exact, so a test can require that nothing is left.
+pub struct SmallTmpfs(pub PathBuf);
+
+impl SmallTmpfs {
+    pub fn mount(tag: &str, mib: u64) -> SmallTmpfs {
+        let mnt =
+            std::env::temp_dir().join(format!("hostpool-small-tmpfs-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "none"])
+            .arg(&mnt)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount a {mib} MiB tmpfs");
+        SmallTmpfs(mnt)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+
+    pub fn used(&self) -> u64 {
+        let s = rustix::fs::statvfs(&self.0).unwrap();
+        (s.f_blocks - s.f_bfree) * s.f_frsize
+    }
+
+    /// Files in it (the pools of these tests have none: they are unlinked).
+    pub fn files(&self) -> Vec<String> {
+        std::fs::read_dir(&self.0)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path().display().to_string())
+            .collect()
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Write `bytes` at `addr` in process `pid` (`/proc/PID/mem`).
+pub fn mem_write(pid: u32, addr: u64, bytes: &[u8]) {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))
+        .unwrap();
+    f.seek(SeekFrom::Start(addr)).unwrap();
+    f.write_all(bytes).unwrap();
+}
+
+/// Read `len` bytes at `addr` in process `pid` (`/proc/PID/mem`).
+pub fn mem_read(pid: u32, addr: u64, len: usize) -> Vec<u8> {
+    let mut f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    f.seek(SeekFrom::Start(addr)).unwrap();
+    let mut v = vec![0; len];
+    f.read_exact(&mut v).unwrap();
+    v
+}
+
+/// A report's base address.
+pub fn addr(report: &Value) -> u64 {
+    u64::from_str_radix(
+        report["address"].as_str().unwrap().trim_start_matches("0x"),
+        16,
+    )
+    .unwrap()
+}
