@@ -858,3 +858,50 @@ fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
     );
     assert_clean(&tmpfs, "ended at once");
 }
+
+/// A kept pool of 2 MiB huge pages: the lease comes resident in huge pages,
+/// the zeroing between leases punches them out and faults them in again
+/// (zeros, still huge pages), and once the keeper stops every huge page is
+/// free again and none is reserved.
+#[test]
+fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
+    let Some(dir) = support::procs::hugetlbfs_2m(8) else {
+        return;
+    };
+    let (free, resv) = (support::procs::free_2m(), support::procs::resv_2m());
+    let pool = name("huge");
+    let mut k = bin()
+        .args(["keep", "--name", &pool, "--json", "--size", "16MiB"])
+        .args(["--backing", "hugetlbfs", "--dir"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = read_json_line(&mut k);
+    let mut k = Children(vec![k]);
+    assert_eq!(ready["page_size"], 2 * MIB, "{ready}");
+    assert_eq!(ready["backing"], "hugetlbfs", "{ready}");
+    assert_eq!(support::procs::free_2m(), free - 8, "the keeper faulted its 8 pages");
+    for generation in 1..=3u8 {
+        let mut e = Children(vec![engine(&pool, &["--page-size", "2MiB"], "")]);
+        let report = read_report(&mut e[0]);
+        assert_eq!(report["page_size"], 2 * MIB);
+        assert_eq!(report["keeper"]["generation"], u64::from(generation));
+        let (pid, base) = (e[0].id(), addr(&report));
+        assert_eq!(mem_read(pid, base + 3 * MIB, 4), [0; 4], "generation {generation}");
+        mem_write(pid, base + 3 * MIB, &[generation; 4]);
+        e[0].kill().unwrap();
+        e[0].wait().unwrap();
+    }
+    // The lease and the zeroing take no page of their own.
+    let end = Instant::now() + Duration::from_secs(5);
+    while status(&pool)["state"] != "idle" {
+        assert!(Instant::now() < end, "{}", status(&pool));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(support::procs::free_2m(), free - 8);
+    stop(k.0.remove(0));
+    assert_eq!(support::procs::free_2m(), free, "every huge page is free again");
+    assert_eq!(support::procs::resv_2m(), resv, "none is reserved");
+}

@@ -232,3 +232,43 @@ pub fn addr(report: &Value) -> u64 {
     )
     .unwrap()
 }
+
+fn hugepages_2m(file: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{file}"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Free 2 MiB huge pages.
+pub fn free_2m() -> u64 {
+    hugepages_2m("free_hugepages")
+}
+
+/// Reserved (promised, not yet faulted) 2 MiB huge pages.
+pub fn resv_2m() -> u64 {
+    hugepages_2m("resv_hugepages")
+}
+
+/// The 2 MiB hugetlbfs mount `cargo xtask test` made, with at least `pages`
+/// free pages; elsewhere says why the test skips (and fails where huge page
+/// tests are required, as in CI).
+pub fn hugetlbfs_2m(pages: u64) -> Option<PathBuf> {
+    let dir = std::env::var_os("HOSTPOOL_TEST_HUGETLBFS_2M").map(PathBuf::from);
+    let free = free_2m();
+    match dir {
+        Some(d) if free >= pages => Some(d),
+        _ => {
+            let why = format!(
+                "needs a 2 MiB hugetlbfs mount with {pages} free pages (have {free}); run `cargo \
+                 xtask test` as root"
+            );
+            assert!(
+                std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() != Ok("1"),
+                "{why}"
+            );
+            eprintln!("skip: {why}");
+            None
+        }
+    }
+}
