@@ -1079,8 +1079,9 @@ fn a_joiner_of_a_stopped_creator_says_it_is_stopped() {
 }
 
 /// A rank waiting for a peer that never comes ends within a second of
-/// SIGTERM (exit 143), `--hold` or not, tearing down what it built; SIGHUP
-/// and SIGQUIT too. A held pool released by SIGHUP exits 0.
+/// SIGTERM (exit 143), `--hold` or not, tearing down what it built and
+/// leaving nothing answering on its socket; SIGHUP and SIGQUIT too. A held
+/// pool released by SIGHUP exits 0.
 #[test]
 fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
     let cfg = shm_config(2);
@@ -1119,6 +1120,12 @@ fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
         assert_eq!(st.code(), Some(code), "signal {sig}: {err}");
         assert!(err.contains("interrupted by signal"), "{err}");
         assert_no_pool_files(Path::new("/dev/shm"), &pool, "signal {sig}");
+        // Stopped on purpose: no helper keeps refusing the ranks of a
+        // restart with this run's cause.
+        assert!(
+            refusal_helpers(&pool).is_empty() && unbound_soon(&pool),
+            "signal {sig}: the stopped creator left its socket answering"
+        );
     }
     // A held, ready pool released by SIGHUP tears down and exits 0.
     let pool = name("hup-held");
@@ -1556,6 +1563,9 @@ fn a_creator_that_knows_the_cause_exits_at_once() {
     let small = SmallTmpfs::mount("cause", 8);
     let dir = small.0.to_str().unwrap().to_string();
     let pool = name("cause");
+    // Two ranks never come: the creator's helper would answer for them
+    // until the attach timeout.
+    let _helpers = Helpers(vec![&pool]);
     let start = |rank: &str| {
         bin()
             .args([
@@ -1590,6 +1600,184 @@ fn a_creator_that_knows_the_cause_exits_at_once() {
     let err = stderr_of(&mut later[0]);
     assert_eq!(st.code(), Some(1), "{err}");
     assert!(err.contains("cannot hold the pool"), "{err}");
+}
+
+/// Pids of the `hostpool serve-refusal` helpers of `pool`: the processes
+/// whose command line has the subcommand and the pool's name. One that
+/// exited (a zombie has no command line) is not among them.
+fn refusal_helpers(pool: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.contains(&b"serve-refusal".as_slice()) && args.contains(&pool.as_bytes()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Whether `pool` has no `serve-refusal` helper left, or none within `limit`.
+fn no_helper_within(pool: &str, limit: Duration) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        if refusal_helpers(pool).is_empty() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether no process has `pool`'s socket name bound, or none within a
+/// second (an exiting process loses its command line before its
+/// descriptors).
+fn unbound_soon(pool: &str) -> bool {
+    let socket = format!("@hostpool/{}/{pool}", rustix::process::geteuid().as_raw());
+    let end = Instant::now() + Duration::from_secs(1);
+    while std::fs::read_to_string("/proc/net/unix")
+        .unwrap()
+        .lines()
+        .any(|l| l.ends_with(&socket))
+    {
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// The `serve-refusal` helpers of these pools, ended (SIGKILL) when the test
+/// ends, passed or failed, so none outlives it.
+struct Helpers<'a>(Vec<&'a str>);
+
+impl Drop for Helpers<'_> {
+    fn drop(&mut self) {
+        for pool in &self.0 {
+            for pid in refusal_helpers(pool) {
+                if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+                    let _ = kill_process(pid, Signal::KILL);
+                }
+            }
+        }
+    }
+}
+
+/// Issue 19, for the CLI: a creator whose `mmap` fails (failpoint
+/// `shared-creator-map=ENOMEM`) exits at once, status 1, yet a rank started
+/// after it exited fails within a second with its cause, the errno's text
+/// and the creator's pid, instead of becoming a creator itself and waiting
+/// out its attach timeout: the creator left a `serve-refusal` helper
+/// answering on its socket. The helper holds none of the CLI's pipes (the
+/// creator's stderr ends when it exits), exits once the untold rank heard
+/// the cause, at the attach deadline when nobody comes, and at once on
+/// SIGTERM; each time the socket name goes with it.
+#[test]
+fn a_rank_started_after_its_cli_creator_failed_hears_the_cause_at_once() {
+    let pools = [name("late-cli"), name("late-cli-dl"), name("late-cli-term")];
+    let _helpers = Helpers(pools.iter().map(String::as_str).collect());
+    let start = |pool: &str, rank: u32, failpoint: bool, timeout: &str| {
+        let mut c = bin();
+        c.args(["alloc", "--size", "8MiB"])
+            .args(shared_flags(pool, 2, rank))
+            .args(["--attach-timeout", timeout])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if failpoint {
+            c.env("HOSTPOOL_TEST_FAILPOINTS", "shared-creator-map=ENOMEM");
+        } else {
+            c.env_remove("HOSTPOOL_TEST_FAILPOINTS");
+        }
+        c.spawn().unwrap()
+    };
+    // The creator fails and exits at once, its output read to the end: no
+    // helper holds its stderr.
+    let fail_creator = |pool: &str, timeout: &str| -> u32 {
+        let t = Instant::now();
+        let mut creator = Ranks(vec![start(pool, 0, true, timeout)]);
+        let st = wait_timeout(&mut creator[0], Duration::from_secs(10)).expect("it exits");
+        let err = stderr_of(&mut creator[0]);
+        assert_eq!(st.code(), Some(1), "{pool}: {err}");
+        assert!(err.contains("Cannot allocate memory"), "{pool}: {err}");
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "{pool}: the creator took {:?} to exit and close its stderr",
+            t.elapsed()
+        );
+        assert_eq!(
+            refusal_helpers(pool).len(),
+            1,
+            "{pool}: one helper answers on the failed pool's socket"
+        );
+        creator[0].id()
+    };
+
+    // A rank that comes later hears the cause; then the helper is done.
+    let pool = &pools[0];
+    let creator = fail_creator(pool, "20");
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let mut late = Ranks(vec![start(pool, 1, false, "20")]);
+    let st = wait_timeout(&mut late[0], Duration::from_secs(10)).expect("the late rank exits");
+    let took = t.elapsed();
+    let err = stderr_of(&mut late[0]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(took < Duration::from_secs(2), "took {took:?}: {err}");
+    assert!(
+        err.contains("Cannot allocate memory")
+            && err.contains(&format!("its creator (pid {creator}) failed")),
+        "the creator's cause and pid: {err}"
+    );
+    assert!(
+        no_helper_within(pool, Duration::from_secs(2)),
+        "the helper outlived the last rank it had to tell"
+    );
+    assert!(
+        unbound_soon(pool),
+        "the failed pool's socket outlived its helper"
+    );
+
+    // Nobody comes: the helper ends at the attach deadline.
+    let pool = &pools[1];
+    let t = Instant::now();
+    fail_creator(pool, "1.5");
+    assert!(
+        no_helper_within(pool, Duration::from_secs(3)),
+        "the helper outlived the attach deadline"
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(1400),
+        "the helper ended before the attach deadline: {:?}",
+        t.elapsed()
+    );
+    assert!(
+        unbound_soon(pool),
+        "the failed pool's socket outlived its helper"
+    );
+
+    // SIGTERM ends it at once.
+    let pool = &pools[2];
+    fail_creator(pool, "20");
+    for pid in refusal_helpers(pool) {
+        let pid = i32::try_from(pid).ok().and_then(Pid::from_raw).unwrap();
+        kill_process(pid, Signal::TERM).unwrap();
+    }
+    assert!(
+        no_helper_within(pool, Duration::from_secs(1)),
+        "SIGTERM did not end the helper"
+    );
+    assert!(
+        unbound_soon(pool),
+        "the failed pool's socket outlived its helper"
+    );
 }
 
 #[test]

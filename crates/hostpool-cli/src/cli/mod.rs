@@ -1,5 +1,7 @@
 //! The `hostpool` command line, one module per command: `alloc`, `plan`,
-//! `plugins`, `gc`, `doctor`, `bench`, `keep`; the pool flags they share in `args`.
+//! `plugins`, `gc`, `doctor`, `bench`, `keep`; the pool flags they share in
+//! `args`; and the hidden `serve-refusal`, the helper a failed shared-pool
+//! creator leaves behind (`refuse`).
 //!
 //! Exit status: 0 success; 1 a runtime failure (including a plan whose
 //! capacity checks fail); 2 a usage or configuration error. Errors are one
@@ -15,6 +17,7 @@ mod output;
 mod plan;
 mod plugins;
 mod progress;
+mod refuse;
 
 use std::io::Write;
 
@@ -57,10 +60,17 @@ pub enum Command {
     /// Build pools once and keep them for engines that restart: they lease
     /// the resident memory (`--keeper NAME`) instead of building it.
     Keep(keep::KeepArgs),
+    /// A failed shared-pool creator's helper (see `refuse.rs`): started by
+    /// the CLI itself, never by hand.
+    #[command(hide = true)]
+    ServeRefusal(refuse::ServeRefusalArgs),
 }
 
 /// Run the CLI on the process arguments; returns the exit status.
 pub fn main() -> i32 {
+    // A shared-pool creator that fails hands its socket to a helper, which
+    // outlives this process and tells the ranks that come later why.
+    refuse::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -124,6 +134,7 @@ fn run(cli: Cli) -> Result<i32, Error> {
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Keep(args) => keep::run(args),
+        Command::ServeRefusal(args) => refuse::run(args),
     }
 }
 

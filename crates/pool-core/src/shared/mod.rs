@@ -7,7 +7,9 @@
 //! the report ([`SharingReport`]); [`map_shared`] hands the spec to one of
 //! two rendezvous. The default, `socket`, is in `socket.rs`: the ranks meet
 //! on an abstract unix socket and the creator passes its unlinked files'
-//! descriptors, so nothing is ever in a directory. The other, `file`, is in
+//! descriptors, so nothing is ever in a directory; a creator that fails
+//! goes on refusing the ranks that come later with its cause
+//! ([`Refusal`], [`set_refusal_handler`]). The other, `file`, is in
 //! `file.rs`, for ranks that share only a directory: they meet in a control
 //! file beside the data files (`<control_dir>/hostpool-<name>.ctl`, default
 //! `/dev/shm`, and `<dir>/hostpool-<name>.pool` or `.pool.<NNNN>` per
@@ -29,6 +31,7 @@ mod socket;
 
 pub use crate::sys::control::{MAX_FILES, MAX_WORLD};
 pub use file::SharedMapping;
+pub use socket::{Refusal, RefusalTerms, set_refusal_handler};
 
 /// This rank's prefault shard: page-aligned, disjoint from every other
 /// rank's, the shards together covering the pool.

@@ -14,6 +14,14 @@
 //! frees the memory when the last rank is gone, whatever killed them: there
 //! is never a file to leak or to collect.
 //!
+//! A creator that fails before every rank was told keeps answering on its
+//! socket with the cause until the untold ranks have heard it or the attach
+//! timeout passes ([`Refusal`]): from a thread, in a process that lives on
+//! after the error (an engine), or from whatever [`set_refusal_handler`]
+//! registered, in one that exits (the `hostpool` CLI hands the socket to a
+//! helper process). So a rank that comes after the failure fails at once,
+//! naming the creator's cause, instead of becoming a creator itself.
+//!
 //! Abstract socket names are per network namespace: ranks that share only
 //! a directory (separate pods on one node) use `rendezvous = "file"`.
 
@@ -314,7 +322,13 @@ fn create(
     let mapping = match built {
         Ok(m) => m,
         Err(e) => {
-            keep_refusing(listener, &e, sharing.world - 1, attach_deadline);
+            keep_refusing(
+                &sharing.name,
+                listener,
+                &e,
+                sharing.world - 1,
+                attach_deadline,
+            );
             return Err(e);
         }
     };
@@ -546,11 +560,15 @@ fn welcome(
 /// as the creator's death): a rank that connects later is refused by the
 /// kernel and retries, as it does against any creator that is closing.
 fn refuse_pending(listener: &OwnedFd, why: &Error) {
+    answer_backlog(listener, &refusal(why));
+}
+
+/// [`refuse_pending`] with the refusal made.
+fn answer_backlog(listener: &OwnedFd, refused: &Msg) {
     let _ = rustix::net::shutdown(listener, rustix::net::Shutdown::Read);
     let _ = rustix::io::ioctl_fionbio(listener, true);
-    let refused = refusal(why);
     while let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) {
-        let _ = send(&conn, &refused, &[]);
+        let _ = send(&conn, refused, &[]);
     }
 }
 
@@ -567,27 +585,188 @@ fn refusal(why: &Error) -> Msg {
 }
 
 /// The creator failed before every rank could be told: go on answering on
-/// the pool's socket, from a thread of its own, with why (`why`'s message
-/// and whom it blames), until `untold` more ranks have connected and heard
-/// it or `deadline` (the attach timeout) passes, while this process lives.
-/// So in an engine, which outlives the error `Pool()` raised at once, a rank
-/// that comes after the failure fails at once with the creator's cause
-/// instead of becoming a creator itself and waiting out its attach timeout.
-/// The CLI exits on the error, and its later ranks retry as before.
-/// Ranks already waiting in the backlog are answered first, the same way.
-/// Without a thread (or with nobody left to tell) the backlog is answered
-/// at once and the socket closed ([`refuse_pending`]).
-fn keep_refusing(listener: OwnedFd, why: &Error, untold: u32, deadline: Instant) {
-    if untold == 0 || Instant::now() >= deadline {
+/// the pool's socket with why (`why`'s message and whom it blames), until
+/// `untold` more ranks have connected and heard it or `deadline` (the attach
+/// timeout) passes. So a rank that comes after the failure fails at once
+/// with the creator's cause instead of becoming a creator itself and
+/// waiting out its attach timeout.
+///
+/// Who answers: the handler [`set_refusal_handler`] registered, if any
+/// (the CLI, which exits on the error, hands the [`Refusal`] to a helper
+/// process of its own); otherwise a thread of this process, while it lives
+/// (an engine, which outlives the error `Pool()` raised at once). Ranks
+/// already waiting in the backlog are answered first, the same way.
+/// Without a thread, with nobody left to tell, or when this process was
+/// asked to stop ([`crate::interrupt::requested`]: whoever stopped the
+/// creator stops the run, and leaves nothing answering for it behind), the
+/// backlog is answered at once and the socket closed ([`refuse_pending`]).
+fn keep_refusing(pool: &str, listener: OwnedFd, why: &Error, untold: u32, deadline: Instant) {
+    if untold == 0 || Instant::now() >= deadline || crate::interrupt::requested().is_some() {
         refuse_pending(&listener, why);
         return;
     }
-    let refused = refusal(why);
-    let answer = move |listener: OwnedFd| {
+    let refusal = Refusal {
+        pool: pool.to_string(),
+        listener,
+        refused: refusal(why),
+        untold,
+        deadline,
+    };
+    if let Some(handler) = REFUSAL_HANDLER.get() {
+        handler(refusal);
+        return;
+    }
+    // The listener goes to the thread; if no thread can start, answer the
+    // backlog now (a second descriptor of the same socket, for that).
+    let spare = refusal.listener.try_clone();
+    if let Err(e) = std::thread::Builder::new()
+        .name("hostpool-refuse".into())
+        .spawn(move || refusal.serve())
+    {
+        tracing::warn!("cannot keep answering on the failed pool's socket: {e}");
+        if let Ok(spare) = spare {
+            refuse_pending(&spare, why);
+        }
+    }
+}
+
+/// What a failed creator does with its [`Refusal`], when not the default
+/// (a thread); see [`set_refusal_handler`].
+static REFUSAL_HANDLER: std::sync::OnceLock<fn(Refusal)> = std::sync::OnceLock::new();
+
+/// Hand every [`Refusal`] of this process to `handler` instead of answering
+/// it from a thread of its own: for a process that exits right after the
+/// error, so the thread would die with it (the `hostpool` CLI, which passes
+/// the refusal on to a helper process). `handler` owns the refusal: it
+/// serves it ([`Refusal::serve`]), passes it on ([`Refusal::terms`] and
+/// [`Refusal::listener`], then [`Refusal::resume`] in the other process),
+/// or answers the backlog at once ([`Refusal::refuse_pending`]); dropping
+/// it closes the socket, and ranks that come later then become creators
+/// themselves and wait out their attach timeout.
+///
+/// Returns false, keeping the first, when a handler was set already.
+pub fn set_refusal_handler(handler: fn(Refusal)) -> bool {
+    REFUSAL_HANDLER.set(handler).is_ok()
+}
+
+/// A failed creator's answer to the ranks that have not heard yet why the
+/// pool failed: the pool's listening socket, the refusal it answers every
+/// connecting rank with (the cause, its errno included, and whom it
+/// blames), how many ranks are still to be told, and until when (the attach
+/// deadline).
+///
+/// A connecting rank names the creator by the pid `SO_PEERCRED` gives it:
+/// the process that called `listen`, whichever process holds the socket
+/// since. So the refusal can be served from another process
+/// ([`Refusal::terms`], [`Refusal::listener`], [`Refusal::resume`]).
+#[derive(Debug)]
+pub struct Refusal {
+    pool: String,
+    listener: OwnedFd,
+    refused: Msg,
+    untold: u32,
+    deadline: Instant,
+}
+
+/// What a [`Refusal`] says and for how long, apart from its socket: what
+/// travels, as command-line arguments, to the process that serves it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefusalTerms {
+    /// The pool's name (for the operator: it says which pool the serving
+    /// process answers for).
+    pub pool: String,
+    /// The refusal as the ranks receive it, encoded (JSON): opaque, to be
+    /// given back to [`Refusal::resume`] as it is.
+    pub message: String,
+    /// How many more ranks are to be told.
+    pub untold: u32,
+    /// How long the refusal still holds: the rest of the attach timeout.
+    pub remaining: Duration,
+}
+
+impl Refusal {
+    /// The pool's listening socket (`@hostpool/<uid>/<name>`), to pass on
+    /// to another process, e.g. as a `dup` of it that the process inherits.
+    pub fn listener(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.listener.as_fd()
+    }
+
+    /// What the refusal says and for how long, to pass on with
+    /// [`Refusal::listener`].
+    pub fn terms(&self) -> RefusalTerms {
+        RefusalTerms {
+            pool: self.pool.clone(),
+            // Our own message: serializing it cannot fail.
+            message: serde_json::to_string(&self.refused).unwrap_or_default(),
+            untold: self.untold,
+            remaining: self.deadline.saturating_duration_since(Instant::now()),
+        }
+    }
+
+    /// The refusal again, in the process `listener` was passed to: the
+    /// deadline is `terms.remaining` from now.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when `listener` is not a listening `SOCK_SEQPACKET`
+    /// socket, `terms.message` is not a refusal of this hostpool version
+    /// (give back what [`Refusal::terms`] gave, from the same binary), or
+    /// `terms.remaining` is longer than any attach timeout
+    /// ([`crate::MAX_ATTACH_TIMEOUT_SECS`]).
+    pub fn resume(listener: OwnedFd, terms: RefusalTerms) -> Result<Refusal> {
+        if terms.remaining.as_secs_f64() > crate::MAX_ATTACH_TIMEOUT_SECS {
+            return Err(Error::config(format!(
+                "the refusal of shared pool `{}` would hold for {:.0} s, longer than any attach \
+                 timeout ({:.0} s at most)",
+                terms.pool,
+                terms.remaining.as_secs_f64(),
+                crate::MAX_ATTACH_TIMEOUT_SECS
+            )));
+        }
+        let listening = rustix::net::sockopt::socket_acceptconn(&listener).unwrap_or(false);
+        let kind = rustix::net::sockopt::socket_type(&listener).ok();
+        if !listening || kind != Some(SocketType::SEQPACKET) {
+            return Err(Error::config(format!(
+                "the refusal of shared pool `{}` came without its listening socket; only a \
+                 failed creator of the pool hands it on",
+                terms.pool
+            )));
+        }
+        let refused = match serde_json::from_str(&terms.message) {
+            Ok(m @ Msg::Refused { .. }) => m,
+            _ => {
+                return Err(Error::config(format!(
+                    "the refusal of shared pool `{}` is not one this hostpool version sends; \
+                     the creator and the process serving its refusal must be the same binary",
+                    terms.pool
+                )));
+            }
+        };
+        Ok(Refusal {
+            pool: terms.pool,
+            listener,
+            refused,
+            untold: terms.untold,
+            deadline: Instant::now() + terms.remaining,
+        })
+    }
+
+    /// Answer every rank that connects with the refusal until the untold
+    /// ranks have heard it or the deadline passes; then the ranks still
+    /// waiting in the backlog are told too, and the socket is closed (a rank
+    /// that connects after that is refused by the kernel and becomes a
+    /// creator itself). Blocks until then, polling the socket every 20 ms.
+    pub fn serve(self) {
+        let Refusal {
+            listener,
+            refused,
+            untold,
+            deadline,
+            ..
+        } = self;
         let _ = rustix::io::ioctl_fionbio(&listener, true);
         let mut told = 0;
         while told < untold && Instant::now() < deadline {
-            if !readable(listener.as_fd(), deadline.min(Instant::now() + TICK)).unwrap_or(false) {
+            if !readable(listener.as_fd(), deadline).unwrap_or(false) {
                 continue;
             }
             if let Ok(conn) = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) {
@@ -595,18 +774,14 @@ fn keep_refusing(listener: OwnedFd, why: &Error, untold: u32, deadline: Instant)
                 told += 1;
             }
         }
-    };
-    // The listener goes to the thread; if no thread can start, answer the
-    // backlog now (a second descriptor of the same socket, for that).
-    let spare = listener.try_clone();
-    if let Err(e) = std::thread::Builder::new()
-        .name("hostpool-refuse".into())
-        .spawn(move || answer(listener))
-    {
-        tracing::warn!("cannot keep answering on the failed pool's socket: {e}");
-        if let Ok(spare) = spare {
-            refuse_pending(&spare, why);
-        }
+        answer_backlog(&listener, &refused);
+    }
+
+    /// Answer the ranks already waiting in the backlog, and close the
+    /// socket: what a creator does when nobody can serve the refusal
+    /// longer.
+    pub fn refuse_pending(self) {
+        answer_backlog(&self.listener, &self.refused);
     }
 }
 
@@ -670,6 +845,7 @@ fn fail_creation(
     fail_all(links, why);
     let told = u32::try_from(links.len()).unwrap_or(u32::MAX);
     keep_refusing(
+        &sharing.name,
         listener,
         why,
         (sharing.world - 1).saturating_sub(told),
@@ -713,8 +889,16 @@ fn join(
             ),
         });
     }
-    send(&conn, &hello_of(&spec), &[])
-        .map_err(|e| os("sendmsg", e, "joining the pool's creator failed"))?;
+    if let Err(e) = send(&conn, &hello_of(&spec), &[]) {
+        // A creator that refuses every rank (one that failed: see
+        // [`Refusal`]) answers at once and closes without reading the
+        // hello, which then finds the socket closed: its answer is queued
+        // here, and read below. Any other failure is ours.
+        let closed = matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET));
+        if !closed {
+            return Err(os("sendmsg", e, "joining the pool's creator failed"));
+        }
+    }
     let mut fds = Vec::new();
     let (creator_rank, count) = match recv(&conn, attach_deadline, &mut fds)? {
         Received::Msg(Msg::Welcome {
@@ -1120,6 +1304,115 @@ mod tests {
             }
         };
         assert!(gone, "the socket outlived the last rank it had to tell");
+    }
+
+    /// A refusal passed on, as the CLI hands it to its helper process (its
+    /// terms, and another descriptor of its socket), answers as the creator
+    /// would: a late rank hears the cause, errno included, and once the
+    /// untold ranks heard it the serving ends and the socket is gone; it
+    /// ends at its deadline too. What is not a refusal's socket or message
+    /// is refused.
+    #[test]
+    fn a_refusal_handed_on_answers_as_its_creator_would() {
+        let (l, addr) = listener("handed");
+        let why = os(
+            "mmap",
+            std::io::Error::from_raw_os_error(libc::ENOMEM),
+            "mapping the pool's files failed",
+        );
+        let refusal = Refusal {
+            pool: "unit".into(),
+            listener: l,
+            refused: refusal(&why),
+            untold: 1,
+            deadline: Instant::now() + Duration::from_secs(20),
+        };
+        let terms = refusal.terms();
+        assert!(
+            terms.remaining > Duration::from_secs(19) && terms.remaining <= Duration::from_secs(20),
+            "{terms:?}"
+        );
+        assert_eq!((terms.pool.as_str(), terms.untold), ("unit", 1));
+        let passed = rustix::io::dup(refusal.listener()).unwrap();
+        drop(refusal);
+        let resumed = Refusal::resume(passed, terms.clone()).unwrap();
+        let started = Instant::now();
+        let server = std::thread::spawn(move || resumed.serve());
+        let late = connected(&addr);
+        match message_of(&late) {
+            Msg::Refused {
+                usage,
+                message,
+                ranks,
+                pid,
+            } => {
+                assert!(!usage, "not the joiner's input");
+                assert!(message.contains("Cannot allocate memory"), "{message}");
+                assert_eq!((ranks, pid), (Vec::new(), None));
+            }
+            other => panic!("the late rank got {other:?}"),
+        }
+        server.join().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "served past the last untold rank"
+        );
+        let again = seqpacket().unwrap();
+        assert_eq!(
+            rustix::net::connect(&again, &addr),
+            Err(rustix::io::Errno::CONNREFUSED),
+            "the socket outlived the last rank it had to tell"
+        );
+
+        // Nobody comes: the serving ends at the deadline.
+        let (l, _) = listener("handed-deadline");
+        let short = RefusalTerms {
+            untold: 3,
+            remaining: Duration::from_millis(200),
+            ..terms.clone()
+        };
+        let started = Instant::now();
+        Refusal::resume(l, short).unwrap().serve();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+
+        // Not a listening socket; not a refusal; longer than any attach
+        // timeout.
+        let (l, _) = listener("handed-long");
+        let long = RefusalTerms {
+            remaining: Duration::from_secs(1 << 40),
+            ..terms.clone()
+        };
+        let e = Refusal::resume(l, long).unwrap_err();
+        assert!(
+            matches!(&e, Error::Config { .. }) && e.to_string().contains("longer than any"),
+            "{e}"
+        );
+        let (connected_end, _other) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let e = Refusal::resume(connected_end, terms.clone()).unwrap_err();
+        assert!(
+            matches!(&e, Error::Config { .. }) && e.to_string().contains("listening socket"),
+            "{e}"
+        );
+        let (l, _) = listener("handed-bad");
+        let go = RefusalTerms {
+            message: serde_json::to_string(&Msg::Go).unwrap(),
+            ..terms
+        };
+        let e = Refusal::resume(l, go).unwrap_err();
+        assert!(
+            matches!(&e, Error::Config { .. }) && e.to_string().contains("not one this hostpool"),
+            "{e}"
+        );
     }
 
     /// A `Failed` or `Refused` of a peer that sends no `ranks` or `pid`
