@@ -882,14 +882,22 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
     let mut k = Children(vec![k]);
     assert_eq!(ready["page_size"], 2 * MIB, "{ready}");
     assert_eq!(ready["backing"], "hugetlbfs", "{ready}");
-    assert_eq!(support::procs::free_2m(), free - 8, "the keeper faulted its 8 pages");
+    assert_eq!(
+        support::procs::free_2m(),
+        free - 8,
+        "the keeper faulted its 8 pages"
+    );
     for generation in 1..=3u8 {
         let mut e = Children(vec![engine(&pool, &["--page-size", "2MiB"], "")]);
         let report = read_report(&mut e[0]);
         assert_eq!(report["page_size"], 2 * MIB);
         assert_eq!(report["keeper"]["generation"], u64::from(generation));
         let (pid, base) = (e[0].id(), addr(&report));
-        assert_eq!(mem_read(pid, base + 3 * MIB, 4), [0; 4], "generation {generation}");
+        assert_eq!(
+            mem_read(pid, base + 3 * MIB, 4),
+            [0; 4],
+            "generation {generation}"
+        );
         mem_write(pid, base + 3 * MIB, &[generation; 4]);
         e[0].kill().unwrap();
         e[0].wait().unwrap();
@@ -902,6 +910,10 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
     }
     assert_eq!(support::procs::free_2m(), free - 8);
     stop(k.0.remove(0));
-    assert_eq!(support::procs::free_2m(), free, "every huge page is free again");
+    assert_eq!(
+        support::procs::free_2m(),
+        free,
+        "every huge page is free again"
+    );
     assert_eq!(support::procs::resv_2m(), resv, "none is reserved");
 }

@@ -583,6 +583,8 @@ mod tests {
                 control_dir: None,
             }),
             numa_node: Some(0),
+            keeper: Some("kv0".into()),
+            keeper_tag: Some("t".into()),
             ..PoolConfig::default()
         };
         full.register.push("r".into());

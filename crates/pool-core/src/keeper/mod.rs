@@ -402,7 +402,7 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
         assert_eq!(
             rfc3339(UNIX_EPOCH + Duration::from_secs(1_796_175_825)),
-            "2026-12-02T01:03:45Z"
+            "2026-12-02T01:43:45Z"
         );
         assert_eq!(
             rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),

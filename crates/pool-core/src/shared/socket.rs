@@ -25,31 +25,19 @@
 //! Abstract socket names are per network namespace: ranks that share only
 //! a directory (separate pods on one node) use `rendezvous = "file"`.
 
-use std::io::{IoSlice, IoSliceMut};
-use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
-use rustix::net::{
-    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
-};
+use rustix::net::{SocketAddrUnix, SocketFlags, SocketType};
 use serde::{Deserialize, Serialize};
 
 use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
-use crate::error::{Context, Error, Result, TeardownIssue};
+use crate::error::{Error, Result, TeardownIssue};
 use crate::file::{self, FileMapping, PoolFile};
 use crate::layout::{Extent, format_bytes};
 use crate::plugin::{Mapping, RankBarrier};
 use crate::sys::Region;
-
-/// Largest message (JSON) in bytes.
-const MSG_BYTES: usize = 64 << 10;
-/// File descriptors per message (the kernel takes at most 253).
-const FDS_PER_MSG: usize = 200;
-/// The longest one `poll` waits, so deadlines and stop requests are seen.
-const TICK: Duration = Duration::from_millis(20);
+use crate::wire::{self, FDS_PER_MSG, TICK, os, readable, send, seqpacket};
 
 /// What the ranks say to each other.
 #[derive(Debug, Serialize, Deserialize)]
@@ -109,14 +97,6 @@ fn blame(e: &Error) -> (String, Vec<u32>, Option<u32>) {
     }
 }
 
-fn os(op: &'static str, e: impl Into<std::io::Error>, remedy: &str) -> Error {
-    Error::os(
-        op,
-        e,
-        Context::new(0, crate::layout::PageSize::BASE_4K).remedy(remedy),
-    )
-}
-
 fn address(name: &str) -> Result<SocketAddrUnix> {
     let uid = rustix::process::geteuid().as_raw();
     SocketAddrUnix::new_abstract_name(format!("hostpool/{uid}/{name}").as_bytes()).map_err(|e| {
@@ -128,115 +108,13 @@ fn address(name: &str) -> Result<SocketAddrUnix> {
     })
 }
 
-fn seqpacket() -> Result<OwnedFd> {
-    rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(|e| {
-        os(
-            "socket(AF_UNIX, SOCK_SEQPACKET)",
-            e,
-            "the kernel refused a unix socket",
-        )
-    })
-}
-
-fn send(fd: impl AsFd, msg: &Msg, files: &[std::os::fd::BorrowedFd<'_>]) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MSG))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    if !files.is_empty() && !control.push(SendAncillaryMessage::ScmRights(files)) {
-        return Err(std::io::Error::from_raw_os_error(libc::E2BIG));
-    }
-    rustix::net::sendmsg(
-        fd,
-        &[IoSlice::new(&bytes)],
-        &mut control,
-        SendFlags::NOSIGNAL,
-    )?;
-    Ok(())
-}
-
 /// What [`recv`] got.
-#[derive(Debug)]
-enum Received {
-    /// A message.
-    Msg(Msg),
-    /// End of file: the peer is gone (closed, or died).
-    Gone,
-    /// Nothing before the deadline.
-    TimedOut,
-}
+type Received = wire::Received<Msg>;
 
-/// Wait for a message until `deadline`. Received descriptors are appended
-/// to `files`.
-///
-/// # Errors
-/// [`Error::Interrupted`] when a stop is requested; [`Error::Os`] for a
-/// failed call; [`Error::Plugin`] for a message this version cannot read.
+/// Wait for a rank's message until `deadline` (a stop request ends the
+/// wait); received descriptors are appended to `files`.
 fn recv(fd: impl AsFd, deadline: Instant, files: &mut Vec<OwnedFd>) -> Result<Received> {
-    let fd = fd.as_fd();
-    loop {
-        crate::interrupt::check()?;
-        if readable(fd, deadline)? {
-            break;
-        }
-        if Instant::now() >= deadline {
-            return Ok(Received::TimedOut);
-        }
-    }
-    let mut buf = vec![0u8; MSG_BYTES];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MSG))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let mut flags = RecvFlags::CMSG_CLOEXEC;
-    let got = loop {
-        match rustix::net::recvmsg(fd, &mut [IoSliceMut::new(&mut buf)], &mut control, flags) {
-            Ok(g) => break g,
-            // A peer that closed its socket with our message unread in it
-            // makes the kernel report ECONNRESET once, before the messages
-            // it had sent us and that are still queued: read those first.
-            Err(e) if e == rustix::io::Errno::CONNRESET && !flags.contains(RecvFlags::DONTWAIT) => {
-                flags |= RecvFlags::DONTWAIT;
-            }
-            Err(e) if e == rustix::io::Errno::CONNRESET || e == rustix::io::Errno::AGAIN => {
-                return Ok(Received::Gone);
-            }
-            Err(e) => return Err(os("recvmsg", e, "the rendezvous socket failed")),
-        }
-    };
-    for m in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = m {
-            files.extend(fds);
-        }
-    }
-    if got.bytes == 0 {
-        return Ok(Received::Gone);
-    }
-    serde_json::from_slice(&buf[..got.bytes])
-        .map(Received::Msg)
-        .map_err(|e| Error::Plugin {
-            what: "shared pool".into(),
-            message: "a peer sent a message that is not of this hostpool version".into(),
-            source: Some(Box::new(e)),
-        })
-}
-
-/// Whether `fd` has something to read (or hung up) within one tick.
-fn readable(fd: std::os::fd::BorrowedFd<'_>, deadline: Instant) -> Result<bool> {
-    let wait = deadline.saturating_duration_since(Instant::now()).min(TICK);
-    let timeout = Timespec {
-        tv_sec: 0,
-        tv_nsec: i64::from(wait.subsec_nanos()),
-    };
-    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    match poll(&mut fds, Some(&timeout)) {
-        Ok(n) => Ok(n > 0),
-        Err(e) if e == rustix::io::Errno::INTR => Ok(false),
-        Err(e) => Err(os("poll", e, "waiting on the rendezvous socket failed")),
-    }
+    wire::recv(fd, deadline, files, true)
 }
 
 /// A connected peer: the creator's view of a joiner, or a joiner's of the
@@ -251,12 +129,7 @@ struct Link {
 }
 
 fn peer_pid(fd: impl AsFd) -> Result<(u32, u32)> {
-    let cred = rustix::net::sockopt::socket_peercred(fd)
-        .map_err(|e| os("getsockopt(SO_PEERCRED)", e, "the rendezvous socket failed"))?;
-    Ok((
-        cred.uid.as_raw(),
-        u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(0),
-    ))
+    wire::peer_cred(fd)
 }
 
 /// Create or join the pool `spec` describes over the socket rendezvous.
@@ -789,16 +662,7 @@ impl Refusal {
 /// EOF is a death. The peer error naming the joiner, if one died or failed.
 fn watch(links: &mut [Link], sharing: &crate::config::SharingConfig) -> Option<Error> {
     for l in links.iter_mut() {
-        let mut fds = [PollFd::new(&l.fd, PollFlags::IN)];
-        let ready = poll(
-            &mut fds,
-            Some(&Timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            }),
-        )
-        .unwrap_or(0);
-        if ready == 0 {
+        if !wire::ready(&l.fd) {
             continue;
         }
         match recv(&l.fd, Instant::now() + TICK, &mut Vec::new()) {
@@ -1194,6 +1058,7 @@ impl Mapping for SocketMapping {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::net::AddressFamily;
 
     fn listener(tag: &str) -> (OwnedFd, SocketAddrUnix) {
         let addr = address(&format!("unit-{}-{tag}", std::process::id())).unwrap();
