@@ -917,3 +917,80 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
     );
     assert_eq!(support::procs::resv_2m(), resv, "none is reserved");
 }
+
+/// `hostpool keep status` lists the pool, its lease and its last lease's
+/// end, as text and JSON; `hostpool doctor` reports the keepers it sees.
+#[test]
+fn status_and_doctor_report_the_kept_pool_and_its_lease() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("status", 32);
+    let pool = name("status");
+    let (k, ready) = keeper(
+        &pool,
+        &tmpfs,
+        &["--content", "keep", "--allow-uid", "1234"],
+        "",
+    );
+    let _k = Children(vec![k]);
+    let mut e = Children(vec![engine(&pool, &[], "")]);
+    read_report(&mut e[0]);
+    let st = status(&pool);
+    for (key, want) in [
+        ("size", Value::from(8 * MIB)),
+        ("page_size", Value::from(4096)),
+        ("backing", Value::from("shm-segmented")),
+        ("content", Value::from("keep")),
+        ("state", Value::from("leased")),
+        ("generation", Value::from(1)),
+        ("instance", ready["instance"].clone()),
+        ("allow_uids", serde_json::json!([1234])),
+    ] {
+        assert_eq!(st[key], want, "{key}: {st}");
+    }
+    assert_eq!(st["lease"]["pid"], e[0].id(), "{st}");
+    assert_eq!(st["lease"]["ranks"][0]["rank"], 0, "{st}");
+    let text = bin().args(["keep", "status"]).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("{pool}: 8 MiB (4 KiB pages, shm-segmented)"))
+            && text.contains(&format!("leased by pid {}", e[0].id())),
+        "{text}"
+    );
+    let doctor = bin().args(["doctor", "--json"]).output().unwrap();
+    let doctor: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let found = doctor["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["area"] == "keepers" && f["item"] == pool.as_str())
+        .unwrap_or_else(|| panic!("no keepers finding: {doctor}"))
+        .clone();
+    assert!(
+        found["value"].as_str().unwrap().contains("leased by pid"),
+        "{found}"
+    );
+    assert_eq!(found["details"]["size"], 8 * MIB, "{found}");
+    e[0].kill().unwrap();
+    e[0].wait().unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    while status(&pool)["previous"]["how"] != "died" {
+        assert!(Instant::now() < end, "{}", status(&pool));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = bin()
+        .args(["keep", "status", "--name", &pool])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("last lease: pid {} died at", e[0].id())),
+        "{text}"
+    );
+    let absent = bin()
+        .args(["keep", "status", "--name", &name("nobody-keeps")])
+        .output()
+        .unwrap();
+    assert_eq!(absent.status.code(), Some(1));
+}

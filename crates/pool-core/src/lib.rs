@@ -43,6 +43,7 @@ pub mod host;
 pub mod interrupt;
 pub mod keeper;
 mod layout;
+mod lease;
 pub mod plugin;
 pub mod prefault;
 pub mod shared;

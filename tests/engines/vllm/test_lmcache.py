@@ -168,3 +168,41 @@ def test_a_bad_variable_never_breaks_vllms_start_and_fails_lmcaches_first_alloca
     got = _plugin({"HOSTPOOL_LMCACHE": "treads = 1"})
     assert got["installed"] is True
     assert "HOSTPOOL_LMCACHE" in got.get("error", "") and "treads" in got["error"], got
+
+
+def test_lmcache_restarted_against_a_keeper_finds_the_bytes_it_offloaded():
+    """Issue 19: with `keeper` in its config, LMCache's buffer is leased from
+    `hostpool keep` (resident: no prefault), and a restarted LMCache (a new
+    allocator) gets the same memory back with `content = "keep"`, told how the
+    previous lease ended and the tag it stored."""
+    import os
+    import signal
+    import subprocess
+
+    name = f"lmcache-keep-{os.getpid()}"
+    keeper = subprocess.Popen(
+        [os.environ["HOSTPOOL_BIN"], "keep", "--name", name, "--size", "8MiB", "--content", "keep",
+         "--backing", "shm-segmented", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        ready = json.loads(keeper.stdout.readline() or "null")
+        assert ready and ready["name"] == name, keeper.stderr.read()
+        hl.install({"threads": 1, "keeper": name, "keeper_tag": "model-x"})
+        try:
+            alloc = PinMemoryAllocator(8 * MiB)
+            pool = _in_a_pool(alloc.buffer)  # writes 1..8 at the start
+            assert pool.report["keeper"]["generation"] == 1
+            assert pool.report["prefault"]["bytes"] == 0
+            alloc.close()
+            again = PinMemoryAllocator(8 * MiB)
+            lease = hl.get_pool(again.buffer.data_ptr()).report["keeper"]
+            assert lease["generation"] == 2 and lease["tag"] == "model-x"
+            assert lease["previous"]["how"] == "closed"
+            assert bytes(again.buffer[:8].tolist()) == bytes(range(1, 9))
+            again.close()
+        finally:
+            hl.uninstall()
+    finally:
+        keeper.send_signal(signal.SIGTERM)
+        assert keeper.wait(timeout=10) == 0, keeper.stderr.read()

@@ -11,7 +11,7 @@
 //! unlinked from birth (`O_TMPFILE` or memfds).
 //!
 //! An engine leases the pool (`keeper = "NAME"` in its config, see
-//! `client.rs`): the keeper checks the size and page size asked for, hands
+//! the private `lease` module): the keeper checks the size and page size asked for, hands
 //! the memory over, and the engine maps it without a prefault (the pages are
 //! resident), then pins and registers it as usual: pins belong to the
 //! process that uses the memory. The ranks of one engine share one lease;
@@ -23,7 +23,7 @@
 //! the pool's identity ([`LeaseInfo`]): the keeper's instance, the
 //! generation, how the previous lease ended and the tag it stored.
 //!
-//! The messages are JSON over `SOCK_SEQPACKET` ([`crate::wire`]):
+//! The messages are JSON over `SOCK_SEQPACKET` (the crate's `wire` module):
 //!
 //! ```text
 //! engine → keeper   Hello {world, rank, engine, size?, page?, tag?, attach_timeout_secs}
@@ -36,39 +36,18 @@
 //! ```
 
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::config::PoolConfig;
 use crate::error::{Error, Result};
 
-mod client;
 mod server;
 
-pub(crate) use client::attach;
+pub use crate::lease::{
+    LeaseEnd, LeaseInfo, PreviousLease, SOCKET_PREFIX, list, socket_name, status,
+};
 pub use server::{Keeper, StopRequests};
-
-/// The prefix of every keeper's abstract socket name.
-pub const SOCKET_PREFIX: &str = "hostpool-keep/";
-
-/// The abstract socket a kept pool is served on, as `ss -x` and
-/// `/proc/net/unix` show it: `@hostpool-keep/<name>`.
-pub fn socket_name(name: &str) -> String {
-    format!("@{SOCKET_PREFIX}{name}")
-}
-
-fn address(name: &str) -> Result<rustix::net::SocketAddrUnix> {
-    rustix::net::SocketAddrUnix::new_abstract_name(format!("{SOCKET_PREFIX}{name}").as_bytes())
-        .map_err(|e| {
-            crate::wire::os(
-                "socket address",
-                e,
-                "the kept pool's name is too long for a socket name",
-            )
-        })
-}
 
 /// Whether a lease's memory is cleared before the next lease.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -84,49 +63,6 @@ crate::choice::choice!(Content, "content policy", {
     Zero => "zero", "clear the pool between leases (no engine sees another's bytes)",
     Keep => "keep", "keep the bytes for the next lease (a restarted engine reuses its KV cache)",
 });
-
-/// How a lease ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LeaseEnd {
-    /// Every rank released it.
-    Closed,
-    /// A rank's connection ended without a release: it died.
-    Died,
-}
-
-/// The lease before this one: who held it and how it ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PreviousLease {
-    /// The process that held it (for a lease that died, the first rank that
-    /// died).
-    pub pid: u32,
-    /// `closed` or `died`.
-    pub how: LeaseEnd,
-    /// When it ended (RFC 3339, UTC).
-    pub ended_at: String,
-}
-
-/// A kept pool's identity, as each lease is told it (the report's `keeper`
-/// object, with `attach_seconds`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LeaseInfo {
-    /// The kept pool's name.
-    pub name: String,
-    /// The keeper's instance: changes when the keeper restarts (and the
-    /// generations start again at 1).
-    pub instance: String,
-    /// Leases so far, this one included.
-    pub generation: u64,
-    /// `zero` or `keep`.
-    pub content: String,
-    /// The lease before this one, `None` for the first.
-    pub previous: Option<PreviousLease>,
-    /// The tag the previous lease stored (`keeper_tag`), `None` if it stored none.
-    pub tag: Option<String>,
-    /// The keeper's pid.
-    pub keeper_pid: u32,
-}
 
 /// One kept pool of a keeper's config: a pool config, and the keeper's own
 /// keys for it.
@@ -325,90 +261,9 @@ pub fn parse_config(text: &str) -> Result<Vec<KeptPoolConfig>> {
     Ok(pools)
 }
 
-/// The names of the kept pools this network namespace serves, from
-/// `/proc/net/unix` (every keeper, whoever runs it).
-pub fn list() -> Vec<String> {
-    let text = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
-    let mut names: Vec<String> = text
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(7))
-        .filter_map(|p| p.strip_prefix('@')?.strip_prefix(SOCKET_PREFIX))
-        .map(str::to_string)
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-}
-
-/// Ask the keeper of `name` how its pool is (`hostpool keep status`).
-///
-/// # Errors
-/// [`Error::Keeper`] when no keeper answers or it refuses.
-pub fn status(name: &str) -> Result<Value> {
-    client::status(name)
-}
-
-/// `t` as RFC 3339 in UTC, to the second: `2026-12-02T01:23:45Z`.
-pub(crate) fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs();
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// The keeper error for `name`: `message`, blaming `pid` when known.
-pub(crate) fn keeper_error(name: &str, message: String, pid: Option<u32>, absent: bool) -> Error {
-    Error::Keeper {
-        name: name.to_string(),
-        message,
-        pid,
-        absent,
-    }
-}
-
-/// Where a kept pool's socket is, for messages.
-pub(crate) fn how_to_start(name: &str) -> String {
-    format!(
-        "start it (`hostpool keep --name {name} --size SIZE`, or `systemctl start \
-         hostpool-keep@{name}`) in this network namespace (a Kubernetes pod shares one), or set \
-         keeper_fallback = \"build\" to build a pool of this process's own"
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_is_the_calendar_date() {
-        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            rfc3339(UNIX_EPOCH + Duration::from_secs(1_796_175_825)),
-            "2026-12-02T01:43:45Z"
-        );
-        assert_eq!(
-            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
-            "2000-02-29T00:00:00Z"
-        );
-    }
 
     #[test]
     fn a_keepers_config_has_named_pools_and_refuses_what_it_cannot_keep() {

@@ -6,15 +6,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::net::SocketFlags;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{
-    Content, KeptPoolConfig, LeaseEnd, LeaseInfo, PreviousLease, address, rfc3339, socket_name,
-};
+use super::{Content, KeptPoolConfig};
 use crate::choice::Choice;
 use crate::error::{Error, Result};
 use crate::layout::{Extent, format_bytes, round_to_page};
+use crate::lease::{
+    FromKeeper, LeaseEnd, LeaseInfo, PreviousLease, ToKeeper, address, rfc3339, socket_name,
+};
 use crate::pool::{Observer, Pool, PoolPlan, PoolReport};
 use crate::prefault::PrefaultPlan;
 use crate::sys::Region;
@@ -26,63 +26,6 @@ pub type StopRequests = AtomicU32;
 
 /// How long a new connection has to say what it wants.
 const HELLO_WITHIN: Duration = Duration::from_secs(5);
-
-/// Engine → keeper.
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) enum ToKeeper {
-    /// Lease the pool, as rank `rank` of `world` of the engine `engine`.
-    Hello {
-        world: u32,
-        rank: u32,
-        engine: String,
-        size: Option<u64>,
-        page: Option<u64>,
-        tag: Option<String>,
-        attach_timeout_secs: f64,
-        barrier_timeout_secs: f64,
-    },
-    /// This rank mapped the pool (or failed to, with why).
-    Arrived { error: Option<String> },
-    /// The lease ends cleanly.
-    Release,
-    /// How is the pool?
-    Status,
-}
-
-/// Keeper → engine.
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) enum FromKeeper {
-    /// The lease: the pool's files follow, `files` in all, in this and the
-    /// following [`FromKeeper::Files`] messages.
-    Lease {
-        info: LeaseInfo,
-        logical: u64,
-        mapped: u64,
-        page: u64,
-        backing: String,
-        extents: Vec<(u64, u64)>,
-        files: usize,
-    },
-    /// More descriptors of the pool's files.
-    Files,
-    /// Refused (`usage`: the engine's input is at fault); `pid` is whom
-    /// the message blames (the lease's holder).
-    Refused {
-        usage: bool,
-        message: String,
-        pid: Option<u32>,
-    },
-    /// Every rank of the lease arrived.
-    Go,
-    /// The lease failed: a rank failed, died or never attached.
-    Failed {
-        message: String,
-        ranks: Vec<u32>,
-        pid: Option<u32>,
-    },
-    /// The keeper's status.
-    Status(Value),
-}
 
 /// The memory a keeper keeps, built once.
 #[derive(Debug)]
@@ -367,7 +310,7 @@ fn bind(name: &str) -> Result<OwnedFd> {
             let who = rustix::net::connect(&holder, &addr)
                 .ok()
                 .and_then(|()| wire::peer_cred(&holder).ok());
-            let keeper = super::client::status(name).ok();
+            let keeper = crate::lease::status(name).ok();
             let message = match (who, keeper) {
                 (Some((uid, pid)), Some(_)) => format!(
                     "a keeper of `{name}` already runs (pid {pid}, uid {uid}) on {}; stop it \

@@ -139,7 +139,7 @@ fn map(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
     let mut fallback = None;
     if plan.config.keeper.is_some() {
         let (leased, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
-            crate::keeper::attach(plan)
+            crate::lease::attach(&plan.config)
         });
         match leased {
             Ok(mapping) => {

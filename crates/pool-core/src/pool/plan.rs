@@ -69,7 +69,7 @@ impl PoolPlan {
             selection.reason = format!(
                 "leased from keeper `{keeper}` ({}): its backing; this process maps, pins and \
                  registers it",
-                crate::keeper::socket_name(keeper)
+                crate::lease::socket_name(keeper)
             );
         }
         let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;

@@ -25,6 +25,7 @@
 //! usage or configuration error.
 
 mod cgroup;
+mod keepers;
 mod kernel;
 mod leftovers;
 mod memlock;
@@ -132,6 +133,7 @@ fn collect(
         }
     }
     out.extend(guarded("plugins", plugins::findings));
+    out.extend(guarded("keepers", keepers::findings));
     out.extend(guarded("leftovers", || {
         leftovers::findings(pool_dir.as_deref())
     }));

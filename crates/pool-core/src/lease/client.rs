@@ -6,13 +6,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::server::{FromKeeper, ToKeeper};
-use super::{LeaseInfo, address, how_to_start, keeper_error, socket_name};
+use super::{FromKeeper, LeaseInfo, ToKeeper, address, how_to_start, keeper_error, socket_name};
 use crate::error::{Error, Result, TeardownIssue};
 use crate::file::{self, FileMapping, MapContext, PoolFile};
 use crate::layout::{Extent, PageSize};
 use crate::plugin::{Mapping, RankBarrier};
-use crate::pool::PoolPlan;
 use crate::sys::Region;
 use crate::wire::{self, Received};
 
@@ -77,13 +75,12 @@ pub(super) fn status(name: &str) -> Result<Value> {
     }
 }
 
-/// Lease the pool `plan.config.keeper` names and map it.
+/// Lease the pool `config.keeper` names and map it.
 ///
 /// # Errors
 /// [`Error::Keeper`] (with `absent` when no keeper answers), a usage error
 /// when the keeper's pool is not the one asked for, mapping errors.
-pub(crate) fn attach(plan: &PoolPlan) -> Result<Box<dyn Mapping>> {
-    let config = &plan.config;
+pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mapping>> {
     let Some(name) = config.keeper.as_deref() else {
         return Err(Error::config("no keeper named"));
     };

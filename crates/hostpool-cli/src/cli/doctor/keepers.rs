@@ -1,0 +1,50 @@
+//! `keepers`: the kept pools this network namespace serves (`hostpool
+//! keep`), each asked for its status: size, page size, backing, who leases
+//! it. A keeper socket that does not answer is a warning: its engines
+//! cannot attach.
+
+use pool_core::format_bytes;
+
+use super::Finding;
+
+/// One finding per kept pool; none when no keeper runs.
+pub(super) fn findings() -> Vec<Finding> {
+    pool_core::keeper::list()
+        .into_iter()
+        .map(|name| match pool_core::keeper::status(&name) {
+            Ok(s) => {
+                let lease = match s["lease"].as_object() {
+                    Some(l) => format!(
+                        "leased by pid {} since {}",
+                        l["pid"],
+                        l["since"].as_str().unwrap_or("?")
+                    ),
+                    None => s["state"].as_str().unwrap_or("?").to_string(),
+                };
+                let value = format!(
+                    "{} ({} pages, {}), content {}, generation {}, {lease}; keeper pid {}",
+                    format_bytes(s["size"].as_u64().unwrap_or(0)),
+                    format_bytes(s["page_size"].as_u64().unwrap_or(0)),
+                    s["backing"].as_str().unwrap_or("?"),
+                    s["content"].as_str().unwrap_or("?"),
+                    s["generation"],
+                    s["pid"],
+                );
+                let f = Finding::new("keepers", name, value);
+                match s["broken"].as_str() {
+                    Some(why) => f.warn(format!(
+                        "{why}; restart the keeper (`kill -TERM {}`, then start it again)",
+                        s["pid"]
+                    )),
+                    None => f,
+                }
+                .details(s)
+            }
+            Err(e) => Finding::new("keepers", name, "does not answer").warn(format!(
+                "{}; a process holds the keeper's socket but does not serve it: find it with `ss \
+                 -xlp | grep hostpool-keep`",
+                e.chain_message()
+            )),
+        })
+        .collect()
+}

@@ -1,0 +1,138 @@
+"""hostpool.Pool(keeper=...): an engine leases a pool that `hostpool keep`
+built and keeps, instead of building it (issue 19)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+import hostpool
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def keeper(hostpool_bin):
+    """Start `hostpool keep --name NAME --json ARGS`; stopped (SIGTERM, exit 0) afterwards."""
+    started = []
+
+    def start(name, *args):
+        p = subprocess.Popen(
+            [str(hostpool_bin), "keep", "--name", name, "--json", "--backing", "shm-segmented", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(p)
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        ready = json.loads(line)
+        assert ready["name"] == name
+        return ready
+
+    yield start
+    for p in started:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=10) == 0, p.stderr.read()
+
+
+def test_a_pool_leased_from_a_keeper_comes_resident_and_keeps_its_bytes(keeper):
+    name = f"py-keep-{os.getpid()}"
+    ready = keeper(name, "--size", "8MiB", "--content", "keep")
+    with hostpool.Pool(keeper=name, keeper_tag="model-a") as pool:
+        lease = pool.report["keeper"]
+        assert lease["name"] == name and lease["generation"] == 1 and lease["content"] == "keep"
+        assert lease["instance"] == ready["instance"] and lease["previous"] is None
+        assert lease["tag"] is None
+        assert pool.report["prefault"]["bytes"] == 0
+        assert pool.nbytes == 8 * MiB and pool.backing == "shm-segmented"
+        pool.view(4 * MiB, 5)[:] = b"kvkv!"
+    with hostpool.Pool(keeper=name, size="8MiB") as again:
+        lease = again.report["keeper"]
+        assert lease["generation"] == 2 and lease["tag"] == "model-a"
+        assert lease["previous"]["how"] == "closed" and lease["previous"]["pid"] == os.getpid()
+        assert bytes(again.view(4 * MiB, 5)) == b"kvkv!"
+
+
+def test_a_zeroed_pool_shows_no_bytes_of_the_previous_lease(keeper):
+    name = f"py-zero-{os.getpid()}"
+    keeper(name, "--size", "4MiB")
+    with hostpool.Pool(keeper=name) as pool:
+        pool.view(0, 4)[:] = b"old!"
+    with hostpool.Pool(keeper=name) as pool:
+        assert pool.report["keeper"]["content"] == "zero"
+        assert bytes(pool.view(0, 4)) == b"\0\0\0\0"
+
+
+def test_a_second_lease_is_refused_naming_the_holder(keeper):
+    name = f"py-busy-{os.getpid()}"
+    keeper(name, "--size", "4MiB")
+    with hostpool.Pool(keeper=name):
+        with pytest.raises(hostpool.KeeperError, match=f"leased by pid {os.getpid()}") as e:
+            hostpool.Pool(keeper=name)
+        assert e.value.pid == os.getpid() and e.value.keeper == name and not e.value.absent
+        assert e.value.exit_code == 1
+
+
+def test_a_missing_keeper_fails_or_falls_back_as_the_config_says():
+    name = f"py-absent-{os.getpid()}"
+    with pytest.raises(hostpool.KeeperError, match=f"@hostpool-keep/{name}") as e:
+        hostpool.Pool(keeper=name, size="4MiB")
+    assert e.value.absent and e.value.keeper == name and e.value.pid is None
+    with hostpool.Pool(keeper=name, size="4MiB", keeper_fallback="build") as pool:
+        assert "keeper" not in pool.report
+        assert "no keeper answers" in pool.report["keeper_fallback"]
+        assert pool.report["prefault"]["bytes"] == 4 * MiB
+    with pytest.raises(hostpool.ConfigError, match="keeper_fallback"):
+        hostpool.Pool(size="4MiB", keeper_fallback="build")
+    with pytest.raises(hostpool.ConfigError, match="keeper fallback"):
+        hostpool.Pool(keeper=name, keeper_fallback="maybe")
+
+
+def test_the_size_asked_for_must_be_the_kept_pools(keeper):
+    name = f"py-size-{os.getpid()}"
+    keeper(name, "--size", "4MiB")
+    with pytest.raises(hostpool.ConfigError, match="asks for 8 MiB, but kept pool"):
+        hostpool.Pool(keeper=name, size="8MiB")
+    with hostpool.Pool.from_config({"keeper": name, "size": "4MiB"}) as pool:
+        assert pool.report["keeper"]["name"] == name
+
+
+KILLED = """
+import sys, time, hostpool
+pool = hostpool.Pool(keeper=sys.argv[1])
+pool.view(0, 6)[:] = b"before"
+print(pool.report["keeper"]["generation"], flush=True)
+time.sleep(60)
+"""
+
+
+def test_an_engine_killed_mid_lease_is_reported_as_died(keeper):
+    import sys
+
+    name = f"py-died-{os.getpid()}"
+    keeper(name, "--size", "4MiB", "--content", "keep")
+    p = subprocess.Popen([sys.executable, "-c", KILLED, name], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "1"
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            pool = hostpool.Pool(keeper=name)
+            break
+        except hostpool.KeeperError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    with pool:
+        prev = pool.report["keeper"]["previous"]
+        assert prev["how"] == "died" and prev["pid"] == p.pid
+        assert bytes(pool.view(0, 6)) == b"before"
