@@ -243,6 +243,29 @@ fn json_has_every_row_with_sane_ratios_and_leaves_nothing_behind() {
         "{huge}"
     );
 
+    // The keeper: a build, an attach (with its speed-up over the build) and
+    // the clearing between leases, on 4 KiB and 2 MiB pages.
+    for (backing, page) in [("shm-segmented", KIB4), ("hugetlbfs", MIB2)] {
+        let t = cores() as u64;
+        for method in ["build", "attach", "clear"] {
+            let row = find(rows, method, backing, page, t);
+            assert_eq!(row["section"], "keeper", "{row}");
+            if backing == "shm-segmented" || required() {
+                assert_eq!(row["status"], "measured", "{row}");
+                positive_finite(&row["ratio_to_memset"], "ratio_to_memset");
+            }
+        }
+        let attach = find(rows, "attach", backing, page, t);
+        if attach["status"] == "measured" {
+            let speedup = positive_finite(&attach["speedup_over_build"], "speedup_over_build");
+            let (a, b) = (
+                positive_finite(&attach["seconds"], "seconds"),
+                positive_finite(&find(rows, "build", backing, page, t)["seconds"], "seconds"),
+            );
+            assert!((speedup - b / a).abs() < 1e-6 * speedup, "{attach}");
+        }
+    }
+
     // Nothing left behind: no file of this run in /dev/shm (a fallback
     // private file would carry the pid), no new hostpool files, and every
     // huge page back in the free pool.

@@ -16,6 +16,10 @@
 //!    1.0).
 //! 5. `mlock` of resident memory per page size (anon 4 KiB, THP anon,
 //!    hugetlbfs 2 MiB, where it is a no-op and reported as such).
+//! 6. `keeper` (`keeper.rs`): time to usable for a restarting engine, a full
+//!    build against an attach to a keeper's pool, and the keeper's clearing
+//!    between leases against memset, on shm-segmented 4 KiB and hugetlbfs
+//!    2 MiB.
 //!
 //! Each kind of memory is warmed up first (built, filled and released once),
 //! each figure is the median of `--repeat` runs, and the methods of one
@@ -26,6 +30,7 @@
 
 mod env;
 mod jobs;
+mod keeper;
 mod mlock;
 mod rows;
 mod table;
@@ -67,6 +72,21 @@ pub struct BenchArgs {
     /// Also write the JSON report to this file.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    /// Run only these sections (repeatable; memset, the limit every ratio
+    /// is to, always runs). Default: all.
+    #[arg(long, value_enum, value_name = "SECTION")]
+    pub only: Vec<Section>,
+}
+
+/// The sections `--only` picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    /// Prefault per backing, page size, method and threads, and `alloc`.
+    Prefault,
+    /// `mlock` per page size.
+    Mlock,
+    /// Attach to a keeper against a build, and the keeper's clearing.
+    Keeper,
 }
 
 /// The whole report (`--json`, `--out`).
@@ -85,6 +105,11 @@ fn units() -> BTreeMap<&'static str, &'static str> {
         (
             "ratio_to_memset",
             "gb_per_s over memset's on resident anonymous memory with the same threads (1 for mlock)",
+        ),
+        (
+            "speedup_over_build",
+            "keeper attach rows: the build's seconds over the attach's (time to usable without \
+             and with a keeper)",
         ),
         (
             "ratio_to_raw_c",
@@ -168,13 +193,23 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
         rows: Vec::new(),
         env: &mut env,
     };
+    let runs = |s: Section| args.only.is_empty() || args.only.contains(&s);
     bench.memset();
-    for memory in [ANON_4K, SHM_4K, HUGETLB_2M, HUGETLB_1G] {
-        bench.prefault(&memory);
+    if runs(Section::Prefault) {
+        for memory in [ANON_4K, SHM_4K, HUGETLB_2M, HUGETLB_1G] {
+            bench.prefault(&memory);
+        }
     }
-    bench.mlock(&ANON_4K);
-    bench.mlock(&ANON_THP);
-    bench.mlock_hugetlb(&HUGETLB_2M);
+    if runs(Section::Mlock) {
+        bench.mlock(&ANON_4K);
+        bench.mlock(&ANON_THP);
+        bench.mlock_hugetlb(&HUGETLB_2M);
+    }
+    if runs(Section::Keeper) {
+        for memory in [SHM_4K, HUGETLB_2M] {
+            bench.keeper(&memory);
+        }
+    }
     let mut rows = bench.rows;
     ratios(&mut rows);
     let failed = rows.iter().filter(|r| r.status == Status::Failed).count();

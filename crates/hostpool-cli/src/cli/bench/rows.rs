@@ -49,6 +49,9 @@ pub(super) struct Row {
     pub(super) ratio_to_memset: Option<f64>,
     /// Throughput over the C reference's on the same memory and threads.
     pub(super) ratio_to_raw_c: Option<f64>,
+    /// The keeper's attach: the build's seconds over the attach's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) speedup_over_build: Option<f64>,
     /// Caveats about a measured figure.
     pub(super) notes: Vec<String>,
 }
@@ -78,6 +81,7 @@ impl Row {
             gb_per_s: None,
             ratio_to_memset: None,
             ratio_to_raw_c: None,
+            speedup_over_build: None,
             notes: Vec::new(),
         }
     }
