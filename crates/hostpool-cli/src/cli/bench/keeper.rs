@@ -26,13 +26,28 @@ use super::{Bench, error_text, mib, progress};
 impl Bench<'_> {
     /// The keeper's rows for `memory`, at the size and every core.
     pub(super) fn keeper(&mut self, memory: &Memory) {
-        let size = memory.round(self.size);
+        let size = memory.round(self.keeper_size);
         let cores = bench_support::benchkit::cores();
         let build = self.push(Row::new("keeper", "build", memory, cores, size));
         let attach = self.push(Row::new("keeper", "attach", memory, cores, size));
         let clear = self.push(Row::new("keeper", "clear", memory, cores, size));
         let rows = [build, attach, clear];
         if !self.available(memory, size, &rows) {
+            return;
+        }
+        if memory.page.get() == pool_core::PageSize::BASE_4K.get() && size > self.half_available {
+            let reason = format!(
+                "{} is more than half of MemAvailable ({}); give a smaller --keeper-size",
+                mib(size),
+                mib(self.half_available)
+            );
+            progress(&format!(
+                "skipping keeper {}: {reason}",
+                Self::label(memory)
+            ));
+            for i in rows {
+                self.rows[i].set(Status::Skipped, reason.clone());
+            }
             return;
         }
         progress(&format!(

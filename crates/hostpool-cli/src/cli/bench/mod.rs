@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// Also write the JSON report to this file.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    /// The keeper section's pool size (default: --size). Its huge pages are
+    /// counted as free pages; its other memory must fit in half of
+    /// MemAvailable, as --size.
+    #[arg(long, value_name = "SIZE")]
+    pub keeper_size: Option<ByteSize>,
     /// Run only these sections (repeatable; memset, the limit every ratio
     /// is to, always runs). Default: all.
     #[arg(long, value_enum, value_name = "SECTION")]
@@ -186,8 +191,16 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
         warm_up_seconds: BTreeMap::new(),
         hostpool_version: env!("CARGO_PKG_VERSION"),
     };
+    let keeper_size = args.keeper_size.map_or(size, ByteSize::get);
+    if keeper_size == 0 {
+        return Err(Error::config(
+            "--keeper-size must be at least one byte; write bytes or an IEC unit such as 16GiB",
+        ));
+    }
     let mut bench = Bench {
         size,
+        keeper_size,
+        half_available: half,
         threads,
         repeat,
         rows: Vec::new(),
@@ -239,6 +252,11 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
 /// The run in progress.
 struct Bench<'a> {
     size: u64,
+    /// The keeper section's size.
+    keeper_size: u64,
+    /// Half of MemAvailable at the start: the most memory other than huge
+    /// pages a row may use.
+    half_available: u64,
     threads: Vec<usize>,
     repeat: usize,
     rows: Vec<Row>,
