@@ -153,10 +153,11 @@ fn cleared(name: &str) -> Result<f64, Error> {
     let end = Instant::now() + Duration::from_secs(600);
     loop {
         let s = pool_core::keeper::status(name)?;
-        if s["state"] == "idle" && s["lease"].is_null() {
-            if let Some(secs) = s["last_clear_seconds"].as_f64() {
-                return Ok(secs);
-            }
+        if s["state"] == "idle"
+            && s["lease"].is_null()
+            && let Some(secs) = s["last_clear_seconds"].as_f64()
+        {
+            return Ok(secs);
         }
         if s["state"] == "broken" || Instant::now() > end {
             return Err(Error::Plugin {
