@@ -160,6 +160,9 @@ PLUGIN = textwrap.dedent(
         pool = hs.pools().get(buf.data_ptr())
         out.update(in_pool=pool is not None, pinned=pool is not None and pool.pinned,
                    sglang_registrations=len(calls), layout_page=host.page_size * host.layout_dim)
+        if pool is not None and ("keeper" in pool.report or "keeper_fallback" in pool.report):
+            out.update(nbytes=pool.nbytes, lease=pool.report.get("keeper"),
+                       fallback=pool.report.get("keeper_fallback"))
         host.destroy()
         del host, buf, pool
     print(json.dumps(out))
@@ -208,3 +211,33 @@ def test_the_versions_tested_are_the_readmes():
     from engine_support import installed_versions_are_the_readmes
 
     installed_versions_are_the_readmes({"SGLang": "sglang"})
+
+
+def test_sglangs_host_pool_leases_its_buffer_from_a_keeper():
+    """Issue 19: `keeper` in HOSTPOOL_SGLANG leases SGLang's host buffer from
+    `hostpool keep` (no keeper: a clear error, or a pool of its own with
+    keeper_fallback = "build"); the keeper's pool must be the buffer's size."""
+    import os
+    import signal
+    import subprocess
+
+    name = f"sglang-keep-{os.getpid()}"
+    got = _plugin({"HOSTPOOL_SGLANG": f'threads = 1\nkeeper = "{name}"'})
+    assert "KeeperError" in got.get("error", "") and f"@hostpool-keep/{name}" in got["error"], got
+    got = _plugin({"HOSTPOOL_SGLANG": f'threads = 1\nkeeper = "{name}"\nkeeper_fallback = "build"'})
+    assert got["in_pool"] and got["lease"] is None and "no keeper answers" in got["fallback"], got
+    keeper = subprocess.Popen(
+        [os.environ["HOSTPOOL_BIN"], "keep", "--name", name, "--size", str(got["nbytes"]),
+         "--backing", "shm-segmented", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        ready = json.loads(keeper.stdout.readline() or "null")
+        assert ready and ready["name"] == name, keeper.stderr.read()
+        for generation in (1, 2):
+            got = _plugin({"HOSTPOOL_SGLANG": f'threads = 1\nkeeper = "{name}"'})
+            assert got["in_pool"] and got["lease"]["generation"] == generation, got
+            assert got["lease"]["instance"] == ready["instance"], got
+    finally:
+        keeper.send_signal(signal.SIGTERM)
+        assert keeper.wait(timeout=10) == 0, keeper.stderr.read()
