@@ -16,6 +16,13 @@ use support::procs::{
 
 const MIB: u64 = 1 << 20;
 
+/// The tests that count free huge pages must not overlap: each holds this.
+static HUGE_PAGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn huge_pages_lock() -> std::sync::MutexGuard<'static, ()> {
+    HUGE_PAGES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A keeper of one 8 MiB pool named `pool` on `tmpfs`, with `args` and
 /// failpoints `fail`; its ready line.
 fn keeper(pool: &str, tmpfs: &SmallTmpfs, args: &[&str], fail: &str) -> (Child, Value) {
@@ -769,6 +776,17 @@ fn sizes_are_checked_and_a_missing_keeper_fails_or_falls_back() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The engine pins what it leased, as any pool: its page tables are
+    // filled first (the attach phase), then the pin takes the whole pool.
+    let out = engine_once(&pool, &["--pin", "mlock", "--pin-required"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["pin"]["status"], "pinned", "{report}");
+    assert!(report["phases"]["attach"].as_f64().is_some(), "{report}");
     let out = engine_once(&pool, &["--page-size", "2MiB"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
@@ -865,6 +883,7 @@ fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
 /// free again and none is reserved.
 #[test]
 fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
+    let _serial = huge_pages_lock();
     let Some(dir) = support::procs::hugetlbfs_2m(8) else {
         return;
     };
@@ -993,4 +1012,265 @@ fn status_and_doctor_report_the_kept_pool_and_its_lease() {
         .output()
         .unwrap();
     assert_eq!(absent.status.code(), Some(1));
+}
+
+/// `hostpool keep --config keep.toml` keeps every [[pool]] of the file,
+/// each on its own socket with its own content policy, prints a ready line
+/// for each, and releases each on SIGTERM; flags and configs it cannot use
+/// are usage errors that say what to do.
+#[test]
+fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("config", 32);
+    let (a, b) = (name("config-a"), name("config-b"));
+    let file = tmpfs.0.with_extension("toml");
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _file = Remove(file.clone());
+    std::fs::write(
+        &file,
+        format!(
+            "[[pool]]\nname = \"{a}\"\nsize = \"8MiB\"\nbacking = \"shm-segmented\"\ndir = \"{d}\"\n\
+             content = \"keep\"\n\n[[pool]]\nname = \"{b}\"\nsize = \"4MiB\"\nbacking = \
+             \"shm-segmented\"\ndir = \"{d}\"\n",
+            d = tmpfs.path()
+        ),
+    )
+    .unwrap();
+    let mut k = Children(vec![
+        bin()
+            .args(["keep", "--json", "--config"])
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ]);
+    let first = read_json_line(&mut k[0]);
+    let second = read_json_line(&mut k[0]);
+    assert_eq!(
+        (first["name"].as_str(), second["name"].as_str()),
+        (Some(a.as_str()), Some(b.as_str()))
+    );
+    assert_eq!(
+        (first["content"].as_str(), second["content"].as_str()),
+        (Some("keep"), Some("zero"))
+    );
+    assert_eq!(tmpfs.used(), 12 * MIB, "both pools are resident");
+    for (pool, mib) in [(&a, 8), (&b, 4)] {
+        let out = engine_once(pool, &[]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["mapped_bytes"], mib * MIB);
+    }
+    let listed = bin().args(["keep", "status", "--json"]).output().unwrap();
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    for pool in [&a, &b] {
+        assert!(
+            listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["name"] == pool.as_str()),
+            "{pool}: {listed}"
+        );
+    }
+    signal(&k[0], libc::SIGTERM);
+    let released = support::procs::read_until(&mut k[0], |l| l.contains(&format!("\"{b}\"")));
+    assert!(released.contains("\"released\":true"), "{released}");
+    let st = wait_timeout(&mut k[0], Duration::from_secs(10)).expect("the keeper stops");
+    assert_eq!(st.code(), Some(0));
+    assert_clean(&tmpfs, "both pools released");
+
+    for (args, says) in [
+        (vec!["keep"], "needs --name NAME"),
+        (
+            vec!["keep", "--config", file.to_str().unwrap(), "--size", "1GiB"],
+            "pool flags go with --name",
+        ),
+        (
+            vec!["keep", "--name", "x", "--backing", "anon"],
+            "cannot be handed to another process",
+        ),
+        (
+            vec!["keep", "--name", "x", "--pin", "mlock"],
+            "belong to the process that uses the memory",
+        ),
+        (vec!["keep", "--name", "bad name"], "must be 1 to 64"),
+        (
+            vec!["keep", "--name", "x", "--drain-timeout=-1"],
+            "--drain-timeout",
+        ),
+        (vec!["keep", "--content", "keep"], "--name"),
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// A keeper of 2 MiB pages SIGKILLed while an engine leases its pool: the
+/// engine keeps its pages; once both are gone every huge page is free and
+/// none is reserved.
+#[test]
+fn a_kept_hugetlbfs_pool_goes_back_to_the_kernel_when_keeper_and_engine_die() {
+    let _serial = huge_pages_lock();
+    let Some(dir) = support::procs::hugetlbfs_2m(4) else {
+        return;
+    };
+    let (free, resv) = (support::procs::free_2m(), support::procs::resv_2m());
+    let pool = name("huge-kill");
+    let mut k = Children(vec![
+        bin()
+            .args(["keep", "--name", &pool, "--json", "--size", "8MiB"])
+            .args(["--backing", "hugetlbfs", "--dir"])
+            .arg(&dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ]);
+    read_json_line(&mut k[0]);
+    let mut e = Children(vec![engine(&pool, &[], "")]);
+    let report = read_report(&mut e[0]);
+    k[0].kill().unwrap();
+    k[0].wait().unwrap();
+    mem_write(e[0].id(), addr(&report) + 5 * MIB, b"huge");
+    assert_eq!(mem_read(e[0].id(), addr(&report) + 5 * MIB, 4), b"huge");
+    assert_eq!(
+        support::procs::free_2m(),
+        free - 4,
+        "the engine holds the pages"
+    );
+    e[0].kill().unwrap();
+    e[0].wait().unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    while support::procs::free_2m() != free && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        support::procs::free_2m(),
+        free,
+        "every huge page is free again"
+    );
+    assert_eq!(support::procs::resv_2m(), resv, "none is reserved");
+}
+
+/// Hostile clients and a sick keeper: clients that connect and say
+/// nothing, send junk or ask for absurd numbers do not stop the keeper
+/// serving; a keeper whose clearing fails refuses every later lease with
+/// why (and doctor warns); the engine of a stopped keeper is told so at its
+/// attach timeout.
+#[test]
+fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let tmpfs = SmallTmpfs::mount("hostile", 32);
+    let pool = name("hostile");
+    let (k, _) = keeper(&pool, &tmpfs, &[], "keeper-clear=EIO");
+    let mut k = Children(vec![k]);
+    let addr =
+        SocketAddrUnix::new_abstract_name(format!("hostpool-keep/{pool}").as_bytes()).unwrap();
+    let client = || {
+        let s = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        rustix::net::connect(&s, &addr).unwrap();
+        s
+    };
+    let _silent = client();
+    let junk = client();
+    rustix::net::send(&junk, b"\x00junk{", rustix::net::SendFlags::empty()).unwrap();
+    let absurd = client();
+    let hello = br#"{"Hello":{"world":4294967295,"rank":7,"engine":"x","size":18446744073709551615,"page":0,"tag":null,"attach_timeout_secs":-1e308,"barrier_timeout_secs":1e308}}"#;
+    rustix::net::send(&absurd, hello, rustix::net::SendFlags::empty()).unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = rustix::net::recv(&absurd, &mut answer, rustix::net::RecvFlags::empty())
+        .unwrap()
+        .0;
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(
+        answer.contains("Refused") && answer.contains("world must be 1 to"),
+        "{answer}"
+    );
+    // The keeper serves on.
+    let out = engine_once(&pool, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // That lease's end was to clear the pool, which fails (a failpoint):
+    // every later lease is refused with why.
+    let end = Instant::now() + Duration::from_secs(5);
+    while status(&pool)["state"] != "broken" {
+        assert!(Instant::now() < end, "{}", status(&pool));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = engine_once(&pool, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "kept pool `{pool}` is unusable: clearing it between leases failed"
+        )) && err.contains("Input/output error")
+            && err.contains("restart its keeper"),
+        "{err}"
+    );
+    let doctor = bin().args(["doctor", "--json"]).output().unwrap();
+    let doctor: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    assert!(
+        doctor["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["area"] == "keepers"
+                && f["item"] == pool.as_str()
+                && f["verdict"] == "warn"),
+        "{doctor}"
+    );
+    // A stopped keeper: its engine is told so at its attach timeout.
+    let other = name("hostile-stopped");
+    let (k2, _) = keeper(&other, &tmpfs, &[], "");
+    k.push(k2);
+    signal(&k[1], libc::SIGSTOP);
+    let t = Instant::now();
+    let out = engine_once(
+        &other,
+        &[
+            "--shared",
+            "e",
+            "--world",
+            "1",
+            "--rank",
+            "0",
+            "--attach-timeout",
+            "1",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    signal(&k[1], libc::SIGCONT);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("did not hand over the pool") && err.contains("it is stopped"),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }

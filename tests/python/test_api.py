@@ -54,7 +54,7 @@ def test_the_exceptions_form_the_documented_hierarchy():
     assert issubclass(hostpool.Error, RuntimeError)
     assert issubclass(hostpool.ConfigError, ValueError)
     for cls in (hostpool.ConfigError, hostpool.CapacityError, hostpool.PeerError,
-                hostpool.NotAvailableError, hostpool.PinError, hostpool.PoolBusyError):
+                hostpool.NotAvailableError, hostpool.PinError, hostpool.PoolBusyError, hostpool.KeeperError):
         assert issubclass(cls, hostpool.Error), cls
 
 

@@ -136,3 +136,44 @@ def test_an_engine_killed_mid_lease_is_reported_as_died(keeper):
         prev = pool.report["keeper"]["previous"]
         assert prev["how"] == "died" and prev["pid"] == p.pid
         assert bytes(pool.view(0, 6)) == b"before"
+
+
+RANK = """
+import json, sys, hostpool
+name, engine, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with hostpool.Pool(keeper=name, shared=hostpool.Shared(engine, 2, rank)) as pool:
+    if rank == 0:
+        pool.view(100, 5)[:] = b"rank0"
+    print(json.dumps({"lease": pool.report["keeper"], "sharing": pool.report["sharing"],
+                      "shard": list(pool.shard)}), flush=True)
+    sys.stdin.readline()
+    print(bytes(pool.view(100, 5)).decode(), flush=True)
+"""
+
+
+def test_the_ranks_of_one_engine_share_one_lease(keeper):
+    import sys
+
+    name = f"py-ranks-{os.getpid()}"
+    keeper(name, "--size", "8MiB")
+    engine = f"py-engine-{os.getpid()}"
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, name, engine, str(r)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    try:
+        said = [json.loads(p.stdout.readline() or "null") for p in ranks]
+        assert all(said), [p.stderr.read() for p in ranks]
+        for r, s in enumerate(said):
+            assert s["lease"]["generation"] == 1, s
+            assert s["sharing"]["rank"] == r and s["sharing"]["rendezvous"] == "keeper", s
+        assert said[0]["shard"] != said[1]["shard"]
+        for p in ranks:
+            p.stdin.write("\n")
+            p.stdin.flush()
+        # Both map the same memory: rank 1 reads what rank 0 wrote.
+        assert [p.stdout.readline().strip() for p in ranks] == ["rank0", "rank0"]
+        assert [p.wait(timeout=10) for p in ranks] == [0, 0]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()

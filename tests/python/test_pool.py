@@ -215,7 +215,8 @@ def test_the_exception_classes_have_their_bases_defaults_and_module():
     assert hostpool.Error.__mro__[1] is RuntimeError
     assert hostpool.Error in hostpool.ConfigError.__mro__ and ValueError in hostpool.ConfigError.__mro__
     assert issubclass(hostpool.PoolBusyError, BufferError) and issubclass(hostpool.PoolBusyError, hostpool.Error)
-    for name in ("Error", "ConfigError", "CapacityError", "PeerError", "NotAvailableError", "PinError", "PoolBusyError"):
+    for name in ("Error", "ConfigError", "CapacityError", "PeerError", "NotAvailableError", "PinError", "PoolBusyError",
+                 "KeeperError"):
         cls = getattr(hostpool, name)
         assert cls is getattr(hostpool._errors, name) is getattr(hostpool._hostpool, name)
         assert cls.__module__ == "hostpool" and cls.__qualname__ == name and cls.__doc__, name
@@ -223,6 +224,7 @@ def test_the_exception_classes_have_their_bases_defaults_and_module():
     assert (hostpool.Error.exit_code, hostpool.ConfigError.exit_code, hostpool.PeerError.exit_code) == (1, 2, 1)
     assert (hostpool.CapacityError.remedy, hostpool.CapacityError.need, hostpool.CapacityError.free) == ("", 0, 0)
     assert (hostpool.PeerError.rank, hostpool.PeerError.ranks, hostpool.PeerError.pid) == (None, (), None)
+    assert (hostpool.KeeperError.keeper, hostpool.KeeperError.pid, hostpool.KeeperError.absent) == ("", None, False)
     # Python code raises and subclasses them as before.
     err = hostpool.PeerError("rank 3 died")
     assert str(err) == "rank 3 died" and err.ranks == () and err.pid is None

@@ -28,7 +28,7 @@ pub const ENABLED: bool = cfg!(feature = "failpoints");
 pub const ENV: &str = "HOSTPOOL_TEST_FAILPOINTS";
 
 /// The failpoints hostpool checks, for documentation and tests.
-pub const NAMES: [&str; 17] = [
+pub const NAMES: [&str; 18] = [
     "populate-write-probe",
     "anon-mmap",
     "shared-creator-map",
@@ -43,6 +43,7 @@ pub const NAMES: [&str; 17] = [
     "keeper-leased",
     "keeper-lease-end",
     "keeper-zeroing",
+    "keeper-clear",
     "keeper-before-connect",
     "keeper-attached",
     "keeper-release",

@@ -188,8 +188,13 @@ impl KeptPoolConfig {
                 ))
             })?,
         };
-        let pool = PoolConfig::from_value(Value::Object(map))
-            .map_err(|e| Error::config(format!("kept pool `{name}`: {e}")))?;
+        let pool = PoolConfig::from_value(Value::Object(map)).map_err(|e| {
+            Error::config(format!(
+                "kept pool `{name}`: {e} (besides the pool's keys, a [[pool]] table has the \
+                 keeper's own: {})",
+                KEEPER_KEYS.join(", ")
+            ))
+        })?;
         let kept = KeptPoolConfig {
             name,
             content,

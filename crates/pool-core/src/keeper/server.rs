@@ -342,6 +342,18 @@ fn bind(name: &str) -> Result<OwnedFd> {
     Ok(sock)
 }
 
+/// A client's timeout as a duration: a tenth of a second to a day, and the
+/// default attach timeout for one that is not a number (a client's bad
+/// input must not end the keeper).
+fn seconds(secs: f64) -> Duration {
+    let secs = if secs.is_finite() {
+        secs
+    } else {
+        crate::config::DEFAULT_ATTACH_TIMEOUT_SECS
+    };
+    Duration::from_secs_f64(secs.clamp(0.1, 86_400.0))
+}
+
 /// A keeper instance's id: changes with every start.
 fn instance_id() -> String {
     let mut bytes = [0u8; 8];
@@ -368,6 +380,14 @@ fn clear(
     plan: &PrefaultPlan,
 ) -> Result<f64> {
     let t = Instant::now();
+    if let Some(e) = crate::failpoint::check("keeper-clear") {
+        return Err(Error::os(
+            "fallocate(FALLOC_FL_PUNCH_HOLE)",
+            e,
+            crate::error::Context::new(0, region.page())
+                .remedy(format!("clearing kept pool `{name}` between leases failed")),
+        ));
+    }
     for (fd, extent) in files {
         rustix::fs::fallocate(
             fd,
@@ -573,8 +593,7 @@ impl Serving {
                 return;
             }
         } else if matches!(self.state, State::Zeroing { .. }) {
-            let until =
-                Instant::now() + Duration::from_secs_f64(attach_timeout_secs.clamp(0.1, 86_400.0));
+            let until = Instant::now() + seconds(*attach_timeout_secs);
             self.waiting.push(Waiting {
                 conn,
                 uid,
@@ -588,8 +607,8 @@ impl Serving {
             self.failed.retain(|f| f.engine != *engine);
             self.generation += 1;
             let now = Instant::now();
-            let attach = Duration::from_secs_f64(attach_timeout_secs.clamp(0.1, 86_400.0));
-            let barrier = Duration::from_secs_f64(barrier_timeout_secs.clamp(0.1, 86_400.0));
+            let attach = seconds(*attach_timeout_secs);
+            let barrier = seconds(*barrier_timeout_secs);
             self.lease = Some(Lease {
                 engine: engine.clone(),
                 world: *world,

@@ -151,9 +151,10 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
                 return Err(keeper_error(
                     name,
                     format!(
-                        "the keeper of `{name}` (pid {pid}) did not hand over the pool within \
-                         {attach_timeout:.0} s (it may be clearing it after the previous lease); \
-                         raise --attach-timeout"
+                        "the keeper of `{name}` (pid {pid}: {}) did not hand over the pool \
+                         within {attach_timeout:.0} s (it may be clearing it after the previous \
+                         lease); check the keeper, or raise --attach-timeout",
+                        crate::host::process::why_late(pid)
                     ),
                     Some(pid),
                     false,
