@@ -53,6 +53,56 @@ fn engine(pool: &str, args: &[&str], fail: &str) -> Child {
         .unwrap()
 }
 
+/// Wait (at most `secs`) until `done`; else fail saying `what`.
+#[track_caller]
+fn until(secs: u64, mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < end, "{}", what());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every 2 MiB huge page is free again and as many reserved as `resv`.
+#[track_caller]
+fn assert_huge_pages_back(free: u64, resv: u64) {
+    let end = Instant::now() + Duration::from_secs(5);
+    while support::procs::free_2m() != free && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        support::procs::free_2m(),
+        free,
+        "every huge page is free again"
+    );
+    assert_eq!(support::procs::resv_2m(), resv, "none is reserved");
+}
+
+/// A keeper of `pool` like [`keeper`]'s, run to its end (one that fails at start).
+fn keep_once(pool: &str, tmpfs: &SmallTmpfs) -> std::process::Output {
+    bin()
+        .args([
+            "keep",
+            "--name",
+            pool,
+            "--size",
+            "8MiB",
+            "--backing",
+            "shm-segmented",
+        ])
+        .args(["--dir", tmpfs.path()])
+        .output()
+        .unwrap()
+}
+
+/// Its stderr, once `out` is known to have exited with `code`.
+#[track_caller]
+fn fails(out: &std::process::Output, code: i32) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    err
+}
+
 /// An engine that leases `pool`, prints its report and releases it.
 fn engine_once(pool: &str, args: &[&str]) -> std::process::Output {
     bin()
@@ -225,8 +275,7 @@ fn one_lease_at_a_time_and_only_for_allowed_users() {
             .expect("setpriv")
     };
     let out = as_nobody(&pool);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = fails(&out, 1);
     assert!(
         err.contains("uid 65534 may not use kept pool") && err.contains("allow_uids"),
         "{err}"
@@ -271,21 +320,8 @@ fn a_squatted_socket_name_fails_the_keeper_at_start() {
         s
     };
     let t = Instant::now();
-    let out = bin()
-        .args([
-            "keep",
-            "--name",
-            &pool,
-            "--size",
-            "8MiB",
-            "--backing",
-            "shm-segmented",
-        ])
-        .args(["--dir", tmpfs.path()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let out = keep_once(&pool, &tmpfs);
+    let err = fails(&out, 1);
     assert!(
         err.contains(&format!(
             "@hostpool-keep/{pool} is held by pid {}",
@@ -298,21 +334,8 @@ fn a_squatted_socket_name_fails_the_keeper_at_start() {
     drop(squatter);
     let (first, _) = keeper(&pool, &tmpfs, &[], "");
     let first = Children(vec![first]);
-    let out = bin()
-        .args([
-            "keep",
-            "--name",
-            &pool,
-            "--size",
-            "8MiB",
-            "--backing",
-            "shm-segmented",
-        ])
-        .args(["--dir", tmpfs.path()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let out = keep_once(&pool, &tmpfs);
+    let err = fails(&out, 1);
     assert!(
         err.contains(&format!(
             "a keeper of `{pool}` already runs (pid {}",
@@ -347,8 +370,7 @@ fn a_keeper_killed_while_leased_leaves_its_engine_working() {
     assert_eq!(tmpfs.used(), 8 * MIB, "the engine holds the pool's pages");
     let t = Instant::now();
     let out = engine_once(&pool, &[]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = fails(&out, 1);
     assert!(
         err.contains(&format!(
             "no keeper answers for kept pool `{pool}` on @hostpool-keep/{pool}"
@@ -658,15 +680,16 @@ fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
         Duration::from_secs(10),
     );
     // Every rank has its lease before the victim dies.
-    let end = Instant::now() + Duration::from_secs(10);
-    while status(&pool)["lease"]["ranks"]
-        .as_array()
-        .map_or(0, Vec::len)
-        < 4
-    {
-        assert!(Instant::now() < end, "{}", status(&pool));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until(
+        10,
+        || {
+            status(&pool)["lease"]["ranks"]
+                .as_array()
+                .map_or(0, Vec::len)
+                >= 4
+        },
+        || format!("{}", status(&pool)),
+    );
     let victim = ranks[2].id();
     ranks[2].kill().unwrap();
     ranks[2].wait().unwrap();
@@ -708,8 +731,7 @@ fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
     assert_eq!(st.code(), Some(1), "{}", stderr_of(&mut first[0]));
     let t = Instant::now();
     let out = engine_once(&pool, &["--shared", &late, "--world", "4", "--rank", "3"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = fails(&out, 1);
     assert!(
         err.contains("failed before rank 3 attached")
             && err.contains(&format!("rank 1 (pid {dead}) died while attaching")),
@@ -743,11 +765,11 @@ fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
             Some(0)
         );
     }
-    let end = Instant::now() + Duration::from_secs(5);
-    while status(&pool)["previous"]["how"] != "closed" {
-        assert!(Instant::now() < end, "{}", status(&pool));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until(
+        5,
+        || !(status(&pool)["previous"]["how"] != "closed"),
+        || format!("{}", status(&pool)),
+    );
 }
 
 /// What an engine asks for is checked: another size or page size is a
@@ -764,8 +786,7 @@ fn sizes_are_checked_and_a_missing_keeper_fails_or_falls_back() {
     let (k, _) = keeper(&pool, &tmpfs, &[], "");
     let _k = Children(vec![k]);
     let out = engine_once(&pool, &["--size", "16MiB"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = fails(&out, 2);
     assert!(
         err.contains("asks for 16 MiB, but kept pool") && err.contains("8 MiB"),
         "{err}"
@@ -788,14 +809,12 @@ fn sizes_are_checked_and_a_missing_keeper_fails_or_falls_back() {
     assert_eq!(report["pin"]["status"], "pinned", "{report}");
     assert!(report["phases"]["attach"].as_f64().is_some(), "{report}");
     let out = engine_once(&pool, &["--page-size", "2MiB"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = fails(&out, 2);
     assert!(err.contains("asks for 2 MiB pages"), "{err}");
 
     let absent = name("absent");
     let out = engine_once(&absent, &["--size", "4MiB"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = fails(&out, 1);
     assert!(
         err.contains(&format!("@hostpool-keep/{absent}")) && err.contains("keeper_fallback"),
         "{err}"
@@ -843,8 +862,7 @@ fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
         "the keeper waits for its lease"
     );
     let out = engine_once(&pool, &[]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = fails(&out, 1);
     assert!(err.contains("is stopping and takes no new leases"), "{err}");
     signal(&e[0], libc::SIGTERM);
     assert_eq!(
@@ -922,19 +940,14 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
         e[0].wait().unwrap();
     }
     // The lease and the zeroing take no page of their own.
-    let end = Instant::now() + Duration::from_secs(5);
-    while status(&pool)["state"] != "idle" {
-        assert!(Instant::now() < end, "{}", status(&pool));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until(
+        5,
+        || !(status(&pool)["state"] != "idle"),
+        || format!("{}", status(&pool)),
+    );
     assert_eq!(support::procs::free_2m(), free - 8);
     stop(k.0.remove(0));
-    assert_eq!(
-        support::procs::free_2m(),
-        free,
-        "every huge page is free again"
-    );
-    assert_eq!(support::procs::resv_2m(), resv, "none is reserved");
+    assert_huge_pages_back(free, resv);
 }
 
 /// `hostpool keep status` lists the pool, its lease and its last lease's
@@ -993,11 +1006,11 @@ fn status_and_doctor_report_the_kept_pool_and_its_lease() {
     assert_eq!(found["details"]["size"], 8 * MIB, "{found}");
     e[0].kill().unwrap();
     e[0].wait().unwrap();
-    let end = Instant::now() + Duration::from_secs(5);
-    while status(&pool)["previous"]["how"] != "died" {
-        assert!(Instant::now() < end, "{}", status(&pool));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until(
+        5,
+        || !(status(&pool)["previous"]["how"] != "died"),
+        || format!("{}", status(&pool)),
+    );
     let text = bin()
         .args(["keep", "status", "--name", &pool])
         .output()
@@ -1155,16 +1168,7 @@ fn a_kept_hugetlbfs_pool_goes_back_to_the_kernel_when_keeper_and_engine_die() {
     );
     e[0].kill().unwrap();
     e[0].wait().unwrap();
-    let end = Instant::now() + Duration::from_secs(5);
-    while support::procs::free_2m() != free && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(
-        support::procs::free_2m(),
-        free,
-        "every huge page is free again"
-    );
-    assert_eq!(support::procs::resv_2m(), resv, "none is reserved");
+    assert_huge_pages_back(free, resv);
 }
 
 /// Hostile clients and a sick keeper: clients that connect and say
@@ -1225,8 +1229,7 @@ fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let out = engine_once(&pool, &[]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = fails(&out, 1);
     assert!(
         err.contains(&format!(
             "kept pool `{pool}` is unusable: clearing it between leases failed"

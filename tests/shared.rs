@@ -4,7 +4,7 @@
 //! `cargo xtask test` (HOSTPOOL_REQUIRE_HUGEPAGES=1) their absence fails the
 //! test; elsewhere the test prints why it skips.
 
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,95 +12,21 @@ use std::time::{Duration, Instant};
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
 
+mod support;
+
+use support::procs::Children as Ranks;
+use support::procs::{
+    SmallTmpfs, addr, bin, free_2m, hugetlbfs_2m, mem_read, mem_write, name, read_report, resv_2m,
+    root_or_skip, signal, stderr_of, wait_timeout,
+};
+
 const HUGE_2M: u64 = 2 << 20;
-
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
-    c.env_remove("RUST_LOG")
-        .env_remove("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS");
-    c
-}
-
-/// A pool name no other test uses.
-fn name(tag: &str) -> String {
-    format!("t{}-{tag}", std::process::id())
-}
-
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
-/// Whether this process is root; elsewhere says why the test skips (and
-/// fails where huge page tests are required, as in CI).
-fn root_or_skip(why: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(!required(), "{why}");
-    eprintln!("skip: {why}");
-    false
-}
-
-fn required() -> bool {
-    std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() == Ok("1")
-}
 
 /// Tests that count free huge pages must not overlap: each holds this.
 static HUGE_PAGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn huge_pages_lock() -> std::sync::MutexGuard<'static, ()> {
     HUGE_PAGES.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Children that are killed if the test fails before they exit.
-struct Ranks(Vec<Child>);
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            if matches!(c.try_wait(), Ok(None)) {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-}
-
-impl std::ops::Deref for Ranks {
-    type Target = Vec<Child>;
-    fn deref(&self) -> &Vec<Child> {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Ranks {
-    fn deref_mut(&mut self) -> &mut Vec<Child> {
-        &mut self.0
-    }
-}
-
-/// The 2 MiB hugetlbfs mount xtask made, with at least `pages` free pages.
-fn hugetlbfs_2m(pages: u64) -> Option<PathBuf> {
-    let dir = std::env::var_os("HOSTPOOL_TEST_HUGETLBFS_2M").map(PathBuf::from);
-    let free = free_2m();
-    match dir {
-        Some(d) if free >= pages => Some(d),
-        _ => {
-            let why = format!(
-                "needs a 2 MiB hugetlbfs mount with {pages} free pages (have {free}); run `cargo xtask test` as root"
-            );
-            assert!(!required(), "{why}");
-            eprintln!("skip: {why}");
-            None
-        }
-    }
-}
-
-fn free_2m() -> u64 {
-    std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Files of pool `name` in `dir` and in /dev/shm (its control file).
@@ -126,51 +52,6 @@ fn pool_files(dir: &Path, name: &str) -> Vec<String> {
         }
     }
     v
-}
-
-/// Read one pretty-printed JSON report (ends with a line "}") from a child.
-fn read_report(child: &mut Child) -> Value {
-    let out = child.stdout.as_mut().expect("piped stdout");
-    let mut reader = BufReader::new(out);
-    let mut text = String::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        text.push_str(&line);
-        if line == "}\n" {
-            break;
-        }
-    }
-    serde_json::from_str(&text).unwrap_or_else(|e| {
-        let mut err = String::new();
-        let _ = child.stderr.as_mut().map(|s| s.read_to_string(&mut err));
-        panic!("no report ({e}): {text}\nstderr: {err}")
-    })
-}
-
-fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if let Some(st) = child.try_wait().unwrap() {
-            return Some(st);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    let mut s = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut s).unwrap();
-    s
-}
-
-fn signal(child: &Child, sig: i32) {
-    let pid = i32::try_from(child.id()).ok().and_then(Pid::from_raw);
-    let sig = Signal::from_named_raw(sig).expect("a named signal");
-    kill_process(pid.expect("a child pid"), sig).expect("kill");
 }
 
 /// Bytes of `[addr, addr+len)` that process `pid` has in its page tables
@@ -202,32 +83,6 @@ fn resident_in(pid: u32, addr: u64, len: u64) -> u64 {
         }
     }
     total
-}
-
-fn mem_write(pid: u32, addr: u64, bytes: &[u8]) {
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/{pid}/mem"))
-        .unwrap();
-    f.seek(SeekFrom::Start(addr)).unwrap();
-    f.write_all(bytes).unwrap();
-}
-
-fn mem_read(pid: u32, addr: u64, len: usize) -> Vec<u8> {
-    let mut f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    f.seek(SeekFrom::Start(addr)).unwrap();
-    let mut v = vec![0; len];
-    f.read_exact(&mut v).unwrap();
-    v
-}
-
-fn addr(report: &Value) -> u64 {
-    u64::from_str_radix(
-        report["address"].as_str().unwrap().trim_start_matches("0x"),
-        16,
-    )
-    .unwrap()
 }
 
 /// `--shared pool --world world --rank rank`: the flags every rank passes.
@@ -504,13 +359,6 @@ fn kill_one_rank_mid_prefault(args: &[&str], dir: &Path, tag: &str, huge: bool) 
     if huge {
         assert_eq!(free_2m(), free_before, "no huge page stays reserved");
     }
-}
-
-fn resv_2m() -> u64 {
-    std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// The creator stalls after creating and mapping its data files, before the
@@ -1854,36 +1702,6 @@ fn mlock_on_a_hugetlbfs_pool_says_it_is_not_needed_and_on_anon_locks() {
             .contains("never swapped"),
         "{r}"
     );
-}
-
-/// A tmpfs of `mib` MiB mounted for one test, unmounted and removed on drop.
-struct SmallTmpfs(PathBuf);
-
-impl SmallTmpfs {
-    fn mount(tag: &str, mib: u64) -> SmallTmpfs {
-        let mnt =
-            std::env::temp_dir().join(format!("hostpool-small-tmpfs-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&mnt).unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "none"])
-            .arg(&mnt)
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount a {mib} MiB tmpfs");
-        SmallTmpfs(mnt)
-    }
-
-    fn used(&self) -> u64 {
-        let s = rustix::fs::statvfs(&self.0).unwrap();
-        (s.f_blocks - s.f_bfree) * s.f_frsize
-    }
-}
-
-impl Drop for SmallTmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir(&self.0);
-    }
 }
 
 /// The crash of vLLM #54002: a pool's only rank dies (SIGKILL, here at a

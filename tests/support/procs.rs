@@ -30,16 +30,19 @@ pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
+/// Whether the hardware tests must run (`cargo xtask test` sets
+/// `HOSTPOOL_REQUIRE_HUGEPAGES=1`): a test that cannot then fails.
+pub fn required() -> bool {
+    std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() == Ok("1")
+}
+
 /// Whether this process is root; elsewhere says why the test skips (and
 /// fails where hardware tests are required, as in CI).
 pub fn root_or_skip(why: &str) -> bool {
     if is_root() {
         return true;
     }
-    assert!(
-        std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() != Ok("1"),
-        "{why}"
-    );
+    assert!(!required(), "{why}");
     eprintln!("skip: {why}");
     false
 }
@@ -263,10 +266,7 @@ pub fn hugetlbfs_2m(pages: u64) -> Option<PathBuf> {
                 "needs a 2 MiB hugetlbfs mount with {pages} free pages (have {free}); run `cargo \
                  xtask test` as root"
             );
-            assert!(
-                std::env::var("HOSTPOOL_REQUIRE_HUGEPAGES").as_deref() != Ok("1"),
-                "{why}"
-            );
+            assert!(!required(), "{why}");
             eprintln!("skip: {why}");
             None
         }

@@ -185,6 +185,26 @@ pub struct SharingConfig {
     pub control_dir: Option<PathBuf>,
 }
 
+/// A pool's name, which names its socket (and, with the file rendezvous,
+/// its files): 1 to 64 letters, digits, `.`, `_` or `-`, not starting with
+/// `.`. `what` names it in the error ("shared pool", "kept pool").
+///
+/// # Errors
+/// [`Error::Config`] saying what a name may be.
+pub(crate) fn check_name(what: &str, n: &str) -> Result<()> {
+    let fine = !n.is_empty()
+        && n.len() <= 64
+        && !n.starts_with('.')
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if fine {
+        return Ok(());
+    }
+    Err(Error::config(format!(
+        "{what} name `{n}` must be 1 to 64 letters, digits, `.`, `_` or `-`, not starting with `.`"
+    )))
+}
+
 /// The default attach timeout: how long a rank waits for the creator, and
 /// for ranks that never attach.
 pub const DEFAULT_ATTACH_TIMEOUT_SECS: f64 = 30.0;
@@ -223,18 +243,7 @@ impl SharingConfig {
     /// # Errors
     /// [`Error::Config`] saying which and how to fix it.
     pub fn validate(&self) -> Result<()> {
-        let n = &self.name;
-        if n.is_empty()
-            || n.len() > 64
-            || n.starts_with('.')
-            || !n
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        {
-            return Err(Error::config(format!(
-                "shared pool name `{n}` must be 1 to 64 letters, digits, `.`, `_` or `-`, not starting with `.`"
-            )));
-        }
+        check_name("shared pool", &self.name)?;
         if self.world == 0 || self.world > crate::sys::control::MAX_WORLD {
             return Err(Error::config(format!(
                 "world {} must be between 1 and {}",

@@ -48,6 +48,7 @@ pub mod plugin;
 pub mod prefault;
 pub mod shared;
 mod sys;
+mod time;
 mod wire;
 
 pub use background::{DEFAULT_CHUNK as DEFAULT_BACKGROUND_CHUNK, PinProgress, PinStatus};
@@ -73,6 +74,7 @@ pub use sys::{
     AnonMapOptions, FixedMapError, Mmap, Placeholder, Region, Reservation, Span, base_page_size,
     populate_write_supported, with_placeholders,
 };
+pub use time::rfc3339;
 
 /// Re-exported so plugin crates submit records with the same `inventory`.
 pub use inventory;

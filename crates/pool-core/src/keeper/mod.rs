@@ -89,19 +89,8 @@ impl KeptPoolConfig {
     /// # Errors
     /// [`Error::Config`] saying what to change.
     pub fn validate(&self) -> Result<()> {
+        crate::config::check_name("kept pool", &self.name)?;
         let n = &self.name;
-        if n.is_empty()
-            || n.len() > 64
-            || n.starts_with('.')
-            || !n
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        {
-            return Err(Error::config(format!(
-                "kept pool name `{n}` must be 1 to 64 letters, digits, `.`, `_` or `-`, not \
-                 starting with `.`"
-            )));
-        }
         let p = &self.pool;
         if p.sharing.is_some() {
             return Err(Error::config(format!(

@@ -13,7 +13,7 @@ use crate::choice::Choice;
 use crate::error::{Error, Result};
 use crate::layout::{Extent, format_bytes, round_to_page};
 use crate::lease::{
-    FromKeeper, LeaseEnd, LeaseInfo, PreviousLease, ToKeeper, address, rfc3339, socket_name,
+    FromKeeper, LeaseEnd, LeaseInfo, PreviousLease, ToKeeper, address, socket_name,
 };
 use crate::pool::{Observer, Pool, PoolPlan, PoolReport};
 use crate::prefault::PrefaultPlan;
@@ -573,7 +573,7 @@ impl Serving {
                 let message = format!(
                     "kept pool `{name}` is leased by pid {holder} since {} ({}{}); one lease at a \
                      time: stop that engine first{}",
-                    rfc3339(lease.since),
+                    crate::time::rfc3339(lease.since),
                     ranks.join(", "),
                     if lease.engine.is_empty() {
                         String::new()
@@ -864,7 +864,7 @@ impl Serving {
         self.previous = Some(PreviousLease {
             pid,
             how,
-            ended_at: rfc3339(SystemTime::now()),
+            ended_at: crate::time::rfc3339(SystemTime::now()),
         });
         self.tag = lease.tag;
         true
@@ -942,7 +942,7 @@ impl Serving {
             json!({
                 "pid": l.ranks.first().map(|r| r.pid),
                 "uid": l.ranks.first().map(|r| r.uid),
-                "since": rfc3339(l.since),
+                "since": crate::time::rfc3339(l.since),
                 "engine": l.engine,
                 "world": l.world,
                 "generation": l.generation,
@@ -956,7 +956,7 @@ impl Serving {
             "pid": std::process::id(),
             "uid": self.uid,
             "instance": self.instance,
-            "started_at": rfc3339(self.started_at),
+            "started_at": crate::time::rfc3339(self.started_at),
             "state": state,
             "broken": match &self.state { State::Broken(why) => Some(why.clone()), _ => None },
             "backing": self.backing,

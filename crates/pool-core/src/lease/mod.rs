@@ -3,8 +3,6 @@
 //! ([`crate::keeper`], which serves it). Apart from the keeper, so that a
 //! pool's build can lease without knowing how pools are kept.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -157,32 +155,6 @@ pub fn status(name: &str) -> Result<Value> {
     client::status(name)
 }
 
-/// `t` as RFC 3339 in UTC, to the second: `2026-12-02T01:23:45Z`.
-pub(crate) fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs();
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 /// The keeper error for `name`: `message`, blaming `pid` when known.
 pub(crate) fn keeper_error(name: &str, message: String, pid: Option<u32>, absent: bool) -> Error {
     Error::Keeper {
@@ -200,22 +172,4 @@ pub(crate) fn how_to_start(name: &str) -> String {
          hostpool-keep@{name}`) in this network namespace (a Kubernetes pod shares one), or set \
          keeper_fallback = \"build\" to build a pool of this process's own"
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_is_the_calendar_date() {
-        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            rfc3339(UNIX_EPOCH + Duration::from_secs(1_796_175_825)),
-            "2026-12-02T01:43:45Z"
-        );
-        assert_eq!(
-            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
-            "2000-02-29T00:00:00Z"
-        );
-    }
 }
