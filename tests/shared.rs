@@ -1383,7 +1383,7 @@ fn randomly_killed_ranks_never_leave_anything_behind() {
                     let limit = Duration::from_secs(if never_came { 5 } else { 1 });
                     assert!(
                         killed.elapsed() < limit,
-                        "{what}: rank {r} took {:?}",
+                        "{what}: rank {r} took {:?}: {err}",
                         killed.elapsed()
                     );
                 }

@@ -394,3 +394,25 @@ def test_from_config_takes_the_clis_files_and_dicts(tmp_path):
 def test_plugins_lists_the_clis_plugins(hostpool_bin):
     cli = json.loads(subprocess.run([hostpool_bin, "plugins", "--json"], capture_output=True, text=True, check=True).stdout)
     assert hostpool.plugins() == cli
+
+
+def test_huge_pages_prefer_falls_back_and_says_so_required_raises():
+    """Issue 20: huge_pages="prefer" takes huge pages while the huge page pool
+    holds the pool, and 4 KiB pages (saying why) when it cannot; "required"
+    raises CapacityError; "off" never takes them."""
+    hugetlbfs_mount("2M")  # the reserved pages the test counts on (or skip)
+    free, _ = free_hugepages(2048)
+    with hostpool.Pool(size="16MiB", huge_pages="prefer") as pool:
+        assert pool.page_size == 2 * MiB and pool.backing == "hugetlbfs"
+        assert pool.report["huge_pages"]["fell_back"] is False
+    more = (free + 1) * 2 * MiB  # one page more than there is: never touched (no prefault)
+    with hostpool.Pool(size=more, huge_pages="prefer", prefault="none") as pool:
+        assert pool.page_size == 4096 and pool.backing == "anon"
+        h = pool.report["huge_pages"]
+        assert h["asked"] == "prefer" and h["fell_back"] is True and "4 KiB pages instead" in h["reason"]
+    with pytest.raises(hostpool.CapacityError, match="nr_hugepages"):
+        hostpool.Pool(size=more, huge_pages="required", prefault="none")
+    with hostpool.Pool(size="4MiB", huge_pages="off") as pool:
+        assert pool.page_size == 4096
+    with pytest.raises(hostpool.ConfigError, match="huge page policy"):
+        hostpool.Pool(size="4MiB", huge_pages="sometimes")

@@ -79,7 +79,18 @@ fn gc_dirs() -> Vec<PathBuf> {
 
 /// `auto` on a hugetlbfs mount is this backing.
 fn claim(q: &AutoQuery<'_>) -> Option<AutoClaim> {
-    let dir = q.dir?;
+    use pool_core::HugePages;
+    let Some(dir) = q.dir else {
+        // No dir: a memfd of the default huge page size, when huge pages are
+        // asked for (above anon's and shm-segmented's claims).
+        return matches!(q.huge_pages, Some(HugePages::Required | HugePages::Prefer)).then(|| {
+            AutoClaim::new(
+                20,
+                "huge_pages asked for without a dir: a memfd (MFD_HUGETLB) of the default huge \
+                 page size, no mount needed",
+            )
+        });
+    };
     let FsKind::Hugetlbfs { page_size } = dir.fs.kind() else {
         return None;
     };

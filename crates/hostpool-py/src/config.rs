@@ -106,6 +106,7 @@ pub fn threads(value: i64) -> Result<NonZeroUsize, Error> {
 pub struct Args {
     pub size: ByteSize,
     pub size_given: bool,
+    pub huge_pages: Option<pool_core::HugePages>,
     pub keeper: Option<String>,
     pub keeper_tag: Option<String>,
     pub keeper_fallback: pool_core::KeeperFallback,
@@ -155,6 +156,7 @@ impl Args {
             keeper_tag: self.keeper_tag,
             keeper_fallback: self.keeper_fallback,
             size_given: self.size_given,
+            huge_pages: self.huge_pages,
             ..PoolConfig::default()
         };
         config.pin.kind = self.pin.and_then(pool_core::pin_kind_from);

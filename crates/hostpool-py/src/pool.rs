@@ -124,7 +124,7 @@ impl PyPool {
         threads = None, prefault = Parsed(PrefaultChoice::Auto), block_size = None, shared = None, pin = None,
         pin_required = false, register = None, pin_scope = Parsed(PinScope::Pool),
         memlock_bound = Parsed(MemlockPolicy::Check),
-        pin_background = false, background_chunk = None, keeper = None, keeper_tag = None,
+        pin_background = false, background_chunk = None, huge_pages = None, keeper = None, keeper_tag = None,
         keeper_fallback = Parsed(pool_core::KeeperFallback::Fail), progress = None,
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -146,6 +146,7 @@ impl PyPool {
         memlock_bound: Parsed<MemlockPolicy>,
         pin_background: bool,
         background_chunk: Option<&Bound<'_, PyAny>>,
+        huge_pages: Option<Parsed<pool_core::HugePages>>,
         keeper: Option<String>,
         keeper_tag: Option<String>,
         keeper_fallback: Parsed<pool_core::KeeperFallback>,
@@ -155,6 +156,7 @@ impl PyPool {
             let asked = opt_size("size", size)?;
             let args = Args {
                 size_given: asked.is_some(),
+                huge_pages: huge_pages.map(|h| h.0),
                 size: asked.unwrap_or(pool_core::ByteSize::gib(1)),
                 keeper,
                 keeper_tag,

@@ -43,6 +43,7 @@ pub const POOL_KEYS: &[&str] = &[
     "keeper",
     "keeper_tag",
     "keeper_fallback",
+    "huge_pages",
 ];
 
 /// How pages are faulted in before the pool is handed out.
@@ -345,6 +346,11 @@ pub struct PoolConfig {
     /// this process's own.
     #[serde(default)]
     pub keeper_fallback: KeeperFallback,
+    /// Huge pages with `backing = "auto"`: required, prefer (fall back to
+    /// 4 KiB pages when they run short, and say so) or off; unset, the
+    /// backing `auto` picks from `dir` decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub huge_pages: Option<HugePages>,
     /// Whether `size` was given (a key, a flag or an argument) rather than
     /// defaulted: a keeper's client asks for a size only when it was.
     #[serde(skip)]
@@ -353,6 +359,24 @@ pub struct PoolConfig {
     #[serde(skip)]
     pub plugins: BTreeMap<String, Value>,
 }
+
+/// Whether a pool (with `backing = "auto"`) gets huge pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HugePages {
+    /// Huge pages or nothing: a shortage is the capacity error.
+    Required,
+    /// Huge pages while they last: when they cannot hold the pool, 4 KiB
+    /// pages instead, said in the report and the plan.
+    Prefer,
+    /// Never huge pages.
+    Off,
+}
+
+crate::choice::choice!(HugePages, "huge page policy", {
+    Required => "required", "huge pages or nothing: a shortage is the capacity error",
+    Prefer => "prefer", "huge pages while they last, else 4 KiB pages (said in the report)",
+    Off => "off", "never huge pages",
+});
 
 /// What an engine whose keeper does not answer does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -394,6 +418,7 @@ impl Default for PoolConfig {
             keeper: None,
             keeper_tag: None,
             keeper_fallback: KeeperFallback::Fail,
+            huge_pages: None,
             size_given: false,
             plugins: BTreeMap::new(),
         }
@@ -594,6 +619,7 @@ mod tests {
             numa_node: Some(0),
             keeper: Some("kv0".into()),
             keeper_tag: Some("t".into()),
+            huge_pages: Some(HugePages::Prefer),
             ..PoolConfig::default()
         };
         full.register.push("r".into());

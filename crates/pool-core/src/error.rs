@@ -166,6 +166,17 @@ pub enum Error {
         pid: Option<u32>,
     },
 
+    /// A shared pool's rank asks for another page size than its creator's
+    /// pool has (exit status 2). A rank whose `huge_pages = "prefer"` chose
+    /// otherwise than the creator takes the creator's choice instead.
+    #[error("{message}")]
+    PageSizeMismatch {
+        /// Both sides, named.
+        message: String,
+        /// The creator's page size in bytes.
+        creator_page: u64,
+    },
+
     /// A pool's keeper (`keeper = "NAME"`) does not answer, refused the
     /// lease, or failed or died during it (exit status 1).
     #[error("{message}")]
@@ -306,6 +317,7 @@ impl Error {
         matches!(
             self,
             Error::Config { .. }
+                | Error::PageSizeMismatch { .. }
                 | Error::Size { .. }
                 | Error::Layout(_)
                 | Error::UnknownPlugin { .. }

@@ -54,7 +54,7 @@ mod wire;
 pub use background::{DEFAULT_CHUNK as DEFAULT_BACKGROUND_CHUNK, PinProgress, PinStatus};
 pub use choice::{Choice, ChoiceError};
 pub use config::{
-    DEFAULT_ATTACH_TIMEOUT_SECS, DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS,
+    DEFAULT_ATTACH_TIMEOUT_SECS, DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS, HugePages,
     KeeperFallback, MAX_ATTACH_TIMEOUT_SECS, PIN_OFF, POOL_KEYS, PinConfig, PinScope, PoolConfig,
     PrefaultChoice, Rendezvous, SharingConfig, pin_kind_from,
 };
@@ -64,8 +64,8 @@ pub use layout::{
     mr_regions, registration_chunks, round_to_page, segments, shards,
 };
 pub use pool::{
-    NUMA_SAMPLES, Observer, Phase, Phases, PinPlanReport, PinReport, PlanReport, Pool, PoolPlan,
-    PoolReport, PrefaultPlanReport, Quiet, RegistrationReport,
+    HugePagesReport, NUMA_SAMPLES, Observer, Phase, Phases, PinPlanReport, PinReport, PlanReport,
+    Pool, PoolPlan, PoolReport, PrefaultPlanReport, Quiet, RegistrationReport,
 };
 pub use size::{ByteSize, SizeError};
 #[cfg(feature = "conformance")]

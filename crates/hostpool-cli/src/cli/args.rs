@@ -78,6 +78,10 @@ pub struct PoolArgs {
     /// Bind the pool's pages to this NUMA node.
     #[arg(long, value_name = "N")]
     pub numa_node: Option<u32>,
+    /// With backing auto: huge pages required, preferred (4 KiB pages when
+    /// they run short, said in the report) or off.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub huge_pages: Option<pool_core::HugePages>,
     /// Lease the pool from the keeper of this name (`hostpool keep`)
     /// instead of building it.
     #[arg(long, value_name = "NAME")]
@@ -125,6 +129,7 @@ impl PoolArgs {
             keeper,
             keeper_tag,
             keeper_fallback,
+            huge_pages,
         } = self;
         size.is_some()
             || backing.is_some()
@@ -149,6 +154,7 @@ impl PoolArgs {
             || keeper.is_some()
             || keeper_tag.is_some()
             || keeper_fallback.is_some()
+            || huge_pages.is_some()
     }
 }
 
@@ -203,6 +209,9 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
     }
     if let Some(node) = args.numa_node {
         config.numa_node = Some(node);
+    }
+    if let Some(h) = args.huge_pages {
+        config.huge_pages = Some(h);
     }
     if let Some(keeper) = &args.keeper {
         config.keeper = Some(keeper.clone());

@@ -119,12 +119,17 @@ class Pool:
         memlock_bound: Literal["check", "ignore"] = "check",
         pin_background: bool = False,
         background_chunk: int | str | None = None,
+        huge_pages: Literal["required", "prefer", "off"] | None = None,
         keeper: str | None = None,
         keeper_tag: str | None = None,
         keeper_fallback: Literal["fail", "build"] = "fail",
         progress: Progress | None = None,
     ) -> None:
         """Build the pool. `size` is bytes or an IEC string ("64GiB"; default 1 GiB).
+
+        `huge_pages` (with `backing="auto"`): "required" (huge pages or a `CapacityError`),
+        "prefer" (4 KiB pages when huge pages cannot hold the pool; `report["huge_pages"]`
+        says what it got and why) or "off"; without a `dir`, huge pages are a memfd.
 
         With `keeper="NAME"` the pool is leased from `hostpool keep`'s pool of that name
         instead: it comes resident (no prefault; `report["keeper"]` says which lease of which

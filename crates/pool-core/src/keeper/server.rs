@@ -240,12 +240,6 @@ impl Keeper {
                 }
                 s.accept();
                 s.watch_lease();
-                // A lease whose ranks said something (or hung up) since is
-                // settled first, so that an engine's restart never finds its
-                // own dead predecessor's lease in force.
-                if !s.lease_unsettled() {
-                    s.read_hellos(memory);
-                }
                 if s.lease_over()
                     && s.end_lease()
                     && s.config.content == Content::Zero
@@ -258,6 +252,13 @@ impl Keeper {
                     let plan = &memory.prefault;
                     let name = s.config.name.clone();
                     clearing = Some(scope.spawn(move || clear(&name, region, files, plan)));
+                }
+                // A lease whose ranks said something (or hung up) since is
+                // settled, and one that ended is over, before a new hello is
+                // read: an engine's restart never finds its own predecessor's
+                // lease in force.
+                if !s.lease_unsettled() {
+                    s.read_hellos(memory);
                 }
                 if clearing.is_none() {
                     s.serve_waiting(memory);

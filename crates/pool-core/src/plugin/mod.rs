@@ -88,6 +88,9 @@ pub struct AutoQuery<'a> {
     /// Whether the pool is shared between processes (`sharing`), which
     /// needs memory that other processes can open.
     pub shared: bool,
+    /// The pool's `huge_pages` policy, when it has one: a backing of huge
+    /// pages claims a pool without a dir under `required` and `prefer`.
+    pub huge_pages: Option<crate::config::HugePages>,
 }
 
 /// Whether a backing serves `auto` for a query. Pure apart from reading the
@@ -441,7 +444,11 @@ pub struct BackingSelection {
 /// # Errors
 /// [`Error::Config`] when `dir` cannot be examined, when no backing claims
 /// it, or when two claim it with the same priority (naming both).
-pub fn auto_backing(dir: Option<&Path>, shared: bool) -> Result<(&'static BackingPlugin, String)> {
+pub fn auto_backing(
+    dir: Option<&Path>,
+    shared: bool,
+    huge_pages: Option<crate::config::HugePages>,
+) -> Result<(&'static BackingPlugin, String)> {
     let fs = match dir {
         None => None,
         Some(path) => Some(AutoDir {
@@ -461,7 +468,16 @@ pub fn auto_backing(dir: Option<&Path>, shared: bool) -> Result<(&'static Backin
     let reg = registry::<BackingPlugin>()?;
     let mut claims: Vec<(&'static BackingPlugin, AutoClaim)> = reg
         .values()
-        .filter_map(|p| Some((*p, (p.auto?)(&AutoQuery { dir: fs, shared })?)))
+        .filter_map(|p| {
+            Some((
+                *p,
+                (p.auto?)(&AutoQuery {
+                    dir: fs,
+                    shared,
+                    huge_pages,
+                })?,
+            ))
+        })
         .collect();
     claims.sort_by(|a, b| b.1.priority.cmp(&a.1.priority).then(a.0.name.cmp(b.0.name)));
     match claims.as_slice() {
@@ -510,7 +526,11 @@ fn neither_nor(names: &[&str]) -> String {
 /// As for [`auto_backing`] and [`lookup`].
 pub fn select_backing(config: &PoolConfig) -> Result<BackingSelection> {
     let (plugin, reason) = if config.backing == "auto" {
-        auto_backing(config.dir.as_deref(), config.sharing.is_some())?
+        auto_backing(
+            config.dir.as_deref(),
+            config.sharing.is_some(),
+            config.huge_pages,
+        )?
     } else {
         let plugin = lookup::<BackingPlugin>(&config.backing)?;
         (plugin, format!("backing = {} was asked for", plugin.name))
@@ -625,20 +645,20 @@ mod tests {
     #[test]
     fn auto_with_no_claimant_says_which_backings_claim_and_what_to_do() {
         // pool-core alone registers no backing, so nothing claims anything.
-        let e = auto_backing(None, false).unwrap_err();
+        let e = auto_backing(None, false, None).unwrap_err();
         assert!(
             e.to_string()
                 .contains("no backing serves a pool without a dir"),
             "{e}"
         );
-        let e = auto_backing(Some(Path::new("/proc")), false).unwrap_err();
+        let e = auto_backing(Some(Path::new("/proc")), false, None).unwrap_err();
         assert!(e.to_string().contains("claimed by no backing"), "{e}");
         assert_eq!(
             neither_nor(&["hugetlbfs", "tmpfs"]),
             "neither hugetlbfs nor tmpfs"
         );
         assert_eq!(neither_nor(&["a", "b", "c"]), "neither a, b nor c");
-        let e = auto_backing(Some(Path::new("/nonexistent/dir")), false).unwrap_err();
+        let e = auto_backing(Some(Path::new("/nonexistent/dir")), false, None).unwrap_err();
         assert!(
             e.to_string()
                 .contains("cannot examine dir /nonexistent/dir"),

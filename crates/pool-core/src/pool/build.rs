@@ -44,7 +44,22 @@ impl Pool {
         observer: &dyn Observer,
         barrier: Option<&dyn RankBarrier>,
     ) -> Result<Pool> {
-        let mut pool = map(plan, observer)?;
+        let mut pool = match map(plan, observer) {
+            // A joiner whose `huge_pages = "prefer"` chose other pages than
+            // the shared pool's creator: every rank takes the creator's.
+            Err(crate::Error::PageSizeMismatch { creator_page, .. })
+                if plan.config.huge_pages == Some(crate::config::HugePages::Prefer) =>
+            {
+                let creators = plan.with_creators_pages(creator_page)?;
+                return Pool::build_with(&creators, observer, barrier);
+            }
+            other => other?,
+        };
+        // Said once the pool has its pages (a shared pool's rank may yet take
+        // its creator's choice).
+        if let Some(h) = plan.huge_pages.as_ref().filter(|h| h.fell_back) {
+            tracing::warn!("huge_pages = {}: {}", h.asked, h.reason);
+        }
         // From here on, an early return drops `pool`, which tears down.
         let leased = pool.report.keeper.is_some();
         if !leased {
@@ -276,6 +291,7 @@ fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolRe
         numa: None,
         keeper: leased,
         keeper_fallback: None,
+        huge_pages: plan.huge_pages.clone(),
         teardown_issues: Vec::new(),
     }
 }

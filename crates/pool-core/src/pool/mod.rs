@@ -22,7 +22,7 @@ use crate::layout::Extent;
 use crate::plugin::{Pin, Registration};
 use crate::sys::Region;
 
-pub use plan::PoolPlan;
+pub use plan::{HugePagesReport, PoolPlan};
 pub use report::{
     Phases, PinPlanReport, PinReport, PlanReport, PoolReport, PrefaultPlanReport,
     RegistrationReport,

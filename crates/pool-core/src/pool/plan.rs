@@ -32,6 +32,176 @@ pub struct PoolPlan {
     pub pinner: Option<std::sync::Arc<dyn Pinner>>,
     /// The registrars, in order.
     pub registrars: Vec<Box<dyn Registrar>>,
+    /// What `huge_pages` asked for and what the pool gets, when it asked.
+    pub huge_pages: Option<HugePagesReport>,
+}
+
+/// What `huge_pages` asked for, what the pool gets, and why (the report's
+/// and the plan's `huge_pages` object).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HugePagesReport {
+    /// `required`, `prefer` or `off`.
+    pub asked: &'static str,
+    /// The page size the pool gets, as people write it (`2 MiB`, `4 KiB`).
+    pub got: String,
+    /// The same in bytes.
+    pub page_size: u64,
+    /// Why: the huge page pool holds it, or why it cannot.
+    pub reason: String,
+    /// Whether `prefer` fell back to base pages.
+    pub fell_back: bool,
+}
+
+/// A backing, configured and planned.
+type Planned = (
+    plugin::BackingSelection,
+    Box<dyn Backing>,
+    crate::plugin::BackingPlan,
+);
+
+/// A backing planned, with what `huge_pages` got.
+type Chosen = (
+    plugin::BackingSelection,
+    Box<dyn Backing>,
+    crate::plugin::BackingPlan,
+    Option<HugePagesReport>,
+);
+
+fn plan_with(config: &PoolConfig) -> Result<Planned> {
+    let selection = plugin::select_backing(config)?;
+    let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;
+    let plan = backing.plan(config)?;
+    Ok((selection, backing, plan))
+}
+
+/// The backing and its plan, under the pool's `huge_pages` policy (for
+/// `backing = "auto"`): `required` refuses base pages, `off` refuses a
+/// hugetlbfs dir, `prefer` falls back to base pages (segmented `/dev/shm`
+/// for a shared pool, anonymous memory otherwise, as `auto` picks without a
+/// dir) when the huge page backing's plan cannot hold the pool: a capacity
+/// check short, or no huge pages to be had. The choice is made here, from the
+/// plan's own capacity figures, so `plan` shows what `alloc` does.
+fn choose_backing(config: &PoolConfig, backing_config: PoolConfig) -> Result<Chosen> {
+    use crate::config::HugePages;
+    use crate::host::capacity::Verdict;
+    let Some(policy) = backing_config.huge_pages else {
+        let (s, b, p) = plan_with(&backing_config)?;
+        return Ok((s, b, p, None));
+    };
+    let asked = crate::choice::Choice::name(policy);
+    if config.backing != "auto" {
+        return Err(crate::Error::config(format!(
+            "huge_pages = \"{asked}\" chooses the backing, so it needs backing = \"auto\" (not \
+             `{}`); drop one of them",
+            config.backing
+        )));
+    }
+    let base = crate::sys::base_page_size() as u64;
+    let report = |plan: &crate::plugin::BackingPlan, reason: String, fell_back: bool| {
+        Some(HugePagesReport {
+            asked,
+            got: crate::layout::format_bytes(plan.size.page().get()),
+            page_size: plan.size.page().get(),
+            reason,
+            fell_back,
+        })
+    };
+    if policy == HugePages::Off {
+        if let Some(dir) = &backing_config.dir
+            && let Ok(crate::host::fs::FsKind::Hugetlbfs { .. }) =
+                crate::host::fs::filesystem_kind(dir)
+        {
+            return Err(crate::Error::config(format!(
+                "huge_pages = \"off\" with dir {}, a hugetlbfs mount: give a tmpfs dir or none, \
+                 or drop huge_pages",
+                dir.display()
+            )));
+        }
+        let (s, b, p) = plan_with(&backing_config)?;
+        let r = report(&p, "huge_pages = off: base pages".into(), false);
+        return Ok((s, b, p, r));
+    }
+    let first = plan_with(&backing_config);
+    let short = |p: &crate::plugin::BackingPlan| {
+        p.capacity
+            .iter()
+            .filter(|c| c.verdict == Verdict::Short)
+            .map(|c| {
+                format!(
+                    "{} needs {}, {} free",
+                    c.resource,
+                    crate::layout::format_bytes(c.need),
+                    c.free
+                        .map_or_else(|| "?".to_string(), crate::layout::format_bytes)
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    match (policy, first) {
+        (HugePages::Required, Ok((s, b, p))) => {
+            if p.size.page().get() == base {
+                return Err(crate::Error::config(format!(
+                    "huge_pages = \"required\", but backing {} maps {} pages here{}: give a \
+                     hugetlbfs dir or none (a memfd of huge pages), or use huge_pages = \
+                     \"prefer\"",
+                    p.backing,
+                    crate::layout::format_bytes(base),
+                    backing_config
+                        .dir
+                        .as_ref()
+                        .map(|d| format!(" (dir {})", d.display()))
+                        .unwrap_or_default()
+                )));
+            }
+            let r = report(
+                &p,
+                "huge_pages = required: a shortage is the capacity error".into(),
+                false,
+            );
+            Ok((s, b, p, r))
+        }
+        (HugePages::Required, Err(e)) => Err(e),
+        (_, first) => {
+            let why_not = match &first {
+                Ok((_, _, p)) if p.size.page().get() == base => None,
+                Ok((_, _, p)) => {
+                    let short = short(p);
+                    (!short.is_empty()).then(|| short.join("; "))
+                }
+                Err(e) => Some(e.to_string()),
+            };
+            match (why_not, first) {
+                (None, Ok((s, b, p))) => {
+                    let reason = if p.size.page().get() == base {
+                        format!("backing {} has base pages only", p.backing)
+                    } else {
+                        "the huge page pool holds it".to_string()
+                    };
+                    let r = report(&p, reason, false);
+                    Ok((s, b, p, r))
+                }
+                (why, _) => {
+                    let why = why.unwrap_or_default();
+                    let fallback = PoolConfig {
+                        dir: None,
+                        page_size: None,
+                        huge_pages: Some(HugePages::Off),
+                        ..backing_config
+                    };
+                    let (s, b, p) = plan_with(&fallback)?;
+                    let r = report(
+                        &p,
+                        format!(
+                            "huge pages cannot hold the pool ({why}): {} pages instead",
+                            crate::layout::format_bytes(p.size.page().get())
+                        ),
+                        true,
+                    );
+                    Ok((s, b, p, r))
+                }
+            }
+        }
+    }
 }
 
 impl PoolPlan {
@@ -59,12 +229,14 @@ impl PoolPlan {
                 backing: "auto".into(),
                 dir: None,
                 page_size: None,
+                huge_pages: None,
                 ..config.clone()
             }
         } else {
             config.clone()
         };
-        let mut selection = plugin::select_backing(&backing_config)?;
+        let (mut selection, backing, mut backing_plan, huge_pages) =
+            choose_backing(&config, backing_config)?;
         if let Some(keeper) = config.keeper.as_deref().filter(|_| leases_only) {
             selection.reason = format!(
                 "leased from keeper `{keeper}` ({}): its backing; this process maps, pins and \
@@ -72,8 +244,6 @@ impl PoolPlan {
                 crate::lease::socket_name(keeper)
             );
         }
-        let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;
-        let mut backing_plan = backing.plan(&backing_config)?;
         // A shared pool of files names them in the plan (the file
         // rendezvous's data files).
         if let (Some(sharing), crate::plugin::MemorySource::Files(files)) =
@@ -129,6 +299,7 @@ impl PoolPlan {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(PoolPlan {
+            huge_pages,
             backing_reason: selection.reason,
             backing,
             backing_plan,
@@ -137,6 +308,43 @@ impl PoolPlan {
             registrars,
             config,
         })
+    }
+
+    /// This plan as a shared pool's joiner whose `huge_pages = "prefer"`
+    /// chose other pages than the creator makes it again: with the
+    /// creator's `page` size (its huge pages, or base pages without a dir).
+    ///
+    /// # Errors
+    /// As for [`PoolPlan::new`].
+    pub(crate) fn with_creators_pages(&self, page: u64) -> Result<PoolPlan> {
+        use crate::config::HugePages;
+        let base = crate::sys::base_page_size() as u64;
+        let config = if page == base {
+            PoolConfig {
+                dir: None,
+                page_size: None,
+                huge_pages: Some(HugePages::Off),
+                ..self.config.clone()
+            }
+        } else {
+            PoolConfig {
+                page_size: Some(crate::size::ByteSize(page)),
+                huge_pages: Some(HugePages::Required),
+                ..self.config.clone()
+            }
+        };
+        let mut plan = PoolPlan::new(config)?;
+        let got = crate::layout::format_bytes(page);
+        plan.huge_pages = Some(HugePagesReport {
+            asked: "prefer",
+            reason: format!(
+                "the shared pool's creator has {got} pages: every rank takes its choice"
+            ),
+            got,
+            page_size: page,
+            fell_back: page == base,
+        });
+        Ok(plan)
     }
 
     /// The plan as a serializable report (`hostpool plan --json`).
@@ -159,6 +367,12 @@ impl PoolPlan {
         });
         for r in &self.registrars {
             explain.push(format!("register with {}", r.name()));
+        }
+        if let Some(h) = &self.huge_pages {
+            explain.push(format!(
+                "huge_pages = {}: {} pages ({})",
+                h.asked, h.got, h.reason
+            ));
         }
         if let Some(node) = self.config.numa_node {
             explain.push(format!(
@@ -235,6 +449,7 @@ impl PoolPlan {
             predicted.basis
         ));
         PlanReport {
+            huge_pages: self.huge_pages.clone(),
             shards,
             pin_plan,
             registration_plans,

@@ -46,6 +46,9 @@ pub struct PlanReport {
     pub registration_plans: Vec<Value>,
     /// Predicted seconds per phase.
     pub predicted_seconds: crate::plugin::Predicted,
+    /// What `huge_pages` asked for and what the pool gets, when it asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub huge_pages: Option<super::plan::HugePagesReport>,
     /// Every choice and why, one line each.
     pub explain: Vec<String>,
 }
@@ -167,6 +170,9 @@ pub struct PoolReport {
     /// absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keeper: Option<Value>,
+    /// What `huge_pages` asked for, what the pool got and why, when it asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub huge_pages: Option<super::plan::HugePagesReport>,
     /// Why this pool was built rather than leased, when its keeper did not
     /// answer and `keeper_fallback = "build"`.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -66,6 +66,9 @@ enum Msg {
         ranks: Vec<u32>,
         #[serde(default)]
         pid: Option<u32>,
+        /// The pool's page size, when the joiner asked for another.
+        #[serde(default)]
+        page: Option<u64>,
     },
     /// Joiner → creator: its setup outcome, at the barrier.
     Arrived { error: Option<String> },
@@ -330,6 +333,7 @@ fn welcome(
             message,
             ranks: Vec::new(),
             pid: None,
+            page: None,
         };
         let _ = send(&conn, &refused, &[]);
     };
@@ -371,20 +375,30 @@ fn welcome(
         return Ok(None);
     };
     if (world, logical, mapped, page) != (*w, *l, *m, *p) || extents != *x {
-        refuse(
-            true,
-            format!(
-                "rank {rank} (pid {pid}) asks for a pool of {} ({} mapped, {} pages, world \
+        let message = format!(
+            "rank {rank} (pid {pid}) asks for a pool of {} ({} mapped, {} pages, world \
                  {world}), but shared pool `{}` is {} ({} mapped, {} pages, world {w}); every rank \
                  must use the same size, page size and world",
-                format_bytes(logical),
-                format_bytes(mapped),
-                format_bytes(page),
-                sharing.name,
-                format_bytes(*l),
-                format_bytes(*m),
-                format_bytes(*p)
-            ),
+            format_bytes(logical),
+            format_bytes(mapped),
+            format_bytes(page),
+            sharing.name,
+            format_bytes(*l),
+            format_bytes(*m),
+            format_bytes(*p)
+        );
+        // The pool's page size goes with it: a joiner whose `huge_pages =
+        // "prefer"` chose otherwise takes the creator's choice.
+        let _ = send(
+            &conn,
+            &Msg::Refused {
+                usage: true,
+                message,
+                ranks: Vec::new(),
+                pid: None,
+                page: (page != *p).then_some(*p),
+            },
+            &[],
         );
         return Ok(None);
     }
@@ -454,6 +468,7 @@ fn refusal(why: &Error) -> Msg {
         message,
         ranks,
         pid,
+        page: None,
     }
 }
 
@@ -769,6 +784,17 @@ fn join(
             creator_rank,
             files,
         }) => (creator_rank, files),
+        Received::Msg(Msg::Refused {
+            usage: true,
+            message,
+            page: Some(creator_page),
+            ..
+        }) => {
+            return Err(Error::PageSizeMismatch {
+                message,
+                creator_page,
+            });
+        }
         Received::Msg(Msg::Refused {
             usage: true,
             message,
@@ -1130,6 +1156,7 @@ mod tests {
                 message,
                 ranks,
                 pid,
+                ..
             } => {
                 assert!(!usage, "not the joiner's input");
                 assert_eq!(message, why);
@@ -1210,6 +1237,7 @@ mod tests {
                 message,
                 ranks,
                 pid,
+                ..
             } => {
                 assert!(!usage, "not the joiner's input");
                 assert!(message.contains("Cannot allocate memory"), "{message}");
