@@ -1205,6 +1205,37 @@ fn names_rank(err: &str, rank: impl std::fmt::Display, pid: u32) -> bool {
         || (err.contains("creator") && err.contains(&format!("pid {pid}")))
 }
 
+/// Wait (at most 10 s) for every rank but `victim` to exit, watching them
+/// all at once: each one's exit status and when it exited, counted from
+/// `since` (so a rank that exited at once is not charged with the time an
+/// earlier one took). Panics naming a rank that hangs.
+fn exits(
+    ranks: &mut Ranks,
+    victim: usize,
+    since: Instant,
+    what: &str,
+) -> Vec<Option<(std::process::ExitStatus, Duration)>> {
+    let mut out: Vec<Option<(std::process::ExitStatus, Duration)>> = vec![None; ranks.len()];
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut waiting = false;
+        for (r, c) in ranks.iter_mut().enumerate() {
+            if r == victim || out[r].is_some() {
+                continue;
+            }
+            match c.try_wait().unwrap() {
+                Some(st) => out[r] = Some((st, since.elapsed())),
+                None => waiting = true,
+            }
+        }
+        if !waiting {
+            return out;
+        }
+        assert!(Instant::now() < end, "{what}: a rank hung: {out:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Start the four ranks of `pool` (rank 0 first, so it is the creator unless
 /// it stalls before connecting), `victim` with `env`.
 fn start_four(args: &[&str], pool: &str, victim: Option<(u32, (&str, &str))>) -> Ranks {
@@ -1270,10 +1301,9 @@ fn fault_matrix(args: &[&str], dir: &Path, tag: &str, huge: bool) {
             let killed = Instant::now();
             let victim_pid = ranks[v].id();
             let _ = ranks[v].wait();
+            let ended = exits(&mut ranks, v, killed, &what);
             for r in (0..4).filter(|r| *r != v) {
-                let st = wait_timeout(&mut ranks[r], Duration::from_secs(10))
-                    .unwrap_or_else(|| panic!("{what}: rank {r} hung"));
-                let took = killed.elapsed();
+                let (st, took) = ended[r].expect("every survivor exited");
                 let err = stderr_of(&mut ranks[r]);
                 assert!(!err.contains("panicked"), "{what}: {err}");
                 if step.after_barrier {
@@ -1367,9 +1397,9 @@ fn randomly_killed_ranks_never_leave_anything_behind() {
         let killed = Instant::now();
         let victim_pid = ranks[victim].id();
         let _ = ranks[victim].wait();
+        let ended = exits(&mut ranks, victim, killed, &what);
         for r in (0..4).filter(|r| *r != victim) {
-            let st = wait_timeout(&mut ranks[r], Duration::from_secs(10))
-                .unwrap_or_else(|| panic!("{what}: rank {r} hung"));
+            let (st, took) = ended[r].expect("every survivor exited");
             let err = stderr_of(&mut ranks[r]);
             assert!(!err.contains("panicked"), "{what}: {err}");
             match st.code() {
@@ -1381,11 +1411,7 @@ fn randomly_killed_ranks_never_leave_anything_behind() {
                     );
                     let never_came = err.contains("never attached");
                     let limit = Duration::from_secs(if never_came { 5 } else { 1 });
-                    assert!(
-                        killed.elapsed() < limit,
-                        "{what}: rank {r} took {:?}: {err}",
-                        killed.elapsed()
-                    );
+                    assert!(took < limit, "{what}: rank {r} took {took:?}: {err}");
                 }
                 other => panic!("{what}: rank {r} ended with {other:?}: {err}"),
             }
