@@ -269,3 +269,43 @@ fn the_ranks_of_a_shared_pool_all_take_their_creators_choice() {
     }
     release(held);
 }
+
+/// `[anon] thp = true` is a hint: the report's `thp` says how much of the
+/// pool the kernel really backed with transparent huge pages (its
+/// `AnonHugePages`, after prefault). Where THP is on (`always` or
+/// `madvise`), a prefaulted, aligned pool gets some; a pool without the
+/// hint has no `thp` object.
+#[test]
+fn the_report_says_how_much_of_a_thp_pool_huge_pages_back() {
+    let dir = support::TempDir::new("thp");
+    let config = dir.0.join("thp.toml");
+    std::fs::write(
+        &config,
+        "size = \"64MiB\"\nbacking = \"anon\"\n[anon]\nthp = true\n",
+    )
+    .unwrap();
+    let r = report(
+        &bin()
+            .args(["alloc", "--json", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap(),
+    );
+    let thp = &r["thp"];
+    let backed = thp["backed_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(thp["mapped_bytes"], 64 * MIB, "{r}");
+    assert!(backed <= 64 * MIB && backed.is_multiple_of(2 * MIB), "{r}");
+    match thp["mode"].as_str() {
+        Some("always" | "madvise") => assert!(backed > 0, "THP is on, none backs the pool: {r}"),
+        mode => eprintln!("THP mode {mode:?}: the kernel may back nothing"),
+    }
+    let plain = report(
+        &bin()
+            .args(["alloc", "--json", "--size", "8MiB", "--backing", "anon"])
+            .output()
+            .unwrap(),
+    );
+    assert!(plain.get("thp").is_none(), "{plain}");
+}

@@ -141,6 +141,7 @@ impl Backing for AnonBacking {
         plan.capacity = capacity::ordinary_memory(size.mapped());
         plan.options = serde_json::to_value(self.options).unwrap_or_default();
         plan.explain = explain;
+        plan.transparent_huge_pages = self.options.thp;
         Ok(plan)
     }
 

@@ -65,7 +65,7 @@ pub use layout::{
 };
 pub use pool::{
     HugePagesReport, NUMA_SAMPLES, Observer, Phase, Phases, PinPlanReport, PinReport, PlanReport,
-    Pool, PoolPlan, PoolReport, PrefaultPlanReport, Quiet, RegistrationReport,
+    Pool, PoolPlan, PoolReport, PrefaultPlanReport, Quiet, RegistrationReport, ThpReport,
 };
 pub use size::{ByteSize, SizeError};
 #[cfg(feature = "conformance")]

@@ -58,6 +58,40 @@ pub fn status_field(field: &str) -> Option<u64> {
     kb_field(&std::fs::read_to_string("/proc/self/status").ok()?, field)
 }
 
+/// Bytes of this process's memory in `[addr, addr + len)` that `field` of
+/// `/proc/self/smaps` counts (`AnonHugePages`: backed by transparent huge
+/// pages), summed over the mappings inside the range. `None` when smaps
+/// cannot be read.
+pub fn smaps_bytes(addr: usize, len: u64, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    Some(smaps_sum(&text, addr as u64, len, field))
+}
+
+fn smaps_sum(text: &str, addr: u64, len: u64, field: &str) -> u64 {
+    let end = addr.saturating_add(len);
+    let mut inside = false;
+    let mut total = 0u64;
+    for line in text.lines() {
+        let header = line
+            .split_once(' ')
+            .and_then(|(range, _)| range.split_once('-'))
+            .and_then(|(a, b)| {
+                Some((
+                    u64::from_str_radix(a, 16).ok()?,
+                    u64::from_str_radix(b, 16).ok()?,
+                ))
+            });
+        if let Some((a, b)) = header {
+            inside = a >= addr && b <= end;
+            continue;
+        }
+        if inside && let Some(bytes) = kb_field(line, field) {
+            total = total.saturating_add(bytes);
+        }
+    }
+    total
+}
+
 /// A `Name:   1234 kB` line of a `/proc/PID/status` or `/proc/meminfo`
 /// text, in bytes (a figure without a unit as it is).
 pub(super) fn kb_field(text: &str, field: &str) -> Option<u64> {
@@ -76,6 +110,23 @@ pub(super) fn kb_field(text: &str, field: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn smaps_figures_are_summed_over_the_mappings_inside_the_range() {
+        let text = "7f0000000000-7f0000200000 rw-p 00000000 00:00 0\nSize: 2048 kB\nAnonHugePages: \
+                    2048 kB\n7f0000200000-7f0000400000 rw-p 00000000 00:00 0\nAnonHugePages: 0 \
+                    kB\n7f0000400000-7f0000600000 rw-p 00000000 00:00 0\nAnonHugePages: 2048 kB\n";
+        let base = 0x7f00_0000_0000;
+        assert_eq!(smaps_sum(text, base, 4 << 20, "AnonHugePages"), 2 << 20);
+        assert_eq!(smaps_sum(text, base, 6 << 20, "AnonHugePages"), 4 << 20);
+        assert_eq!(
+            smaps_sum(text, base + (2 << 20), 2 << 20, "AnonHugePages"),
+            0
+        );
+        let mine = vec![0u8; 1 << 20];
+        let at = mine.as_ptr() as usize & !4095;
+        assert!(smaps_bytes(at, 4096, "Rss").is_some());
+    }
 
     #[test]
     fn status_fields_are_read_in_bytes() {

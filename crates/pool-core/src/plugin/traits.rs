@@ -57,6 +57,9 @@ pub struct BackingPlan {
     pub explain: Vec<String>,
     /// What the memory is made of.
     pub source: MemorySource,
+    /// Whether the backing asks the kernel for transparent huge pages (a
+    /// hint): the report then says how much of the pool they really back.
+    pub transparent_huge_pages: bool,
 }
 
 impl BackingPlan {
@@ -75,6 +78,7 @@ impl BackingPlan {
             options: Value::Null,
             explain: Vec::new(),
             source: MemorySource::Own,
+            transparent_huge_pages: false,
         }
     }
 }

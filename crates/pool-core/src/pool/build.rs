@@ -74,6 +74,9 @@ impl Pool {
         // so that they fail on its error instead of waiting for it.
         let met = rendezvous(&mut pool, plan, &faulted, barrier);
         pool.report.prefault = Some(faulted?);
+        if plan.backing_plan.transparent_huge_pages && !leased {
+            pool.report.thp = thp_backed(&pool);
+        }
         met?;
         attach(&mut pool, plan, observer)?;
         check_placement(&mut pool, plan)?;
@@ -132,6 +135,21 @@ impl Pool {
         check_placement(&mut pool, plan)?;
         Ok((pool, fds))
     }
+}
+
+/// How much of the pool transparent huge pages back, from smaps.
+fn thp_backed(pool: &Pool) -> Option<super::report::ThpReport> {
+    let region = pool.region()?;
+    let backed = crate::host::process::smaps_bytes(
+        region.addr() as usize,
+        region.mapped_len(),
+        "AnonHugePages",
+    )?;
+    Some(super::report::ThpReport {
+        backed_bytes: backed,
+        mapped_bytes: region.mapped_len(),
+        mode: crate::host::thp::mode(),
+    })
 }
 
 /// The prefault outcome of memory leased from a keeper: it came resident.
@@ -292,6 +310,7 @@ fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolRe
         keeper: leased,
         keeper_fallback: None,
         huge_pages: plan.huge_pages.clone(),
+        thp: None,
         teardown_issues: Vec::new(),
     }
 }

@@ -25,7 +25,7 @@ use crate::sys::Region;
 pub use plan::{HugePagesReport, PoolPlan};
 pub use report::{
     Phases, PinPlanReport, PinReport, PlanReport, PoolReport, PrefaultPlanReport,
-    RegistrationReport,
+    RegistrationReport, ThpReport,
 };
 
 /// Pages sampled with `get_mempolicy` to verify NUMA placement.

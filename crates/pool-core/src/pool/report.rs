@@ -53,6 +53,18 @@ pub struct PlanReport {
     pub explain: Vec<String>,
 }
 
+/// How much of a pool transparent huge pages back (`AnonHugePages` of its
+/// range in `/proc/self/smaps`, read after prefault).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ThpReport {
+    /// Bytes backed by transparent huge pages.
+    pub backed_bytes: u64,
+    /// Bytes mapped.
+    pub mapped_bytes: u64,
+    /// The system's THP mode (`always`, `madvise`, `never`), when readable.
+    pub mode: Option<String>,
+}
+
 /// The report's `segments` of a backing's plan.
 pub(super) fn segment_reports(bp: &crate::plugin::BackingPlan) -> Vec<ExtentReport> {
     bp.segments
@@ -170,6 +182,10 @@ pub struct PoolReport {
     /// absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keeper: Option<Value>,
+    /// How much of the pool transparent huge pages back, when the backing
+    /// asked for them (a hint the kernel may not take): after prefault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thp: Option<ThpReport>,
     /// What `huge_pages` asked for, what the pool got and why, when it asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub huge_pages: Option<super::plan::HugePagesReport>,
