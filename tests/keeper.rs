@@ -1277,3 +1277,40 @@ fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
     );
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
+
+/// A lease that does not end within the drain timeout does not keep the
+/// keeper: it stops anyway (exit 0), and the engine keeps its mapping.
+#[test]
+fn a_lease_that_outlasts_the_drain_timeout_does_not_keep_the_keeper() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("drain-timeout", 32);
+    let pool = name("drain-timeout");
+    let (k, _) = keeper(&pool, &tmpfs, &["--drain-timeout", "0.5"], "");
+    let mut k = Children(vec![k]);
+    let mut e = Children(vec![engine(&pool, &[], "")]);
+    let report = read_report(&mut e[0]);
+    let t = Instant::now();
+    signal(&k[0], libc::SIGTERM);
+    let st = wait_timeout(&mut k[0], Duration::from_secs(5)).expect("the keeper stops");
+    assert_eq!(st.code(), Some(0));
+    assert!(
+        t.elapsed() >= Duration::from_millis(450),
+        "{:?}",
+        t.elapsed()
+    );
+    let err = stderr_of(&mut k[0]);
+    assert!(
+        err.contains("did not end within 0.5 s of the stop request"),
+        "{err}"
+    );
+    mem_write(e[0].id(), addr(&report) + 9, b"kept");
+    assert_eq!(mem_read(e[0].id(), addr(&report) + 9, 4), b"kept");
+    signal(&e[0], libc::SIGTERM);
+    assert_eq!(
+        wait_timeout(&mut e[0], Duration::from_secs(10)).and_then(|s| s.code()),
+        Some(0)
+    );
+    assert_clean(&tmpfs, "the engine gone");
+}

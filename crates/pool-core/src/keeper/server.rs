@@ -227,7 +227,7 @@ impl Keeper {
                 }
                 if drain_until.is_some_and(|d| Instant::now() >= d) {
                     tracing::warn!(
-                        "kept pool `{}`: its lease did not end within {:.0} s of the stop request; \
+                        "kept pool `{}`: its lease did not end within {:.1} s of the stop request; \
                          stopping anyway (the engine keeps its mapping)",
                         s.config.name,
                         drain.as_secs_f64()
