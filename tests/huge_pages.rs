@@ -20,6 +20,11 @@ const MIB: u64 = 1 << 20;
 /// The tests count free huge pages: one at a time.
 static HUGE_PAGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// `hostpool ARGS`, run to its end.
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().unwrap()
+}
+
 fn report(out: &Output) -> Value {
     assert!(
         out.status.success(),
@@ -68,19 +73,14 @@ fn prefer_falls_back_and_says_why_required_fails_and_off_never_uses_them() {
         return;
     };
     // Enough huge pages: `prefer` uses them (a memfd: no dir needed).
-    let r = report(
-        &bin()
-            .args([
-                "alloc",
-                "--size",
-                "16MiB",
-                "--huge-pages",
-                "prefer",
-                "--json",
-            ])
-            .output()
-            .unwrap(),
-    );
+    let r = report(&run(&[
+        "alloc",
+        "--size",
+        "16MiB",
+        "--huge-pages",
+        "prefer",
+        "--json",
+    ]));
     assert_eq!(
         (r["backing"].as_str(), r["page_size"].as_u64()),
         (Some("hugetlbfs"), Some(2 * MIB)),
@@ -92,19 +92,14 @@ fn prefer_falls_back_and_says_why_required_fails_and_off_never_uses_them() {
     // Too few: `prefer` falls back to anonymous 4 KiB pages, says why in the
     // report, the plan and a warning; `required` fails naming the remedy.
     let held = hold_all_but(&dir, 4);
-    let plan = report(
-        &bin()
-            .args([
-                "plan",
-                "--size",
-                "16MiB",
-                "--huge-pages",
-                "prefer",
-                "--json",
-            ])
-            .output()
-            .unwrap(),
-    );
+    let plan = report(&run(&[
+        "plan",
+        "--size",
+        "16MiB",
+        "--huge-pages",
+        "prefer",
+        "--json",
+    ]));
     assert_eq!(plan["backing"], "anon", "{plan}");
     assert_eq!(plan["huge_pages"]["fell_back"], true, "{plan}");
     assert!(
@@ -114,17 +109,14 @@ fn prefer_falls_back_and_says_why_required_fails_and_off_never_uses_them() {
             .contains("huge pages cannot hold the pool")),
         "{plan}"
     );
-    let out = bin()
-        .args([
-            "alloc",
-            "--size",
-            "16MiB",
-            "--huge-pages",
-            "prefer",
-            "--json",
-        ])
-        .output()
-        .unwrap();
+    let out = run(&[
+        "alloc",
+        "--size",
+        "16MiB",
+        "--huge-pages",
+        "prefer",
+        "--json",
+    ]);
     let warned = String::from_utf8_lossy(&out.stderr).into_owned();
     let r = report(&out);
     assert_eq!(
@@ -143,10 +135,7 @@ fn prefer_falls_back_and_says_why_required_fails_and_off_never_uses_them() {
         1,
         "warned once: {warned}"
     );
-    let out = bin()
-        .args(["alloc", "--size", "16MiB", "--huge-pages", "required"])
-        .output()
-        .unwrap();
+    let out = run(&["alloc", "--size", "16MiB", "--huge-pages", "required"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -173,12 +162,14 @@ fn prefer_falls_back_and_says_why_required_fails_and_off_never_uses_them() {
     release(held);
 
     // `off`: never huge pages, and a hugetlbfs dir with it is a usage error.
-    let r = report(
-        &bin()
-            .args(["alloc", "--size", "16MiB", "--huge-pages", "off", "--json"])
-            .output()
-            .unwrap(),
-    );
+    let r = report(&run(&[
+        "alloc",
+        "--size",
+        "16MiB",
+        "--huge-pages",
+        "off",
+        "--json",
+    ]));
     assert_eq!(r["page_size"], 4096, "{r}");
     for (args, says) in [
         (
@@ -301,11 +292,13 @@ fn the_report_says_how_much_of_a_thp_pool_huge_pages_back() {
         Some("always" | "madvise") => assert!(backed > 0, "THP is on, none backs the pool: {r}"),
         mode => eprintln!("THP mode {mode:?}: the kernel may back nothing"),
     }
-    let plain = report(
-        &bin()
-            .args(["alloc", "--json", "--size", "8MiB", "--backing", "anon"])
-            .output()
-            .unwrap(),
-    );
+    let plain = report(&run(&[
+        "alloc",
+        "--json",
+        "--size",
+        "8MiB",
+        "--backing",
+        "anon",
+    ]));
     assert!(plain.get("thp").is_none(), "{plain}");
 }
