@@ -7,8 +7,7 @@ use clap::Args;
 use pool_core::{Error, Pool, PoolPlan};
 
 use super::args::{PoolArgs, resolve_config};
-use super::{output, progress, write_stdout};
-use crate::sys::TerminationSignals;
+use super::{forward_signals, output, progress, write_stdout};
 
 /// `hostpool alloc`.
 #[derive(Debug, Args)]
@@ -39,12 +38,7 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
     // asks the build to stop: a signal ends the build within a fraction of a
     // second at any phase (prefault, the shared pool's waits and barrier),
     // tearing down what exists (exit 128 + signal), or releases a held pool.
-    let signals = TerminationSignals::block().map_err(|e| Error::Plugin {
-        what: "alloc".into(),
-        message: "cannot block SIGINT/SIGTERM/SIGHUP/SIGQUIT".into(),
-        source: Some(Box::new(e)),
-    })?;
-    forward(signals);
+    forward_signals("alloc", |_| {})?;
     let mut config = resolve_config(&args.pool)?;
     if args.hold {
         quiet_nixl_progress(&mut config);
@@ -146,25 +140,6 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
         print_report(&report, &extra, args.json, "built, prefaulted and released")?;
         Ok(i32::from(!report.teardown_issues.is_empty() || !copy_ok))
     }
-}
-
-/// Hand every blocked signal to [`pool_core::interrupt::request`], from a
-/// thread of its own.
-///
-/// Returns once that thread runs. A new thread maps its malloc arena and its
-/// signal stack as it starts; each `mmap` takes the address space's lock for
-/// writing, so one that lands during prefault waits for a worker's
-/// `MADV_POPULATE_WRITE` step to end, and stalls the other workers behind it
-/// for as long (issue 13: a quarter of the prefault phase on two threads).
-fn forward(signals: TerminationSignals) {
-    let (started, running) = std::sync::mpsc::sync_channel(0);
-    std::thread::spawn(move || {
-        let _ = started.send(());
-        while let Ok(sig) = signals.wait() {
-            pool_core::interrupt::request(sig);
-        }
-    });
-    let _ = running.recv();
 }
 
 /// `--hold` with a background pin: the second report, when pinning ends.

@@ -11,8 +11,7 @@ use serde_json::Value;
 
 use super::args::{PoolArgs, resolve_config};
 
-use super::{progress, say, to_json, write_stdout};
-use crate::sys::TerminationSignals;
+use super::{forward_signals, progress, say, to_json, write_stdout};
 
 /// `hostpool keep`.
 #[derive(Debug, Args)]
@@ -78,12 +77,7 @@ pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
             args.drain_timeout
         )));
     }
-    let signals = TerminationSignals::block().map_err(|e| Error::Plugin {
-        what: "keep".into(),
-        message: "cannot block SIGINT/SIGTERM/SIGHUP/SIGQUIT".into(),
-        source: Some(Box::new(e)),
-    })?;
-    forward(signals);
+    forward_signals("keep", count_stop)?;
     let configs = configs(&args)?;
     let observer = progress::Bars::new(false);
     let mut keepers: Vec<Keeper> = Vec::new();
@@ -276,21 +270,13 @@ fn human_status(v: &Value) -> String {
     t
 }
 
-/// Count the blocked signals and ask builds to stop, from a thread of its own.
-fn forward(signals: TerminationSignals) {
-    let (started, running) = std::sync::mpsc::sync_channel(0);
-    std::thread::spawn(move || {
-        let _ = started.send(());
-        while let Ok(sig) = signals.wait() {
-            let n = STOPS.fetch_add(1, Ordering::SeqCst) + 1;
-            if n == 1 {
-                say(format_args!(
-                    "hostpool: signal {sig}: taking no new leases, waiting for leases to end \
-                     (again to stop at once)"
-                ));
-            }
-            pool_core::interrupt::request(sig);
-        }
-    });
-    let _ = running.recv();
+/// Count a stop request; the first is said (SIGTERM drains, a second
+/// ends the keeper at once).
+fn count_stop(sig: i32) {
+    if STOPS.fetch_add(1, Ordering::SeqCst) == 0 {
+        say(format_args!(
+            "hostpool: signal {sig}: taking no new leases, waiting for leases to end (again to \
+             stop at once)"
+        ));
+    }
 }

@@ -138,6 +138,35 @@ fn run(cli: Cli) -> Result<i32, Error> {
     }
 }
 
+/// Block SIGINT, SIGTERM, SIGHUP and SIGQUIT (call before any thread
+/// exists, so that every thread inherits the mask) and hand each to
+/// [`pool_core::interrupt::request`] from a thread of its own, after
+/// `also(signal)` (`keep` counts them). `what` names the command in the
+/// error.
+///
+/// Returns once that thread runs. A new thread maps its malloc arena and its
+/// signal stack as it starts; each `mmap` takes the address space's lock for
+/// writing, so one that lands during prefault waits for a worker's
+/// `MADV_POPULATE_WRITE` step to end, and stalls the other workers behind it
+/// for as long (issue 13: a quarter of the prefault phase on two threads).
+pub(crate) fn forward_signals(what: &str, also: fn(i32)) -> Result<(), Error> {
+    let signals = crate::sys::TerminationSignals::block().map_err(|e| Error::Plugin {
+        what: what.into(),
+        message: "cannot block SIGINT/SIGTERM/SIGHUP/SIGQUIT".into(),
+        source: Some(Box::new(e)),
+    })?;
+    let (started, running) = std::sync::mpsc::sync_channel(0);
+    std::thread::spawn(move || {
+        let _ = started.send(());
+        while let Ok(sig) = signals.wait() {
+            also(sig);
+            pool_core::interrupt::request(sig);
+        }
+    });
+    let _ = running.recv();
+    Ok(())
+}
+
 /// A report as pretty JSON. Serializing our own report cannot fail on bad
 /// input, so a failure is a runtime error (exit 1), never a usage error.
 pub(crate) fn to_json<T: serde::Serialize + ?Sized>(report: &T) -> Result<String, Error> {

@@ -307,18 +307,30 @@ fn bind(name: &str) -> Result<OwnedFd> {
     match rustix::net::bind(&sock, &addr) {
         Ok(()) => {}
         Err(e) if e == rustix::io::Errno::ADDRINUSE => {
+            // Who holds the name, and whether it answers as a keeper, over
+            // one connection to it.
             let holder = wire::seqpacket()?;
             let who = rustix::net::connect(&holder, &addr)
                 .ok()
                 .and_then(|()| wire::peer_cred(&holder).ok());
-            let keeper = crate::lease::status(name).ok();
+            let keeper = who.is_some()
+                && wire::send(&holder, &ToKeeper::Status, &[]).is_ok()
+                && matches!(
+                    wire::recv::<FromKeeper>(
+                        &holder,
+                        Instant::now() + Duration::from_secs(5),
+                        &mut Vec::new(),
+                        false
+                    ),
+                    Ok(Received::Msg(FromKeeper::Status(_)))
+                );
             let message = match (who, keeper) {
-                (Some((uid, pid)), Some(_)) => format!(
+                (Some((uid, pid)), true) => format!(
                     "a keeper of `{name}` already runs (pid {pid}, uid {uid}) on {}; stop it \
                      first, or give this pool another name",
                     socket_name(name)
                 ),
-                (Some((uid, pid)), None) => format!(
+                (Some((uid, pid)), false) => format!(
                     "the socket name {} is held by pid {pid} of uid {uid}, which is not a keeper \
                      that answers; stop that process, or give the pool another name",
                     socket_name(name)
@@ -711,6 +723,14 @@ impl Serving {
             return;
         };
         let mut failure: Option<(String, Vec<u32>, Option<u32>)> = None;
+        // The failure that blames rank `r` for `what` it did.
+        let blame = |r: &Rank, what: String| {
+            (
+                format!("kept pool `{name}`: rank {} (pid {}) {what}", r.rank, r.pid),
+                vec![r.rank],
+                Some(r.pid),
+            )
+        };
         for r in lease.ranks.iter_mut() {
             let Some(fd) = &r.fd else { continue };
             if !wire::ready(fd) {
@@ -721,14 +741,7 @@ impl Serving {
                 Ok(Received::Msg(ToKeeper::Arrived { error: Some(e) })) => {
                     r.arrived = true;
                     if !lease.live && !lease.failed && failure.is_none() {
-                        failure = Some((
-                            format!(
-                                "kept pool `{name}`: rank {} (pid {}) failed: {e}",
-                                r.rank, r.pid
-                            ),
-                            vec![r.rank],
-                            Some(r.pid),
-                        ));
+                        failure = Some(blame(r, format!("failed: {e}")));
                     }
                 }
                 Ok(Received::Msg(ToKeeper::Release)) => r.released = true,
@@ -738,14 +751,7 @@ impl Serving {
                     if !r.released {
                         lease.died.get_or_insert(r.pid);
                         if !lease.live && !lease.failed && failure.is_none() {
-                            failure = Some((
-                                format!(
-                                    "kept pool `{name}`: rank {} (pid {}) died while attaching",
-                                    r.rank, r.pid
-                                ),
-                                vec![r.rank],
-                                Some(r.pid),
-                            ));
+                            failure = Some(blame(r, "died while attaching".into()));
                         }
                     }
                 }
