@@ -25,8 +25,9 @@ struct Reserved {
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
-/// One test at a time on the huge page pools (see `Reserved::_serial`).
-static HUGE_PAGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// One test at a time on the huge page pools (see `Reserved::_serial`);
+/// every test in this crate that counts or takes huge pages holds it.
+pub(crate) static HUGE_PAGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn reserved(page: u64, label: &str) -> Option<Reserved> {
     let serial = HUGE_PAGES.lock().unwrap_or_else(|p| p.into_inner());
