@@ -330,9 +330,10 @@ pub struct PoolConfig {
     /// Share the pool between the ranks of one engine (default: private).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<SharingConfig>,
-    /// Bind the pool's pages to this NUMA node.
+    /// Bind the pool's pages to a NUMA node: a number, `"gpu"` (the node of
+    /// the GPU this process drives), or in a shared pool one node per rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub numa_node: Option<u32>,
+    pub numa_node: Option<NumaNode>,
     /// Lease the pool from the keeper of this name (`hostpool keep`)
     /// instead of building it: the memory comes resident, this process maps,
     /// pins and registers it.
@@ -377,6 +378,117 @@ crate::choice::choice!(HugePages, "huge page policy", {
     Prefer => "prefer", "huge pages while they last, else 4 KiB pages (said in the report)",
     Off => "off", "never huge pages",
 });
+
+/// Where a pool's pages go (`numa_node`): written as a node number, `"gpu"`,
+/// or a list of one node per rank (`[0, 0, 1, 1]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NumaNode {
+    /// This node.
+    Node(u32),
+    /// The node of the GPU this process drives (`[cuda] device`), from its
+    /// PCI address in sysfs; in a shared pool each rank's shard goes to its
+    /// own GPU's node.
+    Gpu,
+    /// One node per rank of a shared pool, in rank order.
+    PerRank(Vec<u32>),
+}
+
+impl NumaNode {
+    /// The node, when it is one number (what a plan resolves the others
+    /// to).
+    pub fn node(&self) -> Option<u32> {
+        match self {
+            NumaNode::Node(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// Read a node as people write it on a command line: `1`, `gpu`, or
+    /// one node per rank, `0,0,1,1`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] saying which forms there are.
+    pub fn parse(s: &str) -> Result<NumaNode> {
+        let s = s.trim();
+        let bad = || {
+            Error::config(format!(
+                "numa_node {s:?} is not a node: give a node number (0), \"gpu\" (the node of \
+                 the pool's GPU) or, for a shared pool, one node per rank (0,0,1,1)"
+            ))
+        };
+        let number = |n: &str| -> Result<u32> {
+            let n = n.trim();
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            n.parse::<u32>().map_err(|_| bad())
+        };
+        if s.eq_ignore_ascii_case("gpu") {
+            return Ok(NumaNode::Gpu);
+        }
+        if s.contains(',') {
+            let nodes = s.split(',').map(number).collect::<Result<Vec<_>>>()?;
+            return Ok(NumaNode::PerRank(nodes));
+        }
+        number(s).map(NumaNode::Node)
+    }
+}
+
+impl std::fmt::Display for NumaNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NumaNode::Node(n) => write!(f, "{n}"),
+            NumaNode::Gpu => f.write_str("gpu"),
+            NumaNode::PerRank(v) => {
+                let v: Vec<String> = v.iter().map(u32::to_string).collect();
+                write!(f, "[{}]", v.join(", "))
+            }
+        }
+    }
+}
+
+impl Serialize for NumaNode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            NumaNode::Node(n) => s.serialize_u32(*n),
+            NumaNode::Gpu => s.serialize_str("gpu"),
+            NumaNode::PerRank(v) => v.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for NumaNode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Text(String),
+            List(Vec<i64>),
+        }
+        let expect = "a node number (0), \"gpu\", or a list of one node per rank ([0, 0, 1, 1])";
+        let node = |n: i64| {
+            u32::try_from(n).map_err(|_| {
+                D::Error::custom(format!("numa_node {n} is not a node number; give {expect}"))
+            })
+        };
+        match Raw::deserialize(d)
+            .map_err(|_| D::Error::custom(format!("numa_node must be {expect}")))?
+        {
+            Raw::Int(n) => node(n).map(NumaNode::Node),
+            Raw::Text(t) if t.eq_ignore_ascii_case("gpu") => Ok(NumaNode::Gpu),
+            Raw::Text(t) => Err(D::Error::custom(format!(
+                "numa_node {t:?} is not a node; give {expect}"
+            ))),
+            Raw::List(v) => v
+                .into_iter()
+                .map(node)
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map(NumaNode::PerRank),
+        }
+    }
+}
 
 /// What an engine whose keeper does not answer does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -616,7 +728,7 @@ mod tests {
                 rendezvous: crate::config::Rendezvous::File,
                 control_dir: None,
             }),
-            numa_node: Some(0),
+            numa_node: Some(NumaNode::Node(0)),
             keeper: Some("kv0".into()),
             keeper_tag: Some("t".into()),
             huge_pages: Some(HugePages::Prefer),

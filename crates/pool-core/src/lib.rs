@@ -55,7 +55,7 @@ pub use background::{DEFAULT_CHUNK as DEFAULT_BACKGROUND_CHUNK, PinProgress, Pin
 pub use choice::{Choice, ChoiceError};
 pub use config::{
     DEFAULT_ATTACH_TIMEOUT_SECS, DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS, HugePages,
-    KeeperFallback, MAX_ATTACH_TIMEOUT_SECS, PIN_OFF, POOL_KEYS, PinConfig, PinScope, PoolConfig,
+    KeeperFallback, MAX_ATTACH_TIMEOUT_SECS, NumaNode, PIN_OFF, POOL_KEYS, PinConfig, PinScope, PoolConfig,
     PrefaultChoice, Rendezvous, SharingConfig, pin_kind_from,
 };
 pub use error::{Context, Error, Result, TeardownIssue};

@@ -47,7 +47,110 @@ const LISTED: usize = 8;
 /// `"0-3,5"`). A host without that file (a kernel without NUMA) has node 0
 /// only; an unreadable or garbled file is logged and also read as node 0.
 pub fn online_nodes() -> Vec<u32> {
-    nodes_from(Path::new(ONLINE_NODES_PATH))
+    nodes_from(&sysfs("devices/system/node/online"))
+}
+
+/// A path under sysfs (moved by a test build's `HOSTPOOL_TEST_SYSFS_ROOT`,
+/// see [`crate::failpoint::sysfs_root`]).
+fn sysfs(rel: &str) -> std::path::PathBuf {
+    crate::failpoint::sysfs_root().join(rel)
+}
+
+/// A PCI address as sysfs names its device directory,
+/// `domain:bus:device.function` in lower-case hex with a domain of at least
+/// four digits (`0000:3b:00.0`; Grace and some VMs have wider domains,
+/// `00000009:01:00.0` reads as `0009:01:00.0`). The CUDA driver writes
+/// `0000:3B:00.0` or `00000000:3B:00.0`; both give `0000:3b:00.0`.
+///
+/// # Errors
+/// A message naming the address when it is not of that form.
+pub fn normalize_pci_address(address: &str) -> std::result::Result<String, String> {
+    let bad = || {
+        format!(
+            "PCI address {address:?} is not of the form domain:bus:device.function              (such as 0000:3b:00.0)"
+        )
+    };
+    let a = address.trim();
+    let (domain, rest) = a.split_once(':').ok_or_else(bad)?;
+    let (bus, rest) = rest.split_once(':').ok_or_else(bad)?;
+    let (device, function) = rest.split_once('.').ok_or_else(bad)?;
+    let hex = |s: &str, max_digits: usize| -> std::result::Result<u32, String> {
+        if s.is_empty() || s.len() > max_digits || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        u32::from_str_radix(s, 16).map_err(|_| bad())
+    };
+    let (domain, bus, device, function) =
+        (hex(domain, 8)?, hex(bus, 2)?, hex(device, 2)?, hex(function, 1)?);
+    if device > 0x1f || function > 7 {
+        return Err(bad());
+    }
+    Ok(format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}"))
+}
+
+/// Where a PCI device is: its NUMA node and the CPUs near it, from
+/// `/sys/bus/pci/devices/<address>/{numa_node,local_cpulist}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PciPlace {
+    /// The address as sysfs names it ([`normalize_pci_address`]).
+    pub address: String,
+    /// Its node; `None` where the kernel says -1 (a host of one node, many
+    /// VMs: the firmware gives no affinity).
+    pub node: Option<u32>,
+    /// The CPUs near it, in the kernel's list format (`"0-31,64-95"`),
+    /// when sysfs says.
+    pub local_cpus: Option<String>,
+}
+
+/// The NUMA node of a PCI device (a GPU, a NIC) and the CPUs near it.
+///
+/// # Errors
+/// [`Error::Config`] for an address that is not one; [`Error::Os`] naming
+/// the sysfs file when the device is not there (`ENOENT`: no such device on
+/// this host) or its `numa_node` cannot be read or is not a number.
+pub fn pci_place(address: &str) -> Result<PciPlace> {
+    let address = normalize_pci_address(address).map_err(Error::config)?;
+    let dir = sysfs("bus/pci/devices").join(&address);
+    let path = dir.join("numa_node");
+    let read_err = |e: io::Error| {
+        let remedy = if e.kind() == io::ErrorKind::NotFound {
+            format!(
+                "this host has no PCI device {address} in sysfs (is /sys mounted, and is the                  device the driver reports visible in this container?); give numa_node as a                  number instead"
+            )
+        } else {
+            "give numa_node as a number instead".to_string()
+        };
+        Error::os("read", e, Context::file(&path).remedy(remedy))
+    };
+    let text = std::fs::read_to_string(&path).map_err(read_err)?;
+    let node = match text.trim().parse::<i64>() {
+        Ok(n) if n < 0 => None,
+        Ok(n) if n <= i64::from(MAX_NODE_ID) => Some(n as u32),
+        _ => {
+            return Err(read_err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{:?} is not a node number", text.trim()),
+            )));
+        }
+    };
+    let local_cpus = std::fs::read_to_string(dir.join("local_cpulist"))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty());
+    Ok(PciPlace {
+        address,
+        node,
+        local_cpus,
+    })
+}
+
+/// The CPUs of a node in the kernel's list format, from
+/// `/sys/devices/system/node/node<N>/cpulist` (`None` when sysfs does not
+/// say: a kernel without NUMA, a node without CPUs gives `Some("")`).
+pub fn node_cpus(node: u32) -> Option<String> {
+    std::fs::read_to_string(sysfs(&format!("devices/system/node/node{node}/cpulist")))
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 fn nodes_from(path: &Path) -> Vec<u32> {

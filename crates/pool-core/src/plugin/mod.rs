@@ -327,6 +327,130 @@ pin_like_record!(
     Registrar
 );
 
+/// A GPU as its plugin finds it: the device's ordinal and its PCI address
+/// (which places it on a NUMA node, [`crate::host::numa::pci_place`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct GpuDevice {
+    /// The device's ordinal, as the plugin's config names it (`[cuda]
+    /// device`).
+    pub ordinal: u32,
+    /// Its PCI address as the driver writes it (`0000:3B:00.0`).
+    pub pci_address: String,
+    /// The device's name, when the driver says (`NVIDIA H200`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl GpuDevice {
+    /// Device `ordinal` at `pci_address`.
+    pub fn new(ordinal: u32, pci_address: impl Into<String>) -> GpuDevice {
+        GpuDevice {
+            ordinal,
+            pci_address: pci_address.into(),
+            name: None,
+        }
+    }
+
+    /// With the device's name.
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> GpuDevice {
+        self.name = Some(name.into());
+        self
+    }
+}
+
+/// The GPU a pool's config selects (the plugin's own table, `None` when the
+/// config has none: its default device). Loads the driver; maps nothing.
+pub type LocateFn = fn(Option<&Value>) -> Result<GpuDevice>;
+
+/// Every GPU the driver sees, for `hostpool doctor`'s table.
+pub type ListGpusFn = fn() -> Result<Vec<GpuDevice>>;
+
+/// A GPU plugin record: how `numa_node = "gpu"` finds the GPU a pool is for
+/// and where it sits. Build it with [`GpuPlugin::new`]; the crate that pins
+/// with a GPU's driver (`pinner-cuda`) submits one under the same name.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct GpuPlugin {
+    /// The name (the pinner's, `cuda`).
+    pub name: &'static str,
+    /// One line for `hostpool plugins`.
+    pub summary: &'static str,
+    /// The crate that submitted it.
+    pub origin: &'static str,
+    /// The GPU a config selects.
+    pub locate: LocateFn,
+    /// Every GPU.
+    pub list: ListGpusFn,
+}
+
+impl GpuPlugin {
+    /// A record.
+    pub const fn new(
+        name: &'static str,
+        summary: &'static str,
+        origin: &'static str,
+        locate: LocateFn,
+        list: ListGpusFn,
+    ) -> GpuPlugin {
+        GpuPlugin {
+            name,
+            summary,
+            origin,
+            locate,
+            list,
+        }
+    }
+}
+
+inventory::collect!(GpuPlugin);
+
+impl PluginRecord for GpuPlugin {
+    const KIND: &'static str = "gpu";
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn origin(&self) -> &'static str {
+        self.origin
+    }
+    fn summary(&self) -> &'static str {
+        self.summary
+    }
+    fn doctor(&self) -> Option<DoctorFn> {
+        None
+    }
+    fn all() -> Vec<&'static Self> {
+        inventory::iter::<GpuPlugin>.into_iter().collect()
+    }
+}
+
+/// The GPU plugin `numa_node = "gpu"` asks: the one named like the pool's
+/// pinner, else the only one linked.
+///
+/// # Errors
+/// [`Error::Config`] when none is linked, or several are and the pinner
+/// names none of them.
+pub fn gpu_plugin(config: &PoolConfig) -> Result<&'static GpuPlugin> {
+    let reg = registry::<GpuPlugin>()?;
+    if let Some(p) = config.pin.kind.as_deref().and_then(|k| reg.get(k)) {
+        return Ok(p);
+    }
+    let mut all = reg.values();
+    match (all.next(), all.next()) {
+        (Some(p), None) => Ok(p),
+        (None, _) => Err(Error::config(
+            "numa_node = \"gpu\" needs a GPU plugin (pinner-cuda) to find the GPU, and this \
+             build links none; give the node as a number",
+        )),
+        (Some(_), Some(_)) => Err(Error::config(format!(
+            "numa_node = \"gpu\": several GPU plugins are linked ({}); set pin.kind to the one \
+             whose GPU the pool is for, or give the node as a number",
+            reg.keys().copied().collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
 inventory::collect!(BackingPlugin);
 inventory::collect!(PinnerPlugin);
 inventory::collect!(RegistrarPlugin);

@@ -335,7 +335,7 @@ fn held_mut(owner: &mut Option<MappingOwner>) -> Result<&mut (dyn Mapping + 'sta
 /// where they go. A shared pool's peers learn the cause rather than a
 /// vanished rank.
 fn bind(pool: &mut Pool, plan: &PoolPlan, barrier: Option<&dyn RankBarrier>) -> Result<()> {
-    let Some(node) = plan.config.numa_node else {
+    let Some(node) = plan.config.numa_node.as_ref().and_then(|n| n.node()) else {
         return Ok(());
     };
     let mapping = held_mut(&mut pool.mapping)?;
@@ -418,7 +418,7 @@ fn attach(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<(
 /// pool (peers fault their shards), and not without prefault (pages are not
 /// in memory yet).
 fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
-    let Some(node) = plan.config.numa_node else {
+    let Some(node) = plan.config.numa_node.as_ref().and_then(|n| n.node()) else {
         return Ok(());
     };
     let region = held(&pool.mapping)?.region();

@@ -215,7 +215,7 @@ impl PoolPlan {
         check_size(&config)?;
         check_dir(&config)?;
         plugin::validate_plugin_tables(&config)?;
-        if let Some(node) = config.numa_node {
+        if let Some(node) = config.numa_node.as_ref().and_then(|n| n.node()) {
             crate::host::numa::check_node(node)?;
         }
         // An engine that leases its pool and never builds one plans only
@@ -374,7 +374,7 @@ impl PoolPlan {
                 h.asked, h.got, h.reason
             ));
         }
-        if let Some(node) = self.config.numa_node {
+        if let Some(node) = self.config.numa_node.as_ref().and_then(|n| n.node()) {
             explain.push(format!(
                 "bind to NUMA node {node} with mbind(MPOL_BIND) before prefault (first touch decides \
                  placement), then check sampled pages with get_mempolicy"
