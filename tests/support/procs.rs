@@ -17,7 +17,8 @@ pub fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_hostpool"));
     c.env_remove("RUST_LOG")
         .env_remove("HOSTPOOL_TEST_FAILPOINTS")
-        .env_remove("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS");
+        .env_remove("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS")
+        .env_remove("HOSTPOOL_TEST_SYSFS_ROOT");
     c
 }
 

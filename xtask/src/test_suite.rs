@@ -281,6 +281,7 @@ fn release() -> Result<i32, String> {
     for needle in [
         "HOSTPOOL_TEST_FAILPOINTS",
         "HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS",
+        "HOSTPOOL_TEST_SYSFS_ROOT",
     ] {
         if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
             eprintln!(
@@ -290,7 +291,10 @@ fn release() -> Result<i32, String> {
             return Ok(1);
         }
     }
-    eprintln!("xtask: the release binary ignored the failpoints and names neither variable");
+    eprintln!(
+        "xtask: the release binary ignored the failpoints and names none of the test hooks' \
+         variables"
+    );
     Ok(0)
 }
 

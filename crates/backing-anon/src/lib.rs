@@ -259,7 +259,7 @@ mod tests {
             },
             BadConfig {
                 config: PoolConfig {
-                    numa_node: Some(63),
+                    numa_node: Some(pool_core::NumaNode::Node(63)),
                     ..config(4 << 20, None)
                 },
                 expect: "NUMA node 63 does not exist",
@@ -272,7 +272,7 @@ mod tests {
                 config(40 << 20, Some(json!({"thp": true}))),
                 config(4096, Some(json!({"shared": true, "thp": true}))),
                 PoolConfig {
-                    numa_node: Some(0),
+                    numa_node: Some(pool_core::NumaNode::Node(0)),
                     ..config(16 << 20, None)
                 },
             ],
@@ -301,12 +301,14 @@ mod tests {
     #[test]
     fn a_numa_bound_pool_reports_its_placement() {
         let c = PoolConfig {
-            numa_node: Some(0),
+            numa_node: Some(pool_core::NumaNode::Node(0)),
             ..config(32 << 20, None)
         };
         let pool = Pool::build(&PoolPlan::new(c).unwrap(), &Quiet).unwrap();
         let numa = pool.report().numa.clone().unwrap();
-        assert_eq!(numa.node, 0);
+        assert_eq!(numa.plan.node, Some(0));
+        assert!(numa.bound, "{numa:?}");
+        assert!(numa.shards.is_empty(), "a private pool has no shards");
         assert!(
             numa.sampled >= 2 && numa.on_node == numa.sampled,
             "{numa:?}"

@@ -199,7 +199,11 @@ impl Backing for HugetlbfsBacking {
             Source::Mount(d) => Some(d.as_path()),
             Source::Memfd => None,
         };
-        let capacity = hugetlb::capacity_checks(size.mapped(), page.get(), dir, config.numa_node);
+        let node = config
+            .numa_node
+            .as_ref()
+            .and_then(pool_core::NumaNode::node);
+        let capacity = hugetlb::capacity_checks(size.mapped(), page.get(), dir, node);
         let mut explain = vec![match &source {
             Source::Mount(d) => format!(
                 "one file on the hugetlbfs mount {} with {page} pages",
@@ -246,7 +250,7 @@ impl Backing for HugetlbfsBacking {
         });
         plan.explain = explain;
         let remedy = enomem_remedy(&plan);
-        let (recheck_dir, numa) = (dir.map(Path::to_path_buf), config.numa_node);
+        let (recheck_dir, numa) = (dir.map(Path::to_path_buf), node);
         let recheck = move || {
             hugetlb::capacity_checks(size.mapped(), page.get(), recheck_dir.as_deref(), numa)
         };

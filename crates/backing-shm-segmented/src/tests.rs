@@ -33,7 +33,7 @@ fn shm_segmented_passes_the_conformance_suite() {
         config(40 << 20, Some(json!({"segment_size": "8MiB"}))),
         config(4096, Some(json!({"segments": 1}))),
         PoolConfig {
-            numa_node: Some(0),
+            numa_node: Some(pool_core::NumaNode::Node(0)),
             ..config(16 << 20, Some(json!({"segments": 2})))
         },
     ];

@@ -101,6 +101,48 @@ pub fn threads(value: i64) -> Result<NonZeroUsize, Error> {
         })
 }
 
+/// `numa_node=`: a node number, `"gpu"` (the node of the pool's GPU), or
+/// for a shared pool one node per rank (a list, or `"0,0,1,1"`).
+pub fn numa_node(value: &Bound<'_, PyAny>) -> Result<pool_core::NumaNode, Error> {
+    let bad = || {
+        Error::config(format!(
+            "numa_node={}: give a node number (0), \"gpu\" (the node of the pool's GPU) or, for \
+             a shared pool, a list of one node per rank ([0, 0, 1, 1])",
+            value
+                .repr()
+                .map_or_else(|_| "?".to_string(), |r| r.to_string())
+        ))
+    };
+    let node = |v: &Bound<'_, PyAny>| -> Result<u32, Error> {
+        if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
+            return Err(bad());
+        }
+        v.extract::<u32>().map_err(|_| bad())
+    };
+    if value.is_instance_of::<PyString>() {
+        let text: String = value.extract().map_err(|_| bad())?;
+        return pool_core::NumaNode::parse(&text);
+    }
+    if value.is_instance_of::<PyInt>() || value.is_instance_of::<PyBool>() {
+        return node(value).map(pool_core::NumaNode::Node);
+    }
+    if let Ok(list) = value.cast::<pyo3::types::PyList>() {
+        return list
+            .iter()
+            .map(|v| node(&v))
+            .collect::<Result<Vec<_>, _>>()
+            .map(pool_core::NumaNode::PerRank);
+    }
+    if let Ok(tuple) = value.cast::<pyo3::types::PyTuple>() {
+        return tuple
+            .iter()
+            .map(|v| node(&v))
+            .collect::<Result<Vec<_>, _>>()
+            .map(pool_core::NumaNode::PerRank);
+    }
+    Err(bad())
+}
+
 /// The keyword arguments of `Pool(...)`, other than `progress`.
 #[derive(Debug)]
 pub struct Args {
@@ -113,7 +155,7 @@ pub struct Args {
     pub backing: String,
     pub dir: Option<PathBuf>,
     pub page_size: Option<ByteSize>,
-    pub numa_node: Option<u32>,
+    pub numa_node: Option<pool_core::NumaNode>,
     pub threads: Option<NonZeroUsize>,
     pub prefault: PrefaultChoice,
     pub block_size: Option<ByteSize>,

@@ -134,7 +134,7 @@ impl PyPool {
         backing: &str,
         dir: Option<&Bound<'_, PyAny>>,
         page_size: Option<&Bound<'_, PyAny>>,
-        numa_node: Option<i64>,
+        numa_node: Option<&Bound<'_, PyAny>>,
         threads: Option<i64>,
         prefault: Parsed<PrefaultChoice>,
         block_size: Option<&Bound<'_, PyAny>>,
@@ -168,11 +168,8 @@ impl PyPool {
                 },
                 page_size: opt_size("page_size", page_size)?,
                 numa_node: numa_node
-                    .map(|n| {
-                        u32::try_from(n).map_err(|_| {
-                            Error::config(format!("numa_node {n} must be a node number, 0 or more"))
-                        })
-                    })
+                    .filter(|n| !n.is_none())
+                    .map(config::numa_node)
                     .transpose()?,
                 threads: threads.map(config::threads).transpose()?,
                 prefault: prefault.0,

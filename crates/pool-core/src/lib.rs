@@ -55,8 +55,8 @@ pub use background::{DEFAULT_CHUNK as DEFAULT_BACKGROUND_CHUNK, PinProgress, Pin
 pub use choice::{Choice, ChoiceError};
 pub use config::{
     DEFAULT_ATTACH_TIMEOUT_SECS, DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS, HugePages,
-    KeeperFallback, MAX_ATTACH_TIMEOUT_SECS, NumaNode, PIN_OFF, POOL_KEYS, PinConfig, PinScope, PoolConfig,
-    PrefaultChoice, Rendezvous, SharingConfig, pin_kind_from,
+    KeeperFallback, MAX_ATTACH_TIMEOUT_SECS, NumaNode, PIN_OFF, POOL_KEYS, PinConfig, PinScope,
+    PoolConfig, PrefaultChoice, Rendezvous, SharingConfig, pin_kind_from,
 };
 pub use error::{Context, Error, Result, TeardownIssue};
 pub use layout::{
@@ -64,8 +64,9 @@ pub use layout::{
     mr_regions, registration_chunks, round_to_page, segments, shards,
 };
 pub use pool::{
-    HugePagesReport, NUMA_SAMPLES, Observer, Phase, Phases, PinPlanReport, PinReport, PlanReport,
-    Pool, PoolPlan, PoolReport, PrefaultPlanReport, Quiet, RegistrationReport, ThpReport,
+    GpuPlace, HugePagesReport, NUMA_SAMPLES, NumaPlan, NumaReport, Observer, Phase, Phases,
+    PinPlanReport, PinReport, PlanReport, Pool, PoolPlan, PoolReport, PrefaultPlanReport, Quiet,
+    RegistrationReport, ShardPlacement, ThpReport,
 };
 pub use size::{ByteSize, SizeError};
 #[cfg(feature = "conformance")]

@@ -75,9 +75,11 @@ pub struct PoolArgs {
     /// directory).
     #[arg(long, value_enum, requires = "shared")]
     pub rendezvous: Option<Rendezvous>,
-    /// Bind the pool's pages to this NUMA node.
-    #[arg(long, value_name = "N")]
-    pub numa_node: Option<u32>,
+    /// Bind the pool's pages to a NUMA node: a number, `gpu` (the node of
+    /// `[cuda] device`, from its PCI address), or for a shared pool one
+    /// node per rank (`0,0,1,1`).
+    #[arg(long, value_name = "N|gpu|LIST", value_parser = numa_node)]
+    pub numa_node: Option<pool_core::NumaNode>,
     /// With backing auto: huge pages required, preferred (4 KiB pages when
     /// they run short, said in the report) or off.
     #[arg(long, value_enum, value_name = "POLICY")]
@@ -207,8 +209,8 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
     if !args.register.is_empty() {
         config.register = args.register.clone();
     }
-    if let Some(node) = args.numa_node {
-        config.numa_node = Some(node);
+    if let Some(node) = &args.numa_node {
+        config.numa_node = Some(node.clone());
     }
     if let Some(h) = args.huge_pages {
         config.huge_pages = Some(h);
@@ -254,4 +256,12 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
         }
     }
     Ok(config)
+}
+
+/// `--numa-node`: `1`, `gpu` or `0,0,1,1`.
+fn numa_node(s: &str) -> Result<pool_core::NumaNode, String> {
+    pool_core::NumaNode::parse(s).map_err(|e| match e {
+        pool_core::Error::Config { message } => message,
+        other => other.to_string(),
+    })
 }

@@ -71,10 +71,36 @@ pub fn human_report(r: &PoolReport, status: &str) -> String {
         ));
     }
     if let Some(n) = &r.numa {
-        s.push_str(&format!(
-            "  numa       node {}: {} of {} sampled pages on it\n",
-            n.node, n.on_node, n.sampled
-        ));
+        match n.plan.node {
+            Some(node) => s.push_str(&format!(
+                "  numa       node {node} ({}): {} of {} sampled pages on it\n",
+                n.plan.reason, n.on_node, n.sampled
+            )),
+            None => s.push_str(&format!("  numa       not bound: {}\n", n.plan.reason)),
+        }
+        for shard in &n.shards {
+            let found: Vec<String> = shard
+                .pages
+                .iter()
+                .map(|(node, count)| match node.as_str() {
+                    "not_present" => format!("{count} not in this process's memory"),
+                    _ => format!("{count} on node {node}"),
+                })
+                .collect();
+            s.push_str(&format!(
+                "  numa       rank {} shard{}: {}\n",
+                shard.rank,
+                shard
+                    .node
+                    .map(|n| format!(" (node {n})"))
+                    .unwrap_or_default(),
+                if found.is_empty() {
+                    "nothing sampled".to_string()
+                } else {
+                    found.join(", ")
+                }
+            ));
+        }
     }
     for reg in &r.registrations {
         s.push_str(&format!("  register   {}\n", reg.kind));

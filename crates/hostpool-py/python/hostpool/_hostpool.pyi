@@ -107,7 +107,7 @@ class Pool:
         backing: str = "auto",
         dir: str | os.PathLike[str] | None = None,
         page_size: int | str | None = None,
-        numa_node: int | None = None,
+        numa_node: int | str | list[int] | None = None,
         threads: int | None = None,
         prefault: Literal["auto", "populate-write", "touch", "none"] = "auto",
         block_size: int | str | None = None,

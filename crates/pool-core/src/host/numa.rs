@@ -80,8 +80,12 @@ pub fn normalize_pci_address(address: &str) -> std::result::Result<String, Strin
         }
         u32::from_str_radix(s, 16).map_err(|_| bad())
     };
-    let (domain, bus, device, function) =
-        (hex(domain, 8)?, hex(bus, 2)?, hex(device, 2)?, hex(function, 1)?);
+    let (domain, bus, device, function) = (
+        hex(domain, 8)?,
+        hex(bus, 2)?,
+        hex(device, 2)?,
+        hex(function, 1)?,
+    );
     if device > 0x1f || function > 7 {
         return Err(bad());
     }

@@ -169,7 +169,7 @@ impl Keeper {
             mapped: report.mapped_bytes,
             page: report.page_size,
             backing: report.backing.clone(),
-            numa_node: plan.config.numa_node.as_ref().and_then(|n| n.node()),
+            numa_node: plan.numa.as_ref().and_then(|n| n.node),
             config,
         };
         Ok(Keeper {

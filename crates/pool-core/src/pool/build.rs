@@ -331,21 +331,49 @@ fn held_mut(owner: &mut Option<MappingOwner>) -> Result<&mut (dyn Mapping + 'sta
         .ok_or_else(gone)
 }
 
-/// Bind the pool's pages to `numa_node` before the first touch decides
-/// where they go. A shared pool's peers learn the cause rather than a
-/// vanished rank.
+/// Bind the pool's pages (this rank's shard, in a shared pool: each rank's
+/// shard goes to its own node) to the plan's NUMA node before the first
+/// touch decides where they go. A shared pool's peers learn the cause
+/// rather than a vanished rank.
 fn bind(pool: &mut Pool, plan: &PoolPlan, barrier: Option<&dyn RankBarrier>) -> Result<()> {
-    let Some(node) = plan.config.numa_node.as_ref().and_then(|n| n.node()) else {
+    let Some(numa) = &plan.numa else {
+        return Ok(());
+    };
+    pool.report.numa = Some(super::numa::NumaReport::unsampled(numa, false));
+    let Some(node) = numa.node else {
         return Ok(());
     };
     let mapping = held_mut(&mut pool.mapping)?;
-    if let Err(e) = crate::host::numa::bind(&mapping.region(), node) {
+    let region = mapping.region();
+    let own = own_range(&region, plan);
+    let bound = match region.sub(own).filter(|_| own.len > 0) {
+        Some(range) => crate::host::numa::bind(&range, node),
+        // An empty shard (more ranks than pages) has nothing to bind.
+        None => Ok(()),
+    };
+    if let Err(e) = bound {
         if plan.config.sharing.is_some() {
             let _ = mapping.rendezvous(Err(e.to_string()), barrier);
         }
         return Err(e);
     }
+    if let Some(r) = &mut pool.report.numa {
+        r.bound = true;
+    }
     Ok(())
+}
+
+/// The range this process binds and faults: its shard of a shared pool,
+/// else the whole pool.
+fn own_range(region: &Region<'_>, plan: &PoolPlan) -> Extent {
+    if plan.config.sharing.is_some() {
+        plan.prefault.extent
+    } else {
+        Extent {
+            offset: 0,
+            len: region.mapped_len(),
+        }
+    }
 }
 
 /// Fault this rank's pages in (its shard of a shared pool).
@@ -413,24 +441,56 @@ fn attach(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<(
     attached
 }
 
-/// Where the pages went, when a node was asked for. Exact placement is
-/// required only where this process faulted every page: not in a shared
-/// pool (peers fault their shards), and not without prefault (pages are not
-/// in memory yet).
+/// Where the pages went, when a node was asked for: this process's range
+/// (its shard, in a shared pool) and, in a shared pool, every shard. Exact
+/// placement is required only where this process bound and faulted every
+/// page of its range: not for leased memory (the keeper placed it), and not
+/// without prefault (pages are not in memory yet).
 fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
-    let Some(node) = plan.config.numa_node.as_ref().and_then(|n| n.node()) else {
+    let Some(numa) = &plan.numa else {
+        return Ok(());
+    };
+    let leased = pool.report.keeper.is_some();
+    let mut report = pool
+        .report
+        .numa
+        .take()
+        .unwrap_or_else(|| super::numa::NumaReport::unsampled(numa, false));
+    let Some(node) = numa.node else {
+        pool.report.numa = Some(report);
         return Ok(());
     };
     let region = held(&pool.mapping)?.region();
-    let placement = crate::host::numa::verify(&region, node, NUMA_SAMPLES)?;
-    pool.report.numa = Some(placement.clone());
-    let faulted_all = plan.config.sharing.is_none()
-        && pool.report.keeper.is_none()
+    let own = if leased {
+        Extent {
+            offset: 0,
+            len: region.mapped_len(),
+        }
+    } else {
+        own_range(&region, plan)
+    };
+    let placement = super::numa::sample_own(&region, own, node, NUMA_SAMPLES)?;
+    report.sampled = placement.sampled;
+    report.on_node = placement.on_node;
+    report.elsewhere = placement.elsewhere.clone();
+    if let Some(s) = plan.config.sharing.as_ref().filter(|_| !leased) {
+        let shards = crate::layout::shards(region.mapped_len(), region.page(), s.world)?;
+        let per_shard = (NUMA_SAMPLES / shards.len().max(1)).max(8);
+        report.shards = super::numa::sample_shards(&region, &shards, numa, s.rank, per_shard)?;
+    }
+    pool.report.numa = Some(report);
+    let faulted_all = report_bound(pool)
+        && !leased
+        && own.len > 0
         && !matches!(plan.prefault.method, PrefaultMethod::NoPrefault(_));
     if faulted_all {
         placement.require_exact()?;
     }
     Ok(())
+}
+
+fn report_bound(pool: &Pool) -> bool {
+    pool.report.numa.as_ref().is_some_and(|n| n.bound)
 }
 
 /// Pin the whole pool, or with scope = shard only this rank's shard (an

@@ -10,6 +10,7 @@
 //! [`Pool::teardown`] tears itself down.
 
 mod build;
+mod numa;
 mod pin_status;
 mod plan;
 mod report;
@@ -22,6 +23,7 @@ use crate::layout::Extent;
 use crate::plugin::{Pin, Registration};
 use crate::sys::Region;
 
+pub use numa::{GpuPlace, NumaPlan, NumaReport, ShardPlacement};
 pub use plan::{HugePagesReport, PoolPlan};
 pub use report::{
     Phases, PinPlanReport, PinReport, PlanReport, PoolReport, PrefaultPlanReport,

@@ -34,6 +34,9 @@ pub struct PoolPlan {
     pub registrars: Vec<Box<dyn Registrar>>,
     /// What `huge_pages` asked for and what the pool gets, when it asked.
     pub huge_pages: Option<HugePagesReport>,
+    /// What `numa_node` asked for and the node this process binds, when it
+    /// asked.
+    pub numa: Option<super::numa::NumaPlan>,
 }
 
 /// What `huge_pages` asked for, what the pool gets, and why (the report's
@@ -215,9 +218,18 @@ impl PoolPlan {
         check_size(&config)?;
         check_dir(&config)?;
         plugin::validate_plugin_tables(&config)?;
-        if let Some(node) = config.numa_node.as_ref().and_then(|n| n.node()) {
-            crate::host::numa::check_node(node)?;
+        if let Some(sharing) = &config.sharing {
+            sharing.validate()?;
         }
+        let numa = super::numa::resolve(&config)?;
+        // The backing sees the one node that holds the whole pool (and checks
+        // that node's own capacity: free huge pages per node); where ranks
+        // bind their shards to nodes of their own it sees what was asked, a
+        // list or "gpu", which names no one node; without a node, nothing.
+        let numa_node = numa.as_ref().filter(|p| p.node.is_some()).map(|p| {
+            p.whole_pool_on()
+                .map_or_else(|| p.asked.clone(), crate::config::NumaNode::Node)
+        });
         // An engine that leases its pool and never builds one plans only
         // what it does itself: the backing's side is the keeper's, so its
         // own `dir`, backing and page size are not planned (a page size is
@@ -230,10 +242,14 @@ impl PoolPlan {
                 dir: None,
                 page_size: None,
                 huge_pages: None,
+                numa_node,
                 ..config.clone()
             }
         } else {
-            config.clone()
+            PoolConfig {
+                numa_node,
+                ..config.clone()
+            }
         };
         let (mut selection, backing, mut backing_plan, huge_pages) =
             choose_backing(&config, backing_config)?;
@@ -300,6 +316,7 @@ impl PoolPlan {
             .collect::<Result<Vec<_>>>()?;
         Ok(PoolPlan {
             huge_pages,
+            numa,
             backing_reason: selection.reason,
             backing,
             backing_plan,
@@ -374,10 +391,11 @@ impl PoolPlan {
                 h.asked, h.got, h.reason
             ));
         }
-        if let Some(node) = self.config.numa_node.as_ref().and_then(|n| n.node()) {
-            explain.push(format!(
-                "bind to NUMA node {node} with mbind(MPOL_BIND) before prefault (first touch decides \
-                 placement), then check sampled pages with get_mempolicy"
+        if let Some(numa) = &self.numa {
+            explain.push(super::numa::explain(
+                numa,
+                self.prefault.extent,
+                self.config.sharing.is_some(),
             ));
         }
         for c in &bp.capacity {
@@ -450,6 +468,7 @@ impl PoolPlan {
         ));
         PlanReport {
             huge_pages: self.huge_pages.clone(),
+            numa: self.numa.clone(),
             shards,
             pin_plan,
             registration_plans,

@@ -49,6 +49,10 @@ pub struct PlanReport {
     /// What `huge_pages` asked for and what the pool gets, when it asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub huge_pages: Option<super::plan::HugePagesReport>,
+    /// What `numa_node` asked for and the node this process binds, when it
+    /// asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numa: Option<super::numa::NumaPlan>,
     /// Every choice and why, one line each.
     pub explain: Vec<String>,
 }
@@ -174,9 +178,10 @@ pub struct PoolReport {
     /// Name, world, rank, role and shard of a shared pool; absent when private.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sharing: Option<Value>,
-    /// NUMA placement found after prefault, when a node was asked for.
+    /// What `numa_node` asked for, the node bound, and where the sampled
+    /// pages are after prefault (per shard, in a shared pool), when it asked.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub numa: Option<crate::host::numa::Placement>,
+    pub numa: Option<super::numa::NumaReport>,
     /// The lease, for a pool leased from a keeper (`keeper = "NAME"`):
     /// name, instance, generation, content, attach_seconds, previous, tag;
     /// absent otherwise.

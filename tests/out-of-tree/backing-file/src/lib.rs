@@ -392,11 +392,11 @@ impl Backing for FileBacking {
                 format_bytes(asked.get())
             )));
         }
-        if let (Some(node), false) = (config.numa_node, kind == FsKind::Tmpfs) {
+        if let (Some(node), false) = (&config.numa_node, kind == FsKind::Tmpfs) {
             return Err(Error::config(format!(
                 "numa_node = {node} cannot be honoured on {} ({fs}): the page cache of a regular \
                  file follows the process's memory policy, not mbind on the mapping; drop numa_node \
-                 and start the process under `numactl --membind={node}`, or use a tmpfs dir",
+                 and start the process under `numactl --membind=NODE`, or use a tmpfs dir",
                 dir.display()
             )));
         }

@@ -153,7 +153,7 @@ fn file_passes_the_conformance_suite_on_a_disk_directory() {
         },
         BadConfig {
             config: PoolConfig {
-                numa_node: Some(63),
+                numa_node: Some(pool_core::NumaNode::Node(63)),
                 ..config(dir, 4 << 20, None)
             },
             expect: "NUMA node 63 does not exist",
@@ -162,7 +162,7 @@ fn file_passes_the_conformance_suite_on_a_disk_directory() {
     if !on_tmpfs {
         bad.push(BadConfig {
             config: PoolConfig {
-                numa_node: Some(0),
+                numa_node: Some(pool_core::NumaNode::Node(0)),
                 ..config(dir, 4 << 20, None)
             },
             expect: "follows the process's memory policy",
@@ -214,7 +214,7 @@ fn file_passes_the_conformance_suite_on_tmpfs() {
             config(dir, (4 << 20) + 1, Some(json!({"name_prefix": "kv"}))),
             // tmpfs honours mbind on a shared mapping, so a node is allowed.
             PoolConfig {
-                numa_node: Some(0),
+                numa_node: Some(pool_core::NumaNode::Node(0)),
                 ..config(dir, 8 << 20, None)
             },
         ],
