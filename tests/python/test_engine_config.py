@@ -62,3 +62,27 @@ def test_from_env_is_none_when_unset(monkeypatch):
     assert _engine_config.from_env("HOSTPOOL_X_TEST") is None
     monkeypatch.setenv("HOSTPOOL_X_TEST", "threads = 1")
     assert _engine_config.from_env("HOSTPOOL_X_TEST") == {"threads": 1}
+
+
+def test_numa_node_gpu_takes_the_device_this_process_drives(monkeypatch):
+    """An engine's rank sets its CUDA device before it allocates its KV cache:
+    with numa_node = "gpu" and no [cuda] device of its own, the pool is
+    placed by that device. Only torch's GPU platform checks are replaced."""
+    import torch
+
+    from hostpool import _engine_config
+
+    assert _engine_config.with_gpu_device({"numa_node": "gpu"}) == {"numa_node": "gpu"}, (
+        "without CUDA initialized the config is left as it is"
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert _engine_config.with_gpu_device({"numa_node": "gpu", "size": 1}) == {
+        "numa_node": "gpu",
+        "size": 1,
+        "cuda": {"device": 3},
+    }
+    given = {"numa_node": "gpu", "cuda": {"device": 1, "chunk_size": "1GiB"}}
+    assert _engine_config.with_gpu_device(given) == given, "a device of the config's own wins"
+    assert _engine_config.with_gpu_device({"numa_node": 0}) == {"numa_node": 0}

@@ -416,3 +416,89 @@ def test_huge_pages_prefer_falls_back_and_says_so_required_raises():
         assert pool.page_size == 4096
     with pytest.raises(hostpool.ConfigError, match="huge page policy"):
         hostpool.Pool(size="4MiB", huge_pages="sometimes")
+
+
+def test_numa_node_takes_a_number_a_list_per_rank_or_gpu_and_refuses_the_rest():
+    """Issue 20: numa_node is a node number, "gpu", or for a shared pool one
+    node per rank; anything else is a ConfigError that says which forms
+    there are."""
+    with hostpool.Pool(size="8MiB", numa_node=0) as pool:
+        n = pool.report["numa"]
+        assert n["asked"] == 0 and n["node"] == 0 and n["bound"] is True
+        assert n["sampled"] >= 2 and n["on_node"] == n["sampled"], n
+    for bad in ("banana", True, -1, 1.5, [0, "x"], {"node": 0}):
+        with pytest.raises(hostpool.ConfigError, match="numa_node"):
+            hostpool.Pool(size="4MiB", numa_node=bad)
+    with pytest.raises(hostpool.ConfigError, match="this pool is private"):
+        hostpool.Pool(size="4MiB", numa_node=[0, 0])
+    with pytest.raises(hostpool.ConfigError, match="lists 3 node"):
+        hostpool.Pool(size="4MiB", numa_node=[0, 0, 0], shared=hostpool.Shared("py-numa-bad", 2, 0))
+    with pytest.raises(hostpool.ConfigError, match="NUMA node 99 does not exist"):
+        hostpool.Pool(size="4MiB", numa_node="0,99", shared=hostpool.Shared("py-numa-bad", 2, 1))
+
+
+def _numa_rank(name, rank, out):
+    import hostpool
+
+    try:
+        with hostpool.Pool(size="32MiB", numa_node=(0, 0), shared=hostpool.Shared(name, 2, rank, attach_timeout=20.0)) as pool:
+            out.put((rank, pool.shard, pool.report["numa"]))
+    except Exception as e:  # reported to the parent
+        out.put((rank, None, f"{type(e).__name__}: {e}"))
+
+
+def test_each_rank_of_a_shared_pool_binds_its_own_shard():
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_numa_rank, args=(f"py-numa-{os.getpid()}", r, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=90)
+    results = sorted((out.get(timeout=5) for _ in procs), key=lambda r: r[0])
+    for rank, shard, numa in results:
+        assert isinstance(numa, dict), numa
+        assert numa["rank"] == rank and numa["node"] == 0 and numa["nodes"] == [0, 0], numa
+        assert numa["bound"] is True and numa["on_node"] == numa["sampled"] >= 2, numa
+        mine = numa["shards"][rank]
+        assert (mine["offset"], mine["bytes"]) == tuple(shard), (mine, shard)
+        assert mine["pages"] == {"0": mine["sampled"]}, mine
+
+
+GPU_NUMA = """
+import json, hostpool
+pool = hostpool.Pool.from_config({"size": "8MiB", "numa_node": "gpu", "cuda": {"device": 1}})
+print(json.dumps(pool.report["numa"]))
+pool.close()
+try:
+    hostpool.Pool.from_config({"size": "8MiB", "numa_node": "gpu", "cuda": {"device": 5}})
+except hostpool.Error as e:
+    print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+"""
+
+
+def test_numa_node_gpu_binds_to_the_node_of_the_cuda_device(fake_cuda_dir, tmp_path):
+    """The CUDA test double says where device 1 is on the PCI bus; a sysfs
+    tree of this one-node host puts it on node 0, so the binding is real."""
+    sysfs = tmp_path / "sysfs"
+    (sysfs / "devices/system/node/node0").mkdir(parents=True)
+    (sysfs / "devices/system/node/online").write_text("0\n")
+    (sysfs / "devices/system/node/node0/cpulist").write_text("0-1\n")
+    dev = sysfs / "bus/pci/devices/0000:bc:00.0"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text("0\n")
+    (dev / "local_cpulist").write_text("0-1\n")
+    done = run_python(GPU_NUMA, {
+        "LD_LIBRARY_PATH": str(fake_cuda_dir),
+        "HOSTPOOL_TEST_SYSFS_ROOT": str(sysfs),
+        "FAKE_CUDA_DEVICES": "2",
+        "FAKE_CUDA_PCI_BUS_IDS": "0000:3B:00.0,0000:BC:00.0",
+    })
+    assert done.returncode == 0, done.stderr
+    numa, failed = (json.loads(line) for line in done.stdout.splitlines())
+    assert numa["asked"] == "gpu" and numa["node"] == 0 and numa["bound"] is True, numa
+    assert numa["gpu"]["device"] == 1 and numa["gpu"]["pci_address"] == "0000:bc:00.0", numa
+    assert numa["on_node"] == numa["sampled"] >= 2, numa
+    assert "device 5" in failed["message"], failed

@@ -11,7 +11,9 @@
 //!    and hugetlbfs 1 GiB pages (the huge pages reserved here and released
 //!    after, also on failure or a signal) it measures prefault time,
 //!    `cuMemHostRegister` seconds per GiB, and H2D and D2H GiB/s with the data
-//!    checked; then it finds out whether registration fails with
+//!    checked; D2H from a pool on the GPU's own NUMA node against one on
+//!    another node, where the machine has two; then it finds out whether
+//!    registration fails with
 //!    `RLIMIT_MEMLOCK` lowered and `CAP_IPC_LOCK` dropped (the memlock check
 //!    of hostpool turned off, so that the driver itself is asked). It writes
 //!    the results with the date and the driver version as Markdown.
@@ -348,6 +350,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         "\nRegistration: {ratio}. Seed 000 registered 8 GiB of 4 KiB pages in 3.6 s (0.45 s/GiB) and copied D2H at 54 GB/s (50.3 GiB/s).\n"
     );
     background_section(&mut md, &hostpool, size);
+    numa_section(&mut md, &hostpool, (size / 4).max(GIB));
     let _ = writeln!(md, "## Does registration count against RLIMIT_MEMLOCK?\n");
     let _ = writeln!(
         md,
@@ -469,6 +472,122 @@ fn background_section(md: &mut String, hostpool: &Path, size: u64) {
                         .replace('\n', " ")
                 );
             }
+        }
+    }
+    let _ = writeln!(md);
+}
+
+/// The online NUMA nodes, from sysfs (`0-1` is `[0, 1]`).
+fn online_nodes() -> Vec<u32> {
+    let text = std::fs::read_to_string("/sys/devices/system/node/online").unwrap_or_default();
+    let mut nodes = Vec::new();
+    for item in text.trim().split(',').filter(|s| !s.is_empty()) {
+        let (lo, hi) = item.split_once('-').unwrap_or((item, item));
+        if let (Ok(lo), Ok(hi)) = (lo.trim().parse::<u32>(), hi.trim().parse::<u32>()) {
+            nodes.extend(lo..=hi);
+        }
+    }
+    nodes
+}
+
+/// D2H (and H2D) bandwidth of a pinned anonymous pool on the GPU's own
+/// NUMA node (`--numa-node gpu`, device 0) against one on another node,
+/// where the machine has two.
+fn numa_section(md: &mut String, hostpool: &Path, size: u64) {
+    let _ = writeln!(md, "## Copies from the GPU's own NUMA node and from another
+");
+    let _ = writeln!(
+        md,
+        "`alloc --size {} GiB --backing anon --numa-node gpu|N --pin cuda --pin-required --verify-copy` (device 0).\n",
+        size / GIB
+    );
+    let _ = writeln!(
+        md,
+        "| pool's node | D2H GiB/s | H2D GiB/s | data checked |\n|---|---|---|---|"
+    );
+    let run_on = |node: &str| {
+        let args: Vec<String> = [
+            "alloc",
+            "--size",
+            &size.to_string(),
+            "--backing",
+            "anon",
+            "--numa-node",
+            node,
+            "--pin",
+            "cuda",
+            "--pin-required",
+            "--verify-copy",
+            "--json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        run_hostpool(hostpool, &args, Duration::from_secs(150))
+    };
+    let row = |md: &mut String, label: &str, o: &Outcome| -> Option<f64> {
+        match &o.report {
+            Some(r) => {
+                let vc = &r["verify_copy"];
+                let d2h = f(&vc["d2h_gib_s"]);
+                let _ = writeln!(
+                    md,
+                    "| {label} | {} | {} | {} |",
+                    d2h.map_or("-".into(), |v| format!("{v:.1}")),
+                    f(&vc["h2d_gib_s"]).map_or("-".into(), |v| format!("{v:.1}")),
+                    vc["verified"]
+                        .as_bool()
+                        .map_or("-", |b| if b { "yes" } else { "NO" }),
+                );
+                d2h
+            }
+            None => {
+                let _ = writeln!(
+                    md,
+                    "| {label} | failed: {} | | |",
+                    o.error
+                        .as_deref()
+                        .unwrap_or("")
+                        .replace('|', "/")
+                        .replace('\n', " ")
+                );
+                None
+            }
+        }
+    };
+    let own = run_on("gpu");
+    let gpu_node = own
+        .report
+        .as_ref()
+        .and_then(|r| r["numa"]["node"].as_u64())
+        .map(|n| n as u32);
+    let label = match gpu_node {
+        Some(n) => format!("{n} (the GPU's)"),
+        None => "not bound (the GPU has no NUMA node)".to_string(),
+    };
+    let own_d2h = row(md, &label, &own);
+    let nodes = online_nodes();
+    let other = gpu_node.and_then(|g| nodes.iter().copied().find(|n| *n != g));
+    match other {
+        Some(other) => {
+            let o = run_on(&other.to_string());
+            let other_d2h = row(md, &format!("{other} (another)"), &o);
+            if let (Some(a), Some(b)) = (own_d2h, other_d2h)
+                && b > 0.0
+            {
+                let _ = writeln!(
+                    md,
+                    "\nD2H from the GPU's own node is {:.2}× that from node {other} (GB200 reports: about 3×, torchtitan #3519).",
+                    a / b
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(
+                md,
+                "\nThis machine has {} online NUMA node(s) ({nodes:?}): no other node to compare with.",
+                nodes.len()
+            );
         }
     }
     let _ = writeln!(md);

@@ -713,6 +713,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn numa_node_is_a_number_gpu_or_one_node_per_rank() {
+        for (text, want) in [
+            ("numa_node = 1", NumaNode::Node(1)),
+            ("numa_node = \"gpu\"", NumaNode::Gpu),
+            ("numa_node = \"GPU\"", NumaNode::Gpu),
+            ("numa_node = [0, 0, 1, 1]", NumaNode::PerRank(vec![0, 0, 1, 1])),
+        ] {
+            let c = PoolConfig::parse(text, Format::Toml).unwrap();
+            assert_eq!(c.numa_node.as_ref(), Some(&want), "{text}");
+            // What a report says is what a config reads back.
+            let v = serde_json::to_value(&want).unwrap();
+            assert_eq!(serde_json::from_value::<NumaNode>(v).unwrap(), want);
+        }
+        assert_eq!(serde_json::to_value(NumaNode::Gpu).unwrap(), "gpu");
+        assert_eq!(serde_json::to_value(NumaNode::Node(3)).unwrap(), 3);
+        for (text, needle) in [
+            ("numa_node = \"cpu\"", "\"cpu\" is not a node"),
+            ("numa_node = -1", "-1 is not a node number"),
+            ("numa_node = [0, -2]", "-2 is not a node number"),
+            ("numa_node = 1.5", "numa_node must be"),
+            ("numa_node = [\"gpu\"]", "numa_node must be"),
+        ] {
+            let e = PoolConfig::parse(text, Format::Toml).unwrap_err();
+            assert!(e.is_usage() && e.to_string().contains(needle), "{text}: {e}");
+        }
+        assert_eq!(NumaNode::parse(" 2 ").unwrap(), NumaNode::Node(2));
+        assert_eq!(NumaNode::parse("gpu").unwrap(), NumaNode::Gpu);
+        assert_eq!(
+            NumaNode::parse("0,1").unwrap(),
+            NumaNode::PerRank(vec![0, 1])
+        );
+        for bad in ["", "-1", "x", "0,,1", "0,x", "99999999999"] {
+            assert!(NumaNode::parse(bad).unwrap_err().is_usage(), "{bad:?}");
+        }
+        assert_eq!(NumaNode::PerRank(vec![0, 1]).to_string(), "[0, 1]");
+    }
+
+    #[test]
     fn pool_keys_match_the_serialized_fields() {
         let mut full = PoolConfig {
             dir: Some("/x".into()),

@@ -16,7 +16,7 @@ from typing import Any
 
 import hostpool
 
-__all__ = ["load", "from_env", "for_plugin"]
+__all__ = ["load", "from_env", "for_plugin", "with_gpu_device"]
 
 # As the CLI's --config: a config is small.
 _MAX_BYTES = 1 << 20
@@ -77,6 +77,30 @@ def for_plugin(var: str) -> tuple[dict[str, Any] | None, hostpool.Error | None] 
         return None, e
     except Exception as e:  # never raise into the engine
         return None, hostpool.ConfigError(f"{var}: {e}")
+
+
+def with_gpu_device(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with ``[cuda] device`` set to the GPU this process drives
+    (``torch.cuda.current_device()``) when it places the pool by its GPU
+    (``numa_node = "gpu"``) and names no device: an engine's rank sets its
+    device before it allocates its KV cache, so each rank's shard goes to its
+    own GPU's NUMA node. Unchanged where CUDA is not initialized.
+    """
+    config = dict(config)
+    if config.get("numa_node") != "gpu":
+        return config
+    cuda = dict(config.get("cuda") or {})
+    if "device" in cuda:
+        return config
+    try:
+        import torch
+    except ImportError:
+        return config
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return config
+    cuda["device"] = int(torch.cuda.current_device())
+    config["cuda"] = cuda
+    return config
 
 
 def _read_file(path: str, what: str) -> dict[str, Any]:

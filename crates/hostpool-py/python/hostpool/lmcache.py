@@ -313,7 +313,8 @@ def _allocate_cpu_memory(
                 shm_name,
                 ENV_VAR,
             )
-    pool = hostpool.Pool.from_config(config)
+    from hostpool import _engine_config
+    pool = hostpool.Pool.from_config(_engine_config.with_gpu_device(config))
     with _lock:
         _pools[pool.addr] = pool
     _log.debug("LMCache buffer of %d bytes in a hostpool pool at %#x", size, pool.addr)

@@ -290,7 +290,8 @@ def _alloc_with_host_register(
         pin.setdefault("kind", "cuda")
         pin.setdefault("required", True)
         config["pin"] = pin
-    pool = hostpool.Pool.from_config(config)
+    from hostpool import _engine_config
+    pool = hostpool.Pool.from_config(_engine_config.with_gpu_device(config))
     try:
         if pin_memory:
             if pool.pin_status().get("background"):

@@ -206,7 +206,8 @@ class HostPoolRegion:
             config = self._pool_config(engine_id, rank, populate_shard, total, kv_bytes_per_chunk, pool_config)
             if "sharing" not in config and creator_memory_check is not None:
                 creator_memory_check(total)
-            pool = hostpool.Pool.from_config(config)
+            from hostpool import _engine_config
+            pool = hostpool.Pool.from_config(_engine_config.with_gpu_device(config))
         elif pool_config is not None:
             raise hostpool.ConfigError("pass pool_config or pool, not both")
         self._init_layout(pool, num_chunks, rank, kv_bytes_per_chunk, cpu_page_size, num_segments)

@@ -67,7 +67,8 @@ fn sysfs(rel: &str) -> std::path::PathBuf {
 pub fn normalize_pci_address(address: &str) -> std::result::Result<String, String> {
     let bad = || {
         format!(
-            "PCI address {address:?} is not of the form domain:bus:device.function              (such as 0000:3b:00.0)"
+            "PCI address {address:?} is not of the form domain:bus:device.function \
+             (such as 0000:3b:00.0)"
         )
     };
     let a = address.trim();
@@ -113,13 +114,19 @@ pub struct PciPlace {
 /// the sysfs file when the device is not there (`ENOENT`: no such device on
 /// this host) or its `numa_node` cannot be read or is not a number.
 pub fn pci_place(address: &str) -> Result<PciPlace> {
+    pci_place_in(&crate::failpoint::sysfs_root(), address)
+}
+
+fn pci_place_in(root: &Path, address: &str) -> Result<PciPlace> {
     let address = normalize_pci_address(address).map_err(Error::config)?;
-    let dir = sysfs("bus/pci/devices").join(&address);
+    let dir = root.join("bus/pci/devices").join(&address);
     let path = dir.join("numa_node");
     let read_err = |e: io::Error| {
         let remedy = if e.kind() == io::ErrorKind::NotFound {
             format!(
-                "this host has no PCI device {address} in sysfs (is /sys mounted, and is the                  device the driver reports visible in this container?); give numa_node as a                  number instead"
+                "this host has no PCI device {address} in sysfs (is /sys mounted, and is the \
+                 device the driver reports visible in this container?); give numa_node as a \
+                 number instead"
             )
         } else {
             "give numa_node as a number instead".to_string()
@@ -558,6 +565,65 @@ fn sample_offsets(pages: u64, page: u64, samples: usize) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pci_addresses_are_written_as_sysfs_names_them() {
+        for (given, want) in [
+            ("0000:3B:00.0", "0000:3b:00.0"),
+            ("00000000:3B:00.0", "0000:3b:00.0"),
+            ("00000009:01:00.0", "0009:01:00.0"),
+            ("0001:c1:1f.7", "0001:c1:1f.7"),
+            (" 0000:bc:00.1\n", "0000:bc:00.1"),
+            ("10000:00:00.0", "10000:00:00.0"),
+        ] {
+            assert_eq!(normalize_pci_address(given).unwrap(), want, "{given:?}");
+        }
+        for bad in [
+            "", "3b:00.0", "0000:3b:00", "0000:3b:20.0", "0000:3b:00.8", "0000:3bb:00.0",
+            "000000000:3b:00.0", "0000:3g:00.0", "0000:3b:00.0.1",
+        ] {
+            let e = normalize_pci_address(bad).unwrap_err();
+            assert!(e.contains("domain:bus:device.function"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_pci_device_is_placed_from_its_sysfs_files() {
+        let root = std::env::temp_dir().join(format!("numa-pci-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dev = |addr: &str, node: &str, cpus: Option<&str>| {
+            let d = root.join("bus/pci/devices").join(addr);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("numa_node"), node).unwrap();
+            if let Some(c) = cpus {
+                std::fs::write(d.join("local_cpulist"), c).unwrap();
+            }
+        };
+        dev("0000:3b:00.0", "1\n", Some("16-31\n"));
+        dev("0000:bc:00.0", "-1\n", None);
+        dev("0000:bd:00.0", "one\n", None);
+        let p = pci_place_in(&root, "00000000:3B:00.0").unwrap();
+        assert_eq!(
+            p,
+            PciPlace {
+                address: "0000:3b:00.0".into(),
+                node: Some(1),
+                local_cpus: Some("16-31".into()),
+            }
+        );
+        let p = pci_place_in(&root, "0000:BC:00.0").unwrap();
+        assert_eq!((p.node, p.local_cpus), (None, None), "-1 is no node");
+        let e = pci_place_in(&root, "0000:bd:00.0").unwrap_err();
+        assert!(e.to_string().contains("numa_node"), "{e}");
+        let e = pci_place_in(&root, "0000:99:00.0").unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ENOENT), "{e}");
+        assert!(
+            e.to_string().contains("no PCI device 0000:99:00.0") && e.exit_code() == 1,
+            "{e}"
+        );
+        assert!(pci_place_in(&root, "nonsense").unwrap_err().is_usage());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
     use crate::layout::Extent;
     use crate::layout::{PageSize, round_to_page};
     use crate::sys::{AnonMapOptions, Mmap};
