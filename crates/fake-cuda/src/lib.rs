@@ -18,11 +18,15 @@
 //! | `FAKE_CUDA_CORRUPT_COPY` | `1`: `cuMemcpyDtoH_v2` flips one byte of what it copies |
 //! | `FAKE_CUDA_LOG` | a file that gets one line appended per call |
 //! | `FAKE_CUDA_REGISTER_DELAY_MS` | every `cuMemHostRegister_v2` sleeps this long first: a slow driver, for background pinning |
+//! | `FAKE_CUDA_PCI_BUS_IDS` | comma list of the PCI addresses `cuDeviceGetPCIBusId` gives devices 0, 1, …, written as they are (`0000:3B:00.0,00000000:86:00.0`); a device past the list, or with an empty entry, gets the default `0000:%02X:00.0` with bus `0x18 + 0x10 × n` ([`default_pci_bus_id`]) |
 //!
 //! Like the real driver it refuses:
 //! - any call but `cuInit`, `cuDriverGetVersion` and `cuGetError*` before a
 //!   successful `cuInit` (`CUDA_ERROR_NOT_INITIALIZED`, 3);
 //! - an ordinal at or above the device count (`CUDA_ERROR_INVALID_DEVICE`, 101);
+//! - a null name or PCI bus id buffer, or a PCI bus id buffer too short for
+//!   the whole id and its NUL (`CUDA_ERROR_INVALID_VALUE`; names are
+//!   truncated to fit, as the driver does);
 //! - registering, unregistering, allocating or copying without a current
 //!   context, or making a released context current
 //!   (`CUDA_ERROR_INVALID_CONTEXT`, 201) — contexts are current per thread;
@@ -48,6 +52,7 @@
 //! cuMemHostUnregister 0x7f3a40000000 -> CUDA_SUCCESS
 //! cuDevicePrimaryCtxRelease_v2 0 live_registrations=0 -> CUDA_SUCCESS
 //! cuMemcpyHtoD_v2 0x55d0c8a01000 0x7f3a40000000 8388608 registered=1 -> CUDA_SUCCESS
+//! cuDeviceGetPCIBusId 64 1 -> CUDA_SUCCESS
 //! ```
 
 use std::cell::Cell;
@@ -71,6 +76,10 @@ pub const ENV_LOG: &str = "FAKE_CUDA_LOG";
 /// Milliseconds every `cuMemHostRegister_v2` takes (default 0): a slow
 /// driver, for background pinning.
 pub const ENV_REGISTER_DELAY_MS: &str = "FAKE_CUDA_REGISTER_DELAY_MS";
+/// Comma list of the PCI addresses of devices 0, 1, … (`cuDeviceGetPCIBusId`),
+/// each written as it is; a missing or empty entry gets
+/// [`default_pci_bus_id`].
+pub const ENV_PCI_BUS_IDS: &str = "FAKE_CUDA_PCI_BUS_IDS";
 
 /// The driver version `cuDriverGetVersion` reports (CUDA 12.8).
 pub const DRIVER_VERSION: i32 = 12080;
@@ -276,6 +285,33 @@ pub(crate) fn device_name(device: i32) -> Result<String, u32> {
     Ok(format!("fake-cuda device {device}"))
 }
 
+/// The PCI address device `device` has unless [`ENV_PCI_BUS_IDS`] says
+/// otherwise: domain 0, bus `0x18 + 0x10 × device`, device 0, function 0,
+/// in upper-case hex as the driver writes it (`0000:18:00.0`,
+/// `0000:28:00.0`, …). Past bus `0xF8` (device 14) the domain counts up:
+/// device 15 is `0001:18:00.0`.
+pub fn default_pci_bus_id(device: u32) -> String {
+    let (domain, slot) = (device / 15, device % 15);
+    format!("{domain:04X}:{:02X}:00.0", 0x18 + 0x10 * slot)
+}
+
+/// The PCI address of `device` given the value of [`ENV_PCI_BUS_IDS`]
+/// (`None`: unset): its entry in the list, trimmed, or the default.
+pub fn pci_bus_id_from(device: u32, list: Option<&str>) -> String {
+    list.and_then(|l| l.split(',').nth(device as usize))
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .map_or_else(|| default_pci_bus_id(device), str::to_string)
+}
+
+/// `cuDeviceGetPCIBusId`'s answer for a device.
+pub(crate) fn pci_bus_id(device: i32) -> Result<String, u32> {
+    let device = device_get(device)?;
+    let list = std::env::var(ENV_PCI_BUS_IDS).ok();
+    // `device_get` refused negative ordinals.
+    Ok(pci_bus_id_from(device.unsigned_abs(), list.as_deref()))
+}
+
 pub(crate) fn primary_retain(device: i32) -> Result<usize, u32> {
     device_get(device)?;
     *state().primary_refs.entry(device).or_insert(0) += 1;
@@ -454,7 +490,15 @@ mod tests {
     fn registrations_need_a_context_and_never_overlap() {
         // Before cuInit.
         assert_eq!(host_register(0x10000, 4096, 1), code::NOT_INITIALIZED);
+        assert_eq!(pci_bus_id(0), Err(code::NOT_INITIALIZED));
+        sys::tests::pci_bus_id_before_init();
         assert_eq!(init(), code::SUCCESS);
+        // FAKE_CUDA_DEVICES and FAKE_CUDA_PCI_BUS_IDS are unset in the
+        // crate's unit tests: one device, at the default address.
+        assert_eq!(pci_bus_id(0).as_deref(), Ok("0000:18:00.0"));
+        assert_eq!(pci_bus_id(1), Err(code::INVALID_DEVICE));
+        assert_eq!(pci_bus_id(-1), Err(code::INVALID_DEVICE));
+        sys::tests::pci_bus_id_after_init();
         // No current context on this thread yet.
         assert_eq!(host_register(0x10000, 4096, 1), code::INVALID_CONTEXT);
         assert_eq!(device_get(1), Err(code::INVALID_DEVICE));
@@ -490,6 +534,37 @@ mod tests {
         );
         assert_eq!(mem_free(d), code::SUCCESS);
         assert_eq!(mem_free(d), code::INVALID_VALUE);
+    }
+
+    #[test]
+    fn default_pci_bus_ids_are_upper_case_distinct_and_sysfs_shaped() {
+        assert_eq!(default_pci_bus_id(0), "0000:18:00.0");
+        assert_eq!(default_pci_bus_id(1), "0000:28:00.0");
+        assert_eq!(default_pci_bus_id(2), "0000:38:00.0");
+        assert_eq!(default_pci_bus_id(9), "0000:A8:00.0");
+        assert_eq!(default_pci_bus_id(14), "0000:F8:00.0");
+        assert_eq!(default_pci_bus_id(15), "0001:18:00.0");
+        let ids: std::collections::BTreeSet<String> = (0..64).map(default_pci_bus_id).collect();
+        assert_eq!(ids.len(), 64, "every device has its own address");
+        for id in &ids {
+            // The driver's form: 4 hex digits of domain, 2 of bus, `00.0`.
+            let b = id.as_bytes();
+            assert_eq!((b.len(), b[4], b[7], b[10]), (12, b':', b':', b'.'), "{id}");
+            assert!(!id.bytes().any(|c| c.is_ascii_lowercase()), "{id}");
+        }
+    }
+
+    #[test]
+    fn the_pci_bus_id_list_overrides_per_device_and_falls_back_to_the_default() {
+        let list = Some(" 0000:3B:00.0, ,00000000:86:00.0");
+        assert_eq!(pci_bus_id_from(0, list), "0000:3B:00.0");
+        assert_eq!(pci_bus_id_from(1, list), "0000:28:00.0");
+        assert_eq!(pci_bus_id_from(2, list), "00000000:86:00.0");
+        assert_eq!(pci_bus_id_from(3, list), "0000:48:00.0");
+        assert_eq!(pci_bus_id_from(0, None), "0000:18:00.0");
+        assert_eq!(pci_bus_id_from(0, Some("")), "0000:18:00.0");
+        // Written as given, even when it is no address: for error paths.
+        assert_eq!(pci_bus_id_from(0, Some("garbage")), "garbage");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! boundary rather than unwind into the caller.
 //!
 //! Exported: `cuInit`, `cuDriverGetVersion`, `cuDeviceGetCount`,
-//! `cuDeviceGet`, `cuDeviceGetName`, `cuDevicePrimaryCtxRetain`,
+//! `cuDeviceGet`, `cuDeviceGetName`, `cuDeviceGetPCIBusId`, `cuDevicePrimaryCtxRetain`,
 //! `cuDevicePrimaryCtxRelease_v2`, `cuCtxGetCurrent`, `cuCtxSetCurrent`, `cuCtxSynchronize`,
 //! `cuMemHostRegister_v2`, `cuMemHostUnregister`, `cuMemAlloc_v2`,
 //! `cuMemFree_v2`, `cuMemcpyHtoD_v2`, `cuMemcpyDtoH_v2`, `cuGetErrorName`,
@@ -115,6 +115,40 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
         Err(e) => e,
     };
     done(format!("cuDeviceGetName {len} {dev}"), r)
+}
+
+/// `cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)`: the
+/// device's PCI address, NUL-terminated (`0000:18:00.0`, or its entry in
+/// `FAKE_CUDA_PCI_BUS_IDS`). As the driver: `CUDA_ERROR_NOT_INITIALIZED`
+/// before `cuInit`, `CUDA_ERROR_INVALID_DEVICE` for a bad device, and
+/// `CUDA_ERROR_INVALID_VALUE` for a null buffer or one too short for the id
+/// and its NUL (nothing is written then: an id is never truncated).
+///
+/// # Safety
+/// `pci_bus_id` is null or valid for writes of `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(
+    pci_bus_id: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    let r = match crate::pci_bus_id(dev) {
+        Ok(id) => match usize::try_from(len) {
+            Ok(cap) if cap > id.len() && !pci_bus_id.is_null() => {
+                // SAFETY: `pci_bus_id` is valid for `len` bytes (contract),
+                // and we write `id.len() + 1 <= len` bytes; the source is a
+                // live String.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(id.as_ptr(), pci_bus_id.cast::<u8>(), id.len());
+                    pci_bus_id.add(id.len()).write(0);
+                }
+                code::SUCCESS
+            }
+            _ => code::INVALID_VALUE,
+        },
+        Err(e) => e,
+    };
+    done(format!("cuDeviceGetPCIBusId {len} {dev}"), r)
 }
 
 /// `cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`.
@@ -325,4 +359,60 @@ pub unsafe extern "C" fn cuGetErrorString(error: CUresult, p_str: *mut *const c_
         }
     };
     done(format!("cuGetErrorString {error}"), r)
+}
+
+/// Checks of the exported calls through their C signatures, run by the
+/// crate's one test of the process-wide state (`cuInit` is process-wide, so
+/// they cannot be tests of their own).
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// `cuDeviceGetPCIBusId` into a buffer of `len` bytes that starts out
+    /// as `0xAA`: the result and the buffer.
+    fn pci_bus_id(len: usize, dev: CUdevice) -> (CUresult, Vec<u8>) {
+        let mut buf = vec![0xAAu8; len];
+        let ptr = if len == 0 {
+            std::ptr::null_mut()
+        } else {
+            buf.as_mut_ptr().cast()
+        };
+        // SAFETY: `ptr` is null or valid for `len` bytes.
+        let r = unsafe { cuDeviceGetPCIBusId(ptr, c_int::try_from(len).unwrap(), dev) };
+        (r, buf)
+    }
+
+    pub(crate) fn pci_bus_id_before_init() {
+        let (r, buf) = pci_bus_id(64, 0);
+        assert_eq!(r, code::NOT_INITIALIZED);
+        assert!(buf.iter().all(|&b| b == 0xAA), "nothing written");
+    }
+
+    pub(crate) fn pci_bus_id_after_init() {
+        // One device (FAKE_CUDA_DEVICES unset), at the default address.
+        let (r, buf) = pci_bus_id(64, 0);
+        assert_eq!(r, code::SUCCESS);
+        assert_eq!(&buf[..13], b"0000:18:00.0\0");
+        assert!(buf[13..].iter().all(|&b| b == 0xAA), "nothing past the NUL");
+        // Exactly the id and its NUL fit; one byte less does not, and
+        // nothing is written.
+        assert_eq!(pci_bus_id(13, 0).0, code::SUCCESS);
+        let (r, buf) = pci_bus_id(12, 0);
+        assert_eq!(r, code::INVALID_VALUE);
+        assert!(buf.iter().all(|&b| b == 0xAA));
+        // A null buffer.
+        assert_eq!(pci_bus_id(0, 0).0, code::INVALID_VALUE);
+        // SAFETY: a null buffer with a length: the call must check it.
+        let r = unsafe { cuDeviceGetPCIBusId(std::ptr::null_mut(), 64, 0) };
+        assert_eq!(r, code::INVALID_VALUE);
+        // SAFETY: the buffer is valid for 4 bytes; a negative length is
+        // refused before anything is written.
+        let r = unsafe { cuDeviceGetPCIBusId([0 as c_char; 4].as_mut_ptr(), -1, 0) };
+        assert_eq!(r, code::INVALID_VALUE);
+        // A device that does not exist is reported first (the fake looks
+        // the device up before it checks the buffer, as for names).
+        assert_eq!(pci_bus_id(64, 1).0, code::INVALID_DEVICE);
+        assert_eq!(pci_bus_id(0, 1).0, code::INVALID_DEVICE);
+        assert_eq!(pci_bus_id(64, -1).0, code::INVALID_DEVICE);
+    }
 }

@@ -42,17 +42,25 @@
 //! [`verify_copy`] copies a buffer host → device → host from the pinned pool
 //! and checks it (`hostpool alloc --pin cuda --verify-copy`).
 //!
+//! The crate also submits the GPU plugin record `cuda`
+//! ([`GpuPlugin`]) that `numa_node = "gpu"`
+//! asks: [`locate_gpu`] gives the PCI address (`cuDeviceGetPCIBusId`) of
+//! the `[cuda] device`, [`list_gpus`] that of every device, and `hostpool
+//! doctor` maps each to its NUMA node and CPUs (item "GPU NUMA placement")
+//! and checks a pool's numeric `numa_node` against its device's node.
+//!
 //! The driver is the real `libcuda.so.1`, or in tests the `fake-cuda` test
 //! double loaded in its place through `LD_LIBRARY_PATH`.
 
 mod doctor;
 
 use pool_core::plugin::PinCost;
-use pool_core::plugin::{Pinner, PinnerPlugin};
+use pool_core::plugin::{GpuPlugin, Pinner, PinnerPlugin};
 use pool_core::{ByteSize, Result};
 use serde_json::Value;
 
 mod copy;
+mod gpu;
 mod options;
 mod pin;
 mod probe;
@@ -60,6 +68,8 @@ mod session;
 mod sys;
 
 pub use copy::{CopyReport, verify_copy};
+pub use doctor::{PLACEMENT_ITEM, POOL_NODE_ITEM};
+pub use gpu::{GIVE_NODE_NUMBER, list_gpus, locate_gpu};
 pub use options::{CudaOptions, RegisterFlag};
 pub use pin::{ChunkReport, CudaPin};
 pub use probe::{DriverInfo, probe_devices, probe_driver};
@@ -111,6 +121,16 @@ inventory::submit! {
     .with_doctor(doctor::findings)
 }
 
+inventory::submit! {
+    GpuPlugin::new(
+        NAME,
+        "the PCI address of the [cuda] device (cuDeviceGetPCIBusId), for numa_node = \"gpu\"",
+        env!("CARGO_PKG_NAME"),
+        locate_gpu,
+        list_gpus,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +144,24 @@ mod tests {
     }
 
     #[test]
+    fn the_gpu_plugin_is_registered_under_the_pinners_name() {
+        let p = pool_core::plugin::lookup::<GpuPlugin>(NAME).unwrap();
+        assert_eq!((p.name, p.origin), (NAME, "pinner-cuda"));
+        assert!(std::ptr::fn_addr_eq(
+            p.locate,
+            locate_gpu as pool_core::plugin::LocateFn
+        ));
+        assert!(std::ptr::fn_addr_eq(
+            p.list,
+            list_gpus as pool_core::plugin::ListGpusFn
+        ));
+        // A pool that pins with cuda finds it by name.
+        let mut config = pool_core::PoolConfig::default();
+        config.pin.kind = Some(NAME.to_string());
+        assert_eq!(pool_core::plugin::gpu_plugin(&config).unwrap().name, NAME);
+    }
+
+    #[test]
     fn the_symbol_list_has_every_call_once() {
         let mut s = DRIVER_SYMBOLS.to_vec();
         s.sort_unstable();
@@ -133,6 +171,7 @@ mod tests {
             "cuMemHostRegister_v2",
             "cuMemHostUnregister",
             "cuGetErrorName",
+            "cuDeviceGetPCIBusId",
         ] {
             assert!(DRIVER_SYMBOLS.contains(&want));
         }

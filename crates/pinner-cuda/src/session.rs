@@ -3,7 +3,68 @@
 use pool_core::{Error, Result};
 
 use crate::probe::describe;
+use cudarc::driver::sys as cu;
+
 use crate::sys::{self, Api, Context, Status};
+
+/// A driver call that failed, as [`Error::Plugin`]: `{step} failed: NAME
+/// (description)`.
+pub(crate) fn failed(api: &Api, what: &str, step: &str, s: Status) -> Error {
+    Error::Plugin {
+        what: what.to_string(),
+        message: format!("{step} failed: {}", describe(api, s)),
+        source: None,
+    }
+}
+
+/// `cuInit`, then the device of ordinal `index` (`cuDeviceGetCount`,
+/// `cuDeviceGet`); no context is touched. What pinning and locating a GPU
+/// share, so that both say the same when the device is not there.
+///
+/// # Errors
+/// [`Error::NotAvailable`] when `cuInit` fails (no device, or a driver that
+/// does not initialise) or the ordinal is at or past the device count (the
+/// message names the count and `[cuda] device`); [`Error::Plugin`] when
+/// `cuDeviceGetCount` or `cuDeviceGet` fails otherwise.
+pub(crate) fn device_by_index(api: &Api, what: &str, index: u32) -> Result<cu::CUdevice> {
+    let na = |reason: String| Error::NotAvailable {
+        what: what.to_string(),
+        reason,
+    };
+    match api.init() {
+        Ok(()) => {}
+        Err(s) if s == sys::NO_DEVICE => {
+            return Err(na(format!(
+                "no CUDA device: cuInit returned {}",
+                describe(api, s)
+            )));
+        }
+        Err(s) => {
+            return Err(na(format!(
+                "the CUDA driver did not initialise: cuInit returned {}",
+                describe(api, s)
+            )));
+        }
+    }
+    let count = api
+        .device_count()
+        .map_err(|s| failed(api, what, "cuDeviceGetCount", s))?;
+    let ordinal = i32::try_from(index).unwrap_or(i32::MAX);
+    if ordinal >= count {
+        return Err(na(format!(
+            "CUDA device {index} does not exist: this host has {count} CUDA device{}{}; set \
+             [cuda] device",
+            if count == 1 { "" } else { "s" },
+            if count > 0 {
+                format!(" (0 to {})", count - 1)
+            } else {
+                String::new()
+            }
+        )));
+    }
+    api.device(ordinal)
+        .map_err(|s| failed(api, what, &format!("cuDeviceGet({index})"), s))
+}
 
 /// A device with its primary context retained and current on this thread.
 #[derive(Debug)]
@@ -21,49 +82,8 @@ pub(crate) struct Session {
 
 impl Session {
     pub(crate) fn open(api: &'static Api, what: &str, index: u32) -> Result<Session> {
-        let na = |reason: String| Error::NotAvailable {
-            what: what.to_string(),
-            reason,
-        };
-        let failed = |step: &str, s: Status| Error::Plugin {
-            what: what.to_string(),
-            message: format!("{step} failed: {}", describe(api, s)),
-            source: None,
-        };
-        match api.init() {
-            Ok(()) => {}
-            Err(s) if s == sys::NO_DEVICE => {
-                return Err(na(format!(
-                    "no CUDA device: cuInit returned {}",
-                    describe(api, s)
-                )));
-            }
-            Err(s) => {
-                return Err(na(format!(
-                    "the CUDA driver did not initialise: cuInit returned {}",
-                    describe(api, s)
-                )));
-            }
-        }
-        let count = api
-            .device_count()
-            .map_err(|s| failed("cuDeviceGetCount", s))?;
-        let ordinal = i32::try_from(index).unwrap_or(i32::MAX);
-        if ordinal >= count {
-            return Err(na(format!(
-                "CUDA device {index} does not exist: this host has {count} CUDA device{}{}; set \
-                 [cuda] device",
-                if count == 1 { "" } else { "s" },
-                if count > 0 {
-                    format!(" (0 to {})", count - 1)
-                } else {
-                    String::new()
-                }
-            )));
-        }
-        let device = api
-            .device(ordinal)
-            .map_err(|s| failed(&format!("cuDeviceGet({index})"), s))?;
+        let failed = |step: &str, s: Status| failed(api, what, step, s);
+        let device = device_by_index(api, what, index)?;
         let name = api.device_name(device).unwrap_or_default();
         let driver_version = api.driver_version().unwrap_or(0);
         let ctx = api

@@ -82,6 +82,7 @@ api! {
     cuDeviceGetCount = "cuDeviceGetCount": fn(*mut c_int);
     cuDeviceGet = "cuDeviceGet": fn(*mut cu::CUdevice, c_int);
     cuDeviceGetName = "cuDeviceGetName": fn(*mut c_char, c_int, cu::CUdevice);
+    cuDeviceGetPCIBusId = "cuDeviceGetPCIBusId": fn(*mut c_char, c_int, cu::CUdevice);
     cuDevicePrimaryCtxRetain = "cuDevicePrimaryCtxRetain": fn(*mut cu::CUcontext, cu::CUdevice);
     cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease_v2": fn(cu::CUdevice);
     cuCtxGetCurrent = "cuCtxGetCurrent": fn(*mut cu::CUcontext);
@@ -215,6 +216,22 @@ impl Api {
         // the driver NUL-terminates within it.
         check(unsafe {
             (self.cuDeviceGetName)(buf.as_mut_ptr().cast(), buf.len() as c_int, device)
+        })?;
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+    }
+
+    /// `cuDeviceGetPCIBusId`: the device's PCI address as the driver writes
+    /// it, `domain:bus:device.function` in hex (`0000:3B:00.0`). Needs
+    /// `cuInit`, no context.
+    pub(crate) fn pci_bus_id(&self, device: cu::CUdevice) -> Result<String, Status> {
+        // The driver asks for 13 bytes (`0000:3B:00.0` and its NUL); wider
+        // domains (`00000000:3B:00.0`) and any future form fit in 64.
+        let mut buf = [0u8; 64];
+        // SAFETY: `buf` is writable for its length, which is what we pass;
+        // the driver NUL-terminates within it (or fails without writing).
+        check(unsafe {
+            (self.cuDeviceGetPCIBusId)(buf.as_mut_ptr().cast(), buf.len() as c_int, device)
         })?;
         let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
         Ok(String::from_utf8_lossy(&buf[..end]).into_owned())

@@ -61,6 +61,9 @@ fn scenario_child() {
         }
         "pin_twice" => pin_twice(),
         "unpin_elsewhere" => unpin_on_another_thread(),
+        "locate" => locate_scenario(),
+        "list" => json!({ "list": gpus(pinner_cuda::list_gpus()) }),
+        "doctor" => doctor_scenario(),
         other => json!({ "unknown_scenario": other }),
     };
     // On a line of its own: libtest has written "test scenario_child ... ".
@@ -76,6 +79,48 @@ fn outcome<T>(r: pool_core::Result<T>) -> Value {
             "not_available": e.is_not_available(),
         }),
     }
+}
+
+/// A located GPU, or the error.
+fn gpus<T: serde::Serialize>(r: pool_core::Result<T>) -> Value {
+    match r {
+        Ok(gpu) => json!({ "ok": true, "gpu": gpu }),
+        Err(e) => outcome::<()>(Err(e)),
+    }
+}
+
+/// `locate_gpu` of the config's `[cuda]` table, directly and through the
+/// GPU plugin record `numa_node = "gpu"` asks.
+fn locate_scenario() -> Value {
+    let config = child_config();
+    let direct = gpus(pinner_cuda::locate_gpu(config.plugin_table("cuda")));
+    let record = match pool_core::plugin::gpu_plugin(&config) {
+        Ok(p) => json!({
+            "name": p.name,
+            "origin": p.origin,
+            "located": gpus((p.locate)(config.plugin_table(p.name))),
+        }),
+        Err(e) => outcome::<()>(Err(e)),
+    };
+    json!({ "locate": direct, "record": record })
+}
+
+/// The `cuda` pinner's doctor findings, about the config's pool (a config
+/// of `null`: about no pool).
+fn doctor_scenario() -> Value {
+    let text = std::env::var(CONFIG).expect("the parent passes a config");
+    let config = (text != "null").then(child_config);
+    let ctx = pool_core::plugin::DoctorContext {
+        pool: config.as_ref().map(|config| pool_core::plugin::PoolFacts {
+            config,
+            page_size: 4096,
+            mapped_bytes: 64 * MIB,
+            prefault_bytes: 64 * MIB,
+        }),
+    };
+    let record = pool_core::plugin::lookup::<pool_core::plugin::PinnerPlugin>("cuda").unwrap();
+    let findings = (record.doctor.expect("the cuda pinner has a doctor hook"))(&ctx);
+    json!({ "findings": findings })
 }
 
 fn child_config() -> PoolConfig {
@@ -218,6 +263,11 @@ enum Lib {
     Impostor(PathBuf),
     /// Whatever this host has, `LD_LIBRARY_PATH` left as it is.
     Host,
+    /// No driver, on any host: a file that is no library under every name
+    /// cudarc tries, which the dynamic loader finds first through
+    /// `LD_LIBRARY_PATH` and then fails to load (it does not search on past
+    /// a broken file), so a real driver elsewhere is not found either.
+    Broken,
 }
 
 /// A temporary directory, removed on drop.
@@ -340,6 +390,8 @@ fn run(scenario: &str, config: Value, lib: Lib, env: &[(&str, String)]) -> Run {
         "FAKE_CUDA_FAIL_REGISTER_AT",
         "FAKE_CUDA_MAX_REGISTER_BYTES",
         "FAKE_CUDA_CORRUPT_COPY",
+        "FAKE_CUDA_PCI_BUS_IDS",
+        "HOSTPOOL_TEST_SYSFS_ROOT",
     ] {
         cmd.env_remove(var);
     }
@@ -361,6 +413,15 @@ fn run(scenario: &str, config: Value, lib: Lib, env: &[(&str, String)]) -> Run {
             cmd.env("LD_LIBRARY_PATH", &lib_dir);
         }
         Lib::Host => {}
+        Lib::Broken => {
+            for name in ["cuda", "nvcuda"]
+                .iter()
+                .flat_map(|l| cudarc::get_lib_name_candidates(l))
+            {
+                std::fs::write(lib_dir.join(name), "not a shared library\n").unwrap();
+            }
+            cmd.env("LD_LIBRARY_PATH", &lib_dir);
+        }
     }
     for (k, v) in env {
         cmd.env(k, v);
@@ -956,6 +1017,454 @@ fn verify_copy_round_trips_through_the_pinned_pool_and_catches_corruption() {
         "{:#}",
         run3.result
     );
+}
+
+// ---------------------------------------------------------------------------
+// numa_node = "gpu": the GPU plugin record (locate, list) and the doctor's
+// GPU table, against the fake driver and a fake sysfs.
+
+/// Driver calls that locating or listing GPUs may make: no context is
+/// retained or made current, nothing is registered.
+const LOCATE_CALLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetPCIBusId",
+    "cuGetErrorName",
+    "cuGetErrorString",
+];
+
+fn assert_only_locate_calls(run: &Run) {
+    for call in &run.log {
+        let name = call.split(' ').next().unwrap_or("");
+        assert!(
+            LOCATE_CALLS.contains(&name),
+            "locating a GPU made a call beyond device queries: {call}\n{:#?}",
+            run.log
+        );
+    }
+}
+
+/// Environment of the fake driver: `devices` devices, PCI bus ids `ids`.
+fn fake_gpus(devices: u32, ids: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("FAKE_CUDA_DEVICES", devices.to_string()),
+        ("FAKE_CUDA_PCI_BUS_IDS", ids.to_string()),
+    ]
+}
+
+/// A sysfs tree (for `HOSTPOOL_TEST_SYSFS_ROOT`) of a host with two NUMA
+/// nodes, CPUs 0-3 on node 0 and 4-7 on node 1, and three GPUs at the fake
+/// driver's default addresses of devices 0 and 1 and at 0000:3b:00.0:
+/// 0000:18:00.0 on node 0 (local_cpulist 0-3), 0000:28:00.0 on node 1
+/// (no local_cpulist: the node's cpulist says), 0000:3b:00.0 with no node
+/// (-1, local_cpulist 0-7). Device 3's default address, 0000:48:00.0, is
+/// not in it.
+fn two_node_sysfs() -> TempDir {
+    let root = TempDir::new();
+    let write = |rel: &str, text: &str| {
+        let path = root.0.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("devices/system/node/online", "0-1\n");
+    write("devices/system/node/node0/cpulist", "0-3\n");
+    write("devices/system/node/node1/cpulist", "4-7\n");
+    write("bus/pci/devices/0000:18:00.0/numa_node", "0\n");
+    write("bus/pci/devices/0000:18:00.0/local_cpulist", "0-3\n");
+    write("bus/pci/devices/0000:28:00.0/numa_node", "1\n");
+    write("bus/pci/devices/0000:3b:00.0/numa_node", "-1\n");
+    write("bus/pci/devices/0000:3b:00.0/local_cpulist", "0-7\n");
+    root
+}
+
+fn with_sysfs(root: &TempDir, mut env: Vec<(&'static str, String)>) -> Vec<(&'static str, String)> {
+    env.push((
+        "HOSTPOOL_TEST_SYSFS_ROOT",
+        root.0.to_str().unwrap().to_string(),
+    ));
+    env
+}
+
+/// The findings of an area and item.
+fn findings<'a>(run: &'a Run, area: &str, item: &str) -> Vec<&'a Value> {
+    run.result["findings"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no findings: {:#}", run.result))
+        .iter()
+        .filter(|f| f["area"] == area && f["item"] == item)
+        .collect()
+}
+
+fn finding<'a>(run: &'a Run, area: &str, item: &str) -> &'a Value {
+    match findings(run, area, item).as_slice() {
+        [f] => f,
+        other => panic!(
+            "{} findings {area}/{item}, not one: {:#}",
+            other.len(),
+            run.result
+        ),
+    }
+}
+
+#[test]
+fn locating_the_gpu_gives_the_fake_drivers_pci_address_of_the_cuda_device() {
+    let env = fake_gpus(2, "0000:3B:00.0,00000000:86:00.0");
+    let run1 = run(
+        "locate",
+        config(true, json!({ "cuda": { "device": 1 } })),
+        Lib::Fake,
+        &env,
+    );
+    let want = json!({
+        "ok": true,
+        "gpu": { "ordinal": 1, "pci_address": "00000000:86:00.0", "name": "fake-cuda device 1" },
+    });
+    assert_eq!(run1.result["locate"], want, "{:#}", run1.result);
+    // The record numa_node = "gpu" asks is this crate's, and says the same.
+    let record = &run1.result["record"];
+    assert_eq!(record["name"], "cuda", "{record:#}");
+    assert_eq!(record["origin"], "pinner-cuda");
+    assert_eq!(record["located"], want);
+    assert_eq!(
+        run1.calls("cuDeviceGetPCIBusId"),
+        ["cuDeviceGetPCIBusId 64 1 -> CUDA_SUCCESS"; 2]
+    );
+    assert_eq!(
+        run1.calls("cuDeviceGet"),
+        ["cuDeviceGet 1 -> CUDA_SUCCESS"; 2]
+    );
+    assert_only_locate_calls(&run1);
+
+    // No [cuda] table: device 0, the driver's address as it wrote it.
+    let run2 = run("locate", config(true, json!({})), Lib::Fake, &env);
+    assert_eq!(
+        run2.result["locate"]["gpu"],
+        json!({ "ordinal": 0, "pci_address": "0000:3B:00.0", "name": "fake-cuda device 0" }),
+        "{:#}",
+        run2.result
+    );
+    assert_eq!(
+        run2.calls("cuDeviceGetPCIBusId"),
+        ["cuDeviceGetPCIBusId 64 0 -> CUDA_SUCCESS"; 2]
+    );
+
+    // An address that is not one is the driver's fault, said as such.
+    let run3 = run(
+        "locate",
+        config(true, json!({})),
+        Lib::Fake,
+        &fake_gpus(1, "3B:00.0"),
+    );
+    assert_eq!(
+        run3.result["locate"]["not_available"], false,
+        "{:#}",
+        run3.result
+    );
+    assert_contains_all(
+        &run3.error("locate"),
+        &[
+            "cuDeviceGetPCIBusId gave CUDA device 0 an address that is not one",
+            "\"3B:00.0\"",
+        ],
+    );
+}
+
+#[test]
+fn locating_a_device_past_the_count_says_so_as_pinning_does() {
+    let env = fake_gpus(2, "");
+    let cfg = config(true, json!({ "cuda": { "device": 5 } }));
+    let run1 = run("locate", cfg.clone(), Lib::Fake, &env);
+    let l = &run1.result["locate"];
+    assert_eq!(l["not_available"], true, "{l:#}");
+    let sentence = "CUDA device 5 does not exist: this host has 2 CUDA devices (0 to 1); set \
+                    [cuda] device";
+    assert_contains_all(
+        &run1.error("locate"),
+        &[
+            "numa_node = \"gpu\" (the NUMA node of CUDA device 5) is not available on this host",
+            sentence,
+            ", or give numa_node as a number instead (see `hostpool doctor`'s GPU table",
+        ],
+    );
+    assert!(
+        run1.calls("cuDeviceGetPCIBusId").is_empty(),
+        "{:?}",
+        run1.log
+    );
+    assert_only_locate_calls(&run1);
+    // Pinning the same pool says the same of the device.
+    let run2 = run("pool", cfg, Lib::Fake, &env);
+    assert!(run2.error("build").contains(sentence), "{:#}", run2.result);
+
+    // No device at all.
+    let run3 = run(
+        "locate",
+        config(true, json!({})),
+        Lib::Fake,
+        &fake_gpus(0, ""),
+    );
+    assert_eq!(run3.result["locate"]["not_available"], true);
+    assert_contains_all(
+        &run3.error("locate"),
+        &[
+            "no CUDA device: cuInit returned CUDA_ERROR_NO_DEVICE",
+            "; give numa_node as a number instead",
+        ],
+    );
+}
+
+#[test]
+fn locating_without_a_driver_is_not_available_and_says_to_give_numa_node_as_a_number() {
+    let run1 = run("locate", config(true, json!({})), Lib::Broken, &[]);
+    let l = &run1.result["locate"];
+    assert_eq!(l["not_available"], true, "{:#}", run1.result);
+    assert_contains_all(
+        &run1.error("locate"),
+        &[
+            "numa_node = \"gpu\" (the NUMA node of CUDA device 0) is not available on this host: \
+             no CUDA driver (libcuda.so.1) on this host; install the NVIDIA driver",
+            "LD_LIBRARY_PATH",
+            "`--gpus`), or give numa_node as a number instead (see `hostpool doctor`'s GPU \
+             table, item \"GPU NUMA placement\")",
+        ],
+    );
+    assert_eq!(run1.result["record"]["located"], *l);
+    assert!(run1.log.is_empty(), "{:?}", run1.log);
+    assert!(
+        !run1.stderr.contains("Unable to dynamically load"),
+        "{}",
+        run1.stderr
+    );
+    let run2 = run("list", json!({}), Lib::Broken, &[]);
+    assert_eq!(
+        run2.result["list"]["not_available"], true,
+        "{:#}",
+        run2.result
+    );
+    assert_contains_all(
+        &run2.error("list"),
+        &[
+            "no CUDA driver (libcuda.so.1)",
+            "give numa_node as a number instead",
+        ],
+    );
+    // The staging holds for pinning too: the same "no driver" as on a host
+    // without one.
+    let run3 = run("probe", json!({}), Lib::Broken, &[]);
+    assert_eq!(run3.result["probe"]["not_available"], true);
+    assert!(
+        run3.result["probe"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no CUDA driver (libcuda.so.1) on this host"),
+        "{:#}",
+        run3.result
+    );
+
+    // A library without the driver's symbols: the driver's own remedy,
+    // then the number.
+    let libm = impostor_library().expect("a glibc host has libm.so.6");
+    let run4 = run("locate", config(true, json!({})), Lib::Impostor(libm), &[]);
+    assert_eq!(run4.result["locate"]["not_available"], true);
+    assert_contains_all(
+        &run4.error("locate"),
+        &[
+            "the CUDA driver library lacks cuInit, ",
+            "cuDeviceGetPCIBusId",
+            "update the NVIDIA driver, or give numa_node as a number instead",
+        ],
+    );
+}
+
+#[test]
+fn listing_gpus_gives_every_device_in_order_without_a_context() {
+    let run1 = run(
+        "list",
+        json!({}),
+        Lib::Fake,
+        &fake_gpus(3, ",,00000000:3B:00.0"),
+    );
+    assert_eq!(
+        run1.result["list"],
+        json!({ "ok": true, "gpu": [
+            { "ordinal": 0, "pci_address": "0000:18:00.0", "name": "fake-cuda device 0" },
+            { "ordinal": 1, "pci_address": "0000:28:00.0", "name": "fake-cuda device 1" },
+            { "ordinal": 2, "pci_address": "00000000:3B:00.0", "name": "fake-cuda device 2" },
+        ]}),
+        "{:#}",
+        run1.result
+    );
+    assert_eq!(
+        run1.calls("cuDeviceGetPCIBusId"),
+        [0, 1, 2].map(|d| format!("cuDeviceGetPCIBusId 64 {d} -> CUDA_SUCCESS"))
+    );
+    assert_only_locate_calls(&run1);
+
+    // No device: an empty list, not an error.
+    let run2 = run("list", json!({}), Lib::Fake, &fake_gpus(0, ""));
+    assert_eq!(run2.result["list"], json!({ "ok": true, "gpu": [] }));
+}
+
+#[test]
+fn the_doctor_maps_each_gpu_to_its_numa_node_and_cpus() {
+    let sysfs = two_node_sysfs();
+    let env = with_sysfs(&sysfs, fake_gpus(3, ",,0000:3B:00.0"));
+    let run1 = run("doctor", Value::Null, Lib::Fake, &env);
+    let f = finding(&run1, "cuda", "GPU NUMA placement");
+    assert_eq!(
+        f["value"],
+        "GPU 0 0000:18:00.0: node 0, CPUs 0-3; GPU 1 0000:28:00.0: node 1, CPUs 4-7; \
+         GPU 2 0000:3b:00.0: no node (-1), CPUs 0-7",
+        "{f:#}"
+    );
+    assert_eq!(
+        f["details"],
+        json!([
+            { "device": 0, "name": "fake-cuda device 0", "pci_address": "0000:18:00.0",
+              "node": 0, "cpus": "0-3" },
+            { "device": 1, "name": "fake-cuda device 1", "pci_address": "0000:28:00.0",
+              "node": 1, "cpus": "4-7" },
+            { "device": 2, "name": "fake-cuda device 2", "pci_address": "0000:3b:00.0",
+              "node": null, "cpus": "0-7" },
+        ])
+    );
+    // A GPU without a node on a host of two nodes is worth knowing.
+    assert_eq!(f["verdict"], "info", "{f:#}");
+    assert_contains_all(
+        f["remedy"].as_str().unwrap(),
+        &[
+            "GPU 2 no NUMA node (-1) although this host has nodes 0-1",
+            "give numa_node as a number",
+        ],
+    );
+    // No pool was asked about: nothing in area pool.
+    assert!(findings(&run1, "pool", "numa_node vs GPU").is_empty());
+    assert_only_locate_calls(&run1);
+
+    // Two GPUs, each on its node: ok.
+    let run2 = run(
+        "doctor",
+        Value::Null,
+        Lib::Fake,
+        &with_sysfs(&sysfs, fake_gpus(2, "")),
+    );
+    let f = finding(&run2, "cuda", "GPU NUMA placement");
+    assert_eq!(f["verdict"], "ok", "{f:#}");
+    assert_eq!(f["remedy"], Value::Null);
+    assert_eq!(f["details"].as_array().unwrap().len(), 2);
+
+    // A GPU sysfs does not know (device 3, 0000:48:00.0).
+    let run3 = run(
+        "doctor",
+        Value::Null,
+        Lib::Fake,
+        &with_sysfs(&sysfs, fake_gpus(4, ",,0000:3B:00.0")),
+    );
+    let f = finding(&run3, "cuda", "GPU NUMA placement");
+    assert_eq!(f["verdict"], "info", "{f:#}");
+    assert!(
+        f["value"]
+            .as_str()
+            .unwrap()
+            .ends_with("; GPU 3 0000:48:00.0: not in sysfs"),
+        "{f:#}"
+    );
+    let row = &f["details"][3];
+    assert_eq!((&row["node"], &row["cpus"]), (&Value::Null, &Value::Null));
+    assert!(
+        row["error"].as_str().unwrap().contains("0000:48:00.0"),
+        "{row:#}"
+    );
+    assert!(
+        f["remedy"]
+            .as_str()
+            .unwrap()
+            .starts_with("numa_node = \"gpu\" fails for GPU 3: "),
+        "{f:#}"
+    );
+
+    // Without a driver there is no table (the driver finding says why).
+    let run4 = run(
+        "doctor",
+        Value::Null,
+        Lib::Broken,
+        &with_sysfs(&sysfs, vec![]),
+    );
+    assert!(findings(&run4, "cuda", "GPU NUMA placement").is_empty());
+    assert_eq!(finding(&run4, "cuda", "driver")["verdict"], "info");
+}
+
+#[test]
+fn the_doctor_checks_a_numeric_numa_node_against_the_pools_gpu() {
+    let sysfs = two_node_sysfs();
+    let env = with_sysfs(&sysfs, fake_gpus(3, ",,0000:3B:00.0"));
+    let pool = |device: u32, numa_node: Value| {
+        config(
+            false,
+            json!({ "cuda": { "device": device }, "numa_node": numa_node }),
+        )
+    };
+
+    let run1 = run("doctor", pool(1, json!(0)), Lib::Fake, &env);
+    let f = finding(&run1, "pool", "numa_node vs GPU");
+    assert_eq!(f["verdict"], "warn", "{f:#}");
+    assert_eq!(
+        f["value"],
+        "numa_node = 0, but CUDA device 1 (0000:28:00.0) is on node 1"
+    );
+    assert_contains_all(
+        f["remedy"].as_str().unwrap(),
+        &["numa_node = \"gpu\"", "numa_node = 1"],
+    );
+    assert_eq!(
+        f["details"],
+        json!({ "numa_node": 0, "device": 1, "pci_address": "0000:28:00.0", "gpu_node": 1 })
+    );
+    assert_only_locate_calls(&run1);
+
+    let run2 = run("doctor", pool(1, json!(1)), Lib::Fake, &env);
+    let f = finding(&run2, "pool", "numa_node vs GPU");
+    assert_eq!(f["verdict"], "ok", "{f:#}");
+    assert_eq!(
+        f["value"],
+        "numa_node = 1, the node of CUDA device 1 (0000:28:00.0)"
+    );
+
+    let run3 = run("doctor", pool(0, json!(0)), Lib::Fake, &env);
+    assert_eq!(finding(&run3, "pool", "numa_node vs GPU")["verdict"], "ok");
+
+    // The GPU has no node: nothing to check against.
+    let run4 = run("doctor", pool(2, json!(1)), Lib::Fake, &env);
+    let f = finding(&run4, "pool", "numa_node vs GPU");
+    assert_eq!(f["verdict"], "info", "{f:#}");
+    assert_eq!(
+        f["value"],
+        "numa_node = 1; CUDA device 2 (0000:3b:00.0) has no NUMA node (-1)"
+    );
+    assert_eq!(f["details"]["gpu_node"], Value::Null);
+
+    // numa_node = "gpu", no numa_node, or a pool that does not pin with
+    // cuda: no such finding.
+    for cfg in [
+        pool(1, json!("gpu")),
+        config(false, json!({ "cuda": { "device": 1 } })),
+        json!({ "size": "64MiB", "backing": "anon", "numa_node": 0, "cuda": { "device": 1 } }),
+    ] {
+        let run = run("doctor", cfg.clone(), Lib::Fake, &env);
+        assert!(
+            findings(&run, "pool", "numa_node vs GPU").is_empty(),
+            "{cfg}: {:#}",
+            run.result
+        );
+        // The table is there all the same.
+        assert_eq!(
+            finding(&run, "cuda", "GPU NUMA placement")["verdict"],
+            "info"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------
