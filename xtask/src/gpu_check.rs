@@ -494,8 +494,11 @@ fn online_nodes() -> Vec<u32> {
 /// NUMA node (`--numa-node gpu`, device 0) against one on another node,
 /// where the machine has two.
 fn numa_section(md: &mut String, hostpool: &Path, size: u64) {
-    let _ = writeln!(md, "## Copies from the GPU's own NUMA node and from another
-");
+    let _ = writeln!(
+        md,
+        "## Copies from the GPU's own NUMA node and from another
+"
+    );
     let _ = writeln!(
         md,
         "`alloc --size {} GiB --backing anon --numa-node gpu|N --pin cuda --pin-required --verify-copy` (device 0).\n",

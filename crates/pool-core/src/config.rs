@@ -718,7 +718,10 @@ mod tests {
             ("numa_node = 1", NumaNode::Node(1)),
             ("numa_node = \"gpu\"", NumaNode::Gpu),
             ("numa_node = \"GPU\"", NumaNode::Gpu),
-            ("numa_node = [0, 0, 1, 1]", NumaNode::PerRank(vec![0, 0, 1, 1])),
+            (
+                "numa_node = [0, 0, 1, 1]",
+                NumaNode::PerRank(vec![0, 0, 1, 1]),
+            ),
         ] {
             let c = PoolConfig::parse(text, Format::Toml).unwrap();
             assert_eq!(c.numa_node.as_ref(), Some(&want), "{text}");
@@ -736,7 +739,10 @@ mod tests {
             ("numa_node = [\"gpu\"]", "numa_node must be"),
         ] {
             let e = PoolConfig::parse(text, Format::Toml).unwrap_err();
-            assert!(e.is_usage() && e.to_string().contains(needle), "{text}: {e}");
+            assert!(
+                e.is_usage() && e.to_string().contains(needle),
+                "{text}: {e}"
+            );
         }
         assert_eq!(NumaNode::parse(" 2 ").unwrap(), NumaNode::Node(2));
         assert_eq!(NumaNode::parse("gpu").unwrap(), NumaNode::Gpu);

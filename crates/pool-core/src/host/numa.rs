@@ -579,8 +579,15 @@ mod tests {
             assert_eq!(normalize_pci_address(given).unwrap(), want, "{given:?}");
         }
         for bad in [
-            "", "3b:00.0", "0000:3b:00", "0000:3b:20.0", "0000:3b:00.8", "0000:3bb:00.0",
-            "000000000:3b:00.0", "0000:3g:00.0", "0000:3b:00.0.1",
+            "",
+            "3b:00.0",
+            "0000:3b:00",
+            "0000:3b:20.0",
+            "0000:3b:00.8",
+            "0000:3bb:00.0",
+            "000000000:3b:00.0",
+            "0000:3g:00.0",
+            "0000:3b:00.0.1",
         ] {
             let e = normalize_pci_address(bad).unwrap_err();
             assert!(e.contains("domain:bus:device.function"), "{bad:?}: {e}");
