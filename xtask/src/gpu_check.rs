@@ -41,25 +41,29 @@ struct Case {
     huge: Option<PageSize>,
 }
 
-fn cases(size: u64) -> Vec<Case> {
+/// `alloc` of `size` bytes pinned with `cuda` (required), the copy
+/// verified, as JSON, with `extra` flags.
+fn pinned_alloc(size: u64, extra: &[&str]) -> Vec<String> {
     let size = size.to_string();
-    let base = |extra: &[&str]| -> Vec<String> {
-        let mut v: Vec<String> = [
-            "alloc",
-            "--size",
-            size.as_str(),
-            "--pin",
-            "cuda",
-            "--pin-required",
-            "--verify-copy",
-            "--json",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        v.extend(extra.iter().map(|s| s.to_string()));
-        v
-    };
+    let mut v: Vec<String> = [
+        "alloc",
+        "--size",
+        size.as_str(),
+        "--pin",
+        "cuda",
+        "--pin-required",
+        "--verify-copy",
+        "--json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn cases(size: u64) -> Vec<Case> {
+    let base = |extra: &[&str]| pinned_alloc(size, extra);
     vec![
         Case {
             label: "anon 4 KiB",
@@ -509,23 +513,7 @@ fn numa_section(md: &mut String, hostpool: &Path, size: u64) {
         "| pool's node | D2H GiB/s | H2D GiB/s | data checked |\n|---|---|---|---|"
     );
     let run_on = |node: &str| {
-        let args: Vec<String> = [
-            "alloc",
-            "--size",
-            &size.to_string(),
-            "--backing",
-            "anon",
-            "--numa-node",
-            node,
-            "--pin",
-            "cuda",
-            "--pin-required",
-            "--verify-copy",
-            "--json",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args = pinned_alloc(size, &["--backing", "anon", "--numa-node", node]);
         run_hostpool(hostpool, &args, Duration::from_secs(150))
     };
     let row = |md: &mut String, label: &str, o: &Outcome| -> Option<f64> {

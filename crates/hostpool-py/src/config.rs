@@ -126,17 +126,13 @@ pub fn numa_node(value: &Bound<'_, PyAny>) -> Result<pool_core::NumaNode, Error>
     if value.is_instance_of::<PyInt>() || value.is_instance_of::<PyBool>() {
         return node(value).map(pool_core::NumaNode::Node);
     }
-    if let Ok(list) = value.cast::<pyo3::types::PyList>() {
-        return list
-            .iter()
-            .map(|v| node(&v))
-            .collect::<Result<Vec<_>, _>>()
-            .map(pool_core::NumaNode::PerRank);
-    }
-    if let Ok(tuple) = value.cast::<pyo3::types::PyTuple>() {
-        return tuple
-            .iter()
-            .map(|v| node(&v))
+    if value.is_instance_of::<pyo3::types::PyList>()
+        || value.is_instance_of::<pyo3::types::PyTuple>()
+    {
+        return value
+            .try_iter()
+            .map_err(|_| bad())?
+            .map(|v| v.map_err(|_| bad()).and_then(|v| node(&v)))
             .collect::<Result<Vec<_>, _>>()
             .map(pool_core::NumaNode::PerRank);
     }

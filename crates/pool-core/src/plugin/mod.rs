@@ -406,25 +406,6 @@ impl GpuPlugin {
 
 inventory::collect!(GpuPlugin);
 
-impl PluginRecord for GpuPlugin {
-    const KIND: &'static str = "gpu";
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn origin(&self) -> &'static str {
-        self.origin
-    }
-    fn summary(&self) -> &'static str {
-        self.summary
-    }
-    fn doctor(&self) -> Option<DoctorFn> {
-        None
-    }
-    fn all() -> Vec<&'static Self> {
-        inventory::iter::<GpuPlugin>.into_iter().collect()
-    }
-}
-
 /// The GPU plugin `numa_node = "gpu"` asks: the one named like the pool's
 /// pinner, else the only one linked.
 ///
@@ -473,6 +454,9 @@ pub trait PluginRecord: Sync + 'static {
 
 macro_rules! record {
     ($t:ty, $kind:literal) => {
+        record!($t, $kind, |r: &$t| r.doctor);
+    };
+    ($t:ty, $kind:literal, $doctor:expr) => {
         impl PluginRecord for $t {
             const KIND: &'static str = $kind;
             fn name(&self) -> &'static str {
@@ -485,7 +469,7 @@ macro_rules! record {
                 self.summary
             }
             fn doctor(&self) -> Option<DoctorFn> {
-                self.doctor
+                ($doctor)(self)
             }
             fn all() -> Vec<&'static Self> {
                 inventory::iter::<$t>.into_iter().collect()
@@ -496,6 +480,8 @@ macro_rules! record {
 record!(BackingPlugin, "backing");
 record!(PinnerPlugin, "pinner");
 record!(RegistrarPlugin, "registrar");
+// A GPU record has no doctor hook: its plugin's pinner record has one.
+record!(GpuPlugin, "gpu", |_: &GpuPlugin| None);
 
 /// All records of one kind by name.
 ///
