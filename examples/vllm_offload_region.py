@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """vLLM's CPU KV offload region, on hostpool.
 
-In vLLM itself one line of config does this (see README, "vLLM"):
+In vLLM itself one line of config does this (see docs/engines.md, "vLLM"):
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "OffloadingConnector",
         "kv_role": "kv_both", "kv_connector_extra_config": {

@@ -502,7 +502,7 @@ fn hostpool_env(args: &[&str], env: &[(&str, &str)]) -> Output {
         .expect("run hostpool")
 }
 
-/// The README's exit-status contract, walked through representative
+/// The exit-status contract of `docs/operators.md`, walked through representative
 /// failures: bad input exits 2, a node that cannot hold the pool, a file in
 /// the way and a failed system call exit 1, and every message names the
 /// cause and the remedy.

@@ -1,5 +1,6 @@
-//! Rules of the workspace that the README states, checked on the sources:
-//! `unsafe` only in `sys` modules, under a workspace lint every crate obeys.
+//! Rules of the workspace that the docs state (`docs/design.md`), checked on
+//! the sources: `unsafe` only in `sys` modules, under a workspace lint every
+//! crate obeys; and every relative link in the docs resolves.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -560,5 +561,175 @@ fn every_pool_core_item_has_one_public_path() {
         root_reexports(&planted)
             .iter()
             .any(|(n, m)| n == "Backing" && public.contains(m))
+    );
+}
+
+/// GitHub's anchor of a heading: lowercase, punctuation other than `-` and
+/// `_` dropped, spaces to `-`.
+fn heading_slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code fences); a
+/// repeated heading gets `-1`, `-2`, ... as on GitHub.
+fn markdown_anchors(text: &str) -> BTreeSet<String> {
+    let mut anchors = BTreeSet::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+            continue;
+        }
+        if fence {
+            continue;
+        }
+        let hashes = line.len() - line.trim_start_matches('#').len();
+        if !(1..=6).contains(&hashes) || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let slug = heading_slug(&line[hashes..]);
+        let count = seen.entry(slug.clone()).or_insert(0);
+        anchors.insert(if *count == 0 {
+            slug.clone()
+        } else {
+            format!("{slug}-{count}")
+        });
+        *count += 1;
+    }
+    anchors
+}
+
+/// The targets of the inline links `[text](target)` in a Markdown file,
+/// outside code fences and code spans, with the line each is on.
+fn markdown_links(text: &str) -> Vec<(usize, String)> {
+    let mut links = Vec::new();
+    let mut fence = false;
+    for (number, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+            continue;
+        }
+        if fence {
+            continue;
+        }
+        // Drop code spans, so `a[i](x)` in code is no link.
+        let mut plain = String::new();
+        let mut in_code = false;
+        for c in line.chars() {
+            if c == '`' {
+                in_code = !in_code;
+            } else if !in_code {
+                plain.push(c);
+            }
+        }
+        let mut rest = plain.as_str();
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            let target = after[..end].split_whitespace().next().unwrap_or("");
+            links.push((number + 1, target.to_string()));
+            rest = &after[end..];
+        }
+    }
+    links
+}
+
+/// The Markdown files whose links the test checks: `README.md`,
+/// `CHANGELOG.md` and `docs/*.md`.
+fn documentation_files() -> Vec<PathBuf> {
+    let root = root();
+    let mut files = vec![root.join("README.md"), root.join("CHANGELOG.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    files
+}
+
+/// The broken relative links of `file` (`text` its contents): a path that
+/// does not exist, or an `#anchor` that is no heading of the Markdown file
+/// it points into.
+fn broken_links(file: &Path, text: &str) -> Vec<String> {
+    let mut broken = Vec::new();
+    for (line, target) in markdown_links(text) {
+        if target.starts_with("http://")
+            || target.starts_with("https://")
+            || target.starts_with("mailto:")
+        {
+            continue;
+        }
+        let (path, anchor) = match target.split_once('#') {
+            Some((path, anchor)) => (path, Some(anchor)),
+            None => (target.as_str(), None),
+        };
+        let resolved = if path.is_empty() {
+            file.to_path_buf()
+        } else {
+            file.parent().unwrap().join(path)
+        };
+        let name = format!(
+            "{}:{line}: {target}",
+            file.strip_prefix(root()).unwrap_or(file).display()
+        );
+        if target.is_empty() || !resolved.exists() {
+            broken.push(format!("{name} (no such file)"));
+            continue;
+        }
+        let Some(anchor) = anchor else { continue };
+        if resolved.extension().is_none_or(|e| e != "md") {
+            continue;
+        }
+        let anchors = markdown_anchors(&std::fs::read_to_string(&resolved).unwrap());
+        if !anchors.contains(anchor) {
+            broken.push(format!("{name} (no heading with anchor `{anchor}`)"));
+        }
+    }
+    broken
+}
+
+#[test]
+fn the_link_reader_sees_links_anchors_and_code() {
+    let text = "# A title, with `code`!\n\n## Kept pools (`hostpool keep`)\n\n## Kept pools (`hostpool keep`)\n\n\
+                see [x](docs/a.md#b) and [y](#a-title-with-code) `[z](not/a/link)`\n\n```\n[w](nor/this)\n```\n";
+    let anchors = markdown_anchors(text);
+    assert!(anchors.contains("a-title-with-code"), "{anchors:?}");
+    assert!(anchors.contains("kept-pools-hostpool-keep"), "{anchors:?}");
+    assert!(
+        anchors.contains("kept-pools-hostpool-keep-1"),
+        "{anchors:?}"
+    );
+    let links: Vec<String> = markdown_links(text).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(links, ["docs/a.md#b", "#a-title-with-code"]);
+    let readme = root().join("README.md");
+    let broken = broken_links(
+        &readme,
+        "[a](docs/none.md) [b](#no-such-heading) [c](https://x) [d](docs/bench/)\n",
+    );
+    assert_eq!(broken.len(), 2, "{broken:?}");
+}
+
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let mut broken = Vec::new();
+    for file in documentation_files() {
+        let text =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        broken.extend(broken_links(&file, &text));
+    }
+    assert!(
+        broken.is_empty(),
+        "broken links in the docs:\n{}",
+        broken.join("\n")
     );
 }

@@ -3,7 +3,8 @@ own agent (the real ``nixl_cu12`` package, over loopback), rollback, and
 hostpool's own ``nixl`` registrar pointed at the engine's library.
 
 Processes that load NIXL end with ``os._exit``: the nixl-cu12 1.5.1 wheel's
-UCX crashes in ``exit()`` where libibverbs is installed (see the README)."""
+UCX crashes in ``exit()`` where libibverbs is installed (see docs/design.md,
+"NIXL across nodes")."""
 
 from __future__ import annotations
 

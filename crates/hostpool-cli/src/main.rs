@@ -1,4 +1,4 @@
-//! The `hostpool` command. See `hostpool --help` and the README.
+//! The `hostpool` command. See `hostpool --help` and `docs/operators.md`.
 
 mod cli;
 mod sys;

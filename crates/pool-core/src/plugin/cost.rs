@@ -1,6 +1,6 @@
 //! Predicted cost per phase, for `hostpool plan`: rough figures from rates
-//! measured on this project's CI machine kind (see the README's Benchmarks
-//! section), so that an operator sees what a 400 GiB pool will cost before
+//! measured on this project's CI machine kind (see the Benchmarks section of
+//! `docs/measurements.md`), so that an operator sees what a 400 GiB pool will cost before
 //! paying it. `hostpool bench` measures the rates of the node at hand.
 
 use serde::Serialize;
