@@ -797,3 +797,30 @@ fn a_closed_stdout_and_stderr_is_exit_1_not_a_panic() {
         assert_eq!(o.code(), Some(1), "{args:?}: {o:?}");
     }
 }
+
+/// The workspace's version, as `Cargo.toml` says it.
+fn workspace_version() -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let table = manifest
+        .split("[workspace.package]")
+        .nth(1)
+        .expect("Cargo.toml has [workspace.package]");
+    let line = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("version"))
+        .expect("[workspace.package] has a version");
+    line.split('"').nth(1).unwrap().to_string()
+}
+
+#[test]
+fn the_version_is_the_workspaces_in_the_flag_and_every_report() {
+    let want = workspace_version();
+    let o = hostpool(&["--version"]);
+    assert_exit(&o, 0);
+    assert_eq!(stdout(&o).trim(), format!("hostpool {want}"));
+    let r = json(&hostpool(&["alloc", "--size", "4MiB", "--json"]));
+    assert_eq!(r["version"], want.as_str(), "{r}");
+    let p = json(&hostpool(&["plan", "--size", "4MiB", "--json"]));
+    assert_eq!(p["version"], want.as_str(), "{p}");
+}

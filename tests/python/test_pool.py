@@ -502,3 +502,21 @@ def test_numa_node_gpu_binds_to_the_node_of_the_cuda_device(fake_cuda_dir, tmp_p
     assert numa["gpu"]["device"] == 1 and numa["gpu"]["pci_address"] == "0000:bc:00.0", numa
     assert numa["on_node"] == numa["sampled"] >= 2, numa
     assert "device 5" in failed["message"], failed
+
+
+def test_the_version_is_the_workspaces_everywhere(hostpool_bin):
+    """hostpool.__version__, the wheel's metadata, the CLI's --version and every
+    report carry the workspace's version."""
+    import importlib.metadata
+    import pathlib
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    want = tomllib.loads((root / "Cargo.toml").read_text())["workspace"]["package"]["version"]
+    assert hostpool.__version__ == want
+    assert importlib.metadata.version("hostpool") == want
+    cli = subprocess.run([hostpool_bin, "--version"], capture_output=True, text=True, check=True)
+    assert cli.stdout.strip() == f"hostpool {want}"
+    with hostpool.Pool(size="4MiB") as pool:
+        assert pool.report["version"] == want
+    assert hostpool.plan({"size": "4MiB"})["version"] == want

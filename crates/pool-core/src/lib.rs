@@ -79,3 +79,8 @@ pub use time::rfc3339;
 
 /// Re-exported so plugin crates submit records with the same `inventory`.
 pub use inventory;
+
+/// hostpool's version: the workspace's, which the CLI's `--version`, the
+/// Python package's `__version__`, the wheel's metadata and every report
+/// carry.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

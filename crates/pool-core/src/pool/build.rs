@@ -269,6 +269,7 @@ fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolRe
     let region = mapping.region();
     let leased = mapping.leased();
     PoolReport {
+        version: crate::VERSION,
         backing: leased
             .as_ref()
             .and_then(|l| l["backing"].as_str())

@@ -467,6 +467,7 @@ impl PoolPlan {
             predicted.basis
         ));
         PlanReport {
+            version: crate::VERSION,
             huge_pages: self.huge_pages.clone(),
             numa: self.numa.clone(),
             shards,

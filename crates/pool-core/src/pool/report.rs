@@ -13,6 +13,8 @@ use crate::prefault::PrefaultOutcome;
 /// `hostpool plan --json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanReport {
+    /// hostpool's version.
+    pub version: &'static str,
     /// Backing name.
     pub backing: String,
     /// Page size in bytes.
@@ -151,6 +153,9 @@ pub struct Phases {
 /// The report of a pool (`hostpool alloc --json`). Field names are a contract.
 #[derive(Debug, Clone, Serialize)]
 pub struct PoolReport {
+    /// hostpool's version (the workspace's, as `hostpool --version` and
+    /// `hostpool.__version__` say).
+    pub version: &'static str,
     /// Backing name.
     pub backing: String,
     /// Page size in bytes.
