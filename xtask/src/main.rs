@@ -39,6 +39,7 @@ mod session;
 mod signals;
 mod sys;
 mod test_suite;
+mod wheel;
 
 use std::process::ExitCode;
 
@@ -64,6 +65,8 @@ commands:
              Python tests and the engine tests (tests/engines, each engine
              in its own cached environment), in the same huge page session.
           6. cargo bench --workspace --no-run
+          7. the release binary with a failpoint armed, which it must ignore
+          8. cargo xtask wheel --check
         --no-lint  run step 5 alone (no fmt, clippy, doc, doctests or bench build).
   hugepages up
         Do the same huge page setup for manual work and keep it; prints the
@@ -78,6 +81,14 @@ commands:
         a GPU node; there, `xtask gpu-check --run --hostpool PATH --out FILE`
         measures prefault, cuMemHostRegister and copies for 16 GiB of 4 KiB,
         2 MiB and 1 GiB pages and writes the results as Markdown.
+  wheel [--check]
+        Build the release wheel of the Python package (one abi3 wheel,
+        CPython 3.11+, manylinux_2_28 through maturin --zig, checked as
+        auditwheel checks) and its sdist into target/wheels; print the
+        wheel's size and contents. maturin and zig come from a cached
+        environment with pinned versions. --check then installs it into a
+        fresh environment without cargo or rustc on the PATH and builds a
+        pool from it.
   help  Show this text.
 ";
 
@@ -111,6 +122,7 @@ fn dispatch(args: &[String]) -> Result<i32, String> {
     match command {
         "test" | "ci" => test_suite::run(rest),
         "gpu-check" => gpu_check::run(rest),
+        "wheel" => wheel::run_command(rest),
         "hugepages" => hugepages_command(rest),
         "help" | "-h" | "--help" => Ok(usage(None)),
         _ => Ok(usage(Some(&args.join(" ")))),

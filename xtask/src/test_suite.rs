@@ -16,6 +16,9 @@
 //!    (`cargo run --release -p hostpool-cli -- alloc`), with a failpoint
 //!    armed that would fail it in a test build, must succeed: test hooks are
 //!    not in what operators run ([`release`])
+//! 8. the release wheel (`cargo xtask wheel --check`): abi3,
+//!    `manylinux_2_28`, installed into a fresh environment without cargo or
+//!    rustc on the PATH, imported and used to build a pool
 //!
 //! `--no-lint` (before any `--`) runs step 4 alone, and so does the
 //! `XTASK_TEST_CMD` self-test hook. Returns 0 or the failing step's
@@ -48,6 +51,9 @@ enum Step {
     Suite,
     /// The release binary ignores the test hooks ([`release`]).
     Release,
+    /// The release wheel builds, installs without Rust and works
+    /// ([`crate::wheel`]).
+    Wheel,
 }
 
 /// The failpoint the release check arms: in a test build it makes the
@@ -104,6 +110,10 @@ fn steps(lint: bool) -> Vec<(&'static str, Step)> {
         (
             "cargo run --release -p hostpool-cli -- alloc, with a failpoint armed",
             Step::Release,
+        ),
+        (
+            "cargo xtask wheel --check: the release wheel, installed without Rust",
+            Step::Wheel,
         ),
     ]
 }
@@ -162,6 +172,7 @@ fn run_one(name: &str, step: Step, cargo_test_args: &[String]) -> Result<i32, St
     match step {
         Step::Suite => suite(cargo_test_args),
         Step::Release => release(),
+        Step::Wheel => crate::wheel::run_command(&["--check".to_string()]),
         Step::Cargo { args, env } => {
             let mut command: Command = cmd::cargo();
             command.args(args).envs(env);
@@ -364,7 +375,7 @@ mod tests {
     #[test]
     fn the_static_checks_come_first_and_no_lint_runs_the_suite_alone() {
         let names: Vec<&str> = steps(true).iter().map(|(name, _)| *name).collect();
-        assert_eq!(names.len(), 7);
+        assert_eq!(names.len(), 8);
         assert!(names[0].starts_with("cargo fmt"));
         assert!(names[1].starts_with("cargo clippy"));
         assert!(names[2].contains("cargo doc"));
@@ -372,6 +383,7 @@ mod tests {
         assert!(matches!(steps(true)[4].1, Step::Suite));
         assert!(names[5].starts_with("cargo bench"));
         assert!(matches!(steps(true)[6].1, Step::Release));
+        assert!(matches!(steps(true)[7].1, Step::Wheel));
         let only = steps(false);
         assert_eq!(only.len(), 1);
         assert!(matches!(only[0].1, Step::Suite));
