@@ -85,10 +85,11 @@ commands:
         Build the release wheel of the Python package (one abi3 wheel,
         CPython 3.11+, manylinux_2_28 through maturin --zig, checked as
         auditwheel checks) and its sdist into target/wheels; print the
-        wheel's size and contents. maturin and zig come from a cached
-        environment with pinned versions. --check then installs it into a
-        fresh environment without cargo or rustc on the PATH and builds a
-        pool from it.
+        wheel's size and contents. The wheel carries the hostpool CLI (a
+        script on the PATH; python -m hostpool runs it). maturin and zig
+        come from a cached environment with pinned versions. --check then
+        installs it into a fresh environment without cargo or rustc on the
+        PATH, builds a pool from Python and runs the CLI from it.
   help  Show this text.
 ";
 

@@ -18,7 +18,7 @@
 //!    not in what operators run ([`release`])
 //! 8. the release wheel (`cargo xtask wheel --check`): abi3,
 //!    `manylinux_2_28`, installed into a fresh environment without cargo or
-//!    rustc on the PATH, imported and used to build a pool
+//!    rustc on the PATH, imported and used to build a pool, and its CLI run
 //!
 //! `--no-lint` (before any `--`) runs step 4 alone, and so does the
 //! `XTASK_TEST_CMD` self-test hook. Returns 0 or the failing step's

@@ -9,6 +9,13 @@
 //! time, so the wheel needs none of them. maturin and zig come from a cached
 //! environment with pinned versions ([`PINS`]), outside the clone.
 //!
+//! The wheel carries the `hostpool` CLI: maturin builds the CLI crate as a
+//! binary (`--bindings bin`, the same zig and policy check), and the binary
+//! is added to the package's wheel as `hostpool-<version>.data/scripts/
+//! hostpool`, with its line in `RECORD`, so `pip install` puts a `hostpool`
+//! command on the PATH (and `python -m hostpool` runs it). The extension
+//! links no CLI code; the binary links it once.
+//!
 //! It prints the wheel's size and what it holds.
 
 use std::path::{Path, PathBuf};
@@ -99,6 +106,7 @@ pub fn build() -> Result<PathBuf, String> {
             return Err(format!("the wheel {name} is not tagged {tag}"));
         }
     }
+    add_cli(&python, bin, &path, &wheel)?;
     let size = std::fs::metadata(&wheel).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "xtask: wheel: {} ({:.1} MiB)",
@@ -112,6 +120,76 @@ pub fn build() -> Result<PathBuf, String> {
         "list the wheel",
     )?;
     Ok(wheel)
+}
+
+/// Adds a script to a wheel: `argv[1]` the wheel, `argv[2]` the binary's
+/// wheel, whose `*.data/scripts/hostpool` is copied into the first as its
+/// own `*.data/scripts/hostpool`, `RECORD` rewritten with its hash.
+const ADD_SCRIPT: &str = r#"
+import base64, hashlib, os, sys, zipfile
+wheel, bin_wheel = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(bin_wheel) as b:
+    name = next(n for n in b.namelist() if n.endswith(".data/scripts/hostpool"))
+    data = b.read(name)
+out = wheel + ".part"
+with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+    record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+    dist = record_name.split("/")[0]
+    target = dist[: -len(".dist-info")] + ".data/scripts/hostpool"
+    for item in src.infolist():
+        if item.filename != record_name:
+            dst.writestr(item, src.read(item.filename))
+    info = zipfile.ZipInfo(target, date_time=(1980, 1, 1, 0, 0, 0))
+    info.external_attr = (0o100755) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    dst.writestr(info, data)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    lines = [l for l in src.read(record_name).decode().splitlines() if l and not l.startswith(record_name + ",")]
+    lines += [f"{target},sha256={digest},{len(data)}", f"{record_name},,"]
+    dst.writestr(record_name, "\n".join(lines) + "\n")
+os.replace(out, wheel)
+print(f"added {target} ({len(data)} bytes)")
+"#;
+
+/// Build the CLI as maturin builds a binary wheel (zig, the same policy
+/// check) and add the binary to `wheel`.
+fn add_cli(python: &Path, bin: &Path, path: &str, wheel: &Path) -> Result<(), String> {
+    let root = cmd::workspace_root();
+    let tmp = root.join("target/wheels/cli");
+    let _ = std::fs::remove_dir_all(&tmp);
+    run(
+        Command::new(bin.join("maturin"))
+            .args([
+                "build",
+                "--release",
+                "--strip",
+                "--zig",
+                "--bindings",
+                "bin",
+            ])
+            .args(["--compatibility", MANYLINUX])
+            .arg("-m")
+            .arg(root.join("crates/hostpool-cli/Cargo.toml"))
+            .arg("--out")
+            .arg(&tmp)
+            .env("PATH", path),
+        "maturin build --bindings bin (the CLI)",
+    )?;
+    let bin_wheel = std::fs::read_dir(&tmp)
+        .map_err(|e| format!("cannot read {}: {e}", tmp.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| format!("maturin built no CLI wheel into {}", tmp.display()))?;
+    run(
+        Command::new(python)
+            .args(["-c", ADD_SCRIPT])
+            .arg(wheel)
+            .arg(&bin_wheel),
+        "add the CLI to the wheel",
+    )?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
 }
 
 /// Install `wheel` into a fresh virtual environment, with neither cargo
@@ -155,7 +233,52 @@ fn check(wheel: &Path) -> Result<(), String> {
                 .current_dir(&dir)
                 .env("PATH", clean_path),
             "use the installed wheel",
-        )
+        )?;
+        // The CLI it put on the PATH, and `python -m hostpool`.
+        let venv_path = format!("{}:{clean_path}", dir.join("bin").display());
+        let cli = |args: &[&str]| -> Result<std::process::Output, String> {
+            Command::new("hostpool")
+                .args(args)
+                .env("PATH", &venv_path)
+                .current_dir(&dir)
+                .output()
+                .map_err(|e| format!("cannot run the wheel's hostpool {args:?}: {e}"))
+        };
+        let version = cli(&["--version"])?;
+        let said = String::from_utf8_lossy(&version.stdout).trim().to_string();
+        if said != format!("hostpool {}", env!("CARGO_PKG_VERSION")) {
+            return Err(format!("the wheel's hostpool --version says {said:?}"));
+        }
+        let alloc = cli(&["alloc", "--size", "16MiB", "--json"])?;
+        let report: serde_json::Value = serde_json::from_slice(&alloc.stdout)
+            .map_err(|e| format!("the wheel's hostpool alloc --json: {e}"))?;
+        if !alloc.status.success() || report["version"] != env!("CARGO_PKG_VERSION") {
+            return Err(format!("the wheel's hostpool alloc --json: {report}"));
+        }
+        // doctor exits 1 when a finding fails (this node may lack what a
+        // finding wants); its JSON must be whole either way.
+        let doctor = cli(&["doctor", "--json"])?;
+        let findings: serde_json::Value = serde_json::from_slice(&doctor.stdout)
+            .map_err(|e| format!("the wheel's hostpool doctor --json: {e}"))?;
+        if !matches!(doctor.status.code(), Some(0 | 1)) || !findings["findings"].is_array() {
+            return Err(format!("the wheel's hostpool doctor --json: {findings}"));
+        }
+        let plugins = Command::new(&python)
+            .args(["-m", "hostpool", "plugins", "--json"])
+            .env("PATH", clean_path)
+            .current_dir(&dir)
+            .output()
+            .map_err(|e| format!("python -m hostpool plugins: {e}"))?;
+        let listed: serde_json::Value = serde_json::from_slice(&plugins.stdout)
+            .map_err(|e| format!("python -m hostpool plugins --json: {e}"))?;
+        if !plugins.status.success() || !listed.to_string().contains("shm-segmented") {
+            return Err(format!("python -m hostpool plugins --json: {listed}"));
+        }
+        eprintln!(
+            "xtask: wheel: `hostpool --version`, `alloc --json`, `doctor --json` and \
+             `python -m hostpool plugins` ran from the installed wheel"
+        );
+        Ok(())
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
