@@ -101,7 +101,8 @@ pub fn build() -> Result<PathBuf, String> {
         })
         .ok_or_else(|| format!("maturin built no wheel into {}", out.display()))?;
     let name = wheel.file_name().unwrap_or_default().to_string_lossy();
-    for tag in ["-abi3-", MANYLINUX] {
+    let versioned = format!("hostpool-{}-", env!("CARGO_PKG_VERSION"));
+    for tag in [versioned.as_str(), "-abi3-", MANYLINUX] {
         if !name.contains(tag) {
             return Err(format!("the wheel {name} is not tagged {tag}"));
         }
