@@ -102,3 +102,19 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subp
     return subprocess.run(
         [sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=timeout
     )
+
+
+def spawn_ranks(target, name: str, world: int, timeout: float = 90) -> list:
+    """Run ``target(name, rank, queue)`` in ``world`` spawned processes (the
+    ranks of one shared pool) and return what each put on the queue, sorted
+    by rank (each puts a tuple whose first item is its rank)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(name, r, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    return sorted((out.get(timeout=5) for _ in procs), key=lambda r: r[0])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_python
+from conftest import run_python, spawn_ranks
 
 MiB = 1 << 20
 
@@ -130,17 +130,9 @@ def _shard_rank(name, rank, out):
 
 
 def test_each_rank_of_a_shared_pool_pins_its_own_shard_in_the_background():
-    import multiprocessing as mp
     import os
 
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_shard_rank, args=(f"py-bgpin-{os.getpid()}", r, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=90)
-    results = sorted(out.get(timeout=5) for _ in procs)
+    results = spawn_ranks(_shard_rank, f"py-bgpin-{os.getpid()}", 2)
     for rank, shard, state, ranges in results:
         assert state == "pinned", (rank, state)
         assert ranges == [tuple(shard)], f"rank {rank} pinned {ranges}, its shard is {shard}"

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import hostpool
-from conftest import free_hugepages, hugetlbfs_mount, run_python
+from conftest import free_hugepages, hugetlbfs_mount, run_python, spawn_ranks
 
 MiB = 1 << 20
 
@@ -448,16 +448,7 @@ def _numa_rank(name, rank, out):
 
 
 def test_each_rank_of_a_shared_pool_binds_its_own_shard():
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_numa_rank, args=(f"py-numa-{os.getpid()}", r, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=90)
-    results = sorted((out.get(timeout=5) for _ in procs), key=lambda r: r[0])
+    results = spawn_ranks(_numa_rank, f"py-numa-{os.getpid()}", 2)
     for rank, shard, numa in results:
         assert isinstance(numa, dict), numa
         assert numa["rank"] == rank and numa["node"] == 0 and numa["nodes"] == [0, 0], numa

@@ -204,6 +204,11 @@ fn run_command(cmd: &mut Command, limit: Duration) -> Outcome {
     }
 }
 
+/// Text as one cell of a Markdown table row: no `|`, no line breaks.
+fn cell(text: &str) -> String {
+    text.replace('|', "/").replace('\n', " ")
+}
+
 fn f(v: &Value) -> Option<f64> {
     v.as_f64()
 }
@@ -330,11 +335,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
                     "| {} | failed after {:.1} s: {} | | | | | | | |",
                     case.label,
                     o.seconds,
-                    o.error
-                        .as_deref()
-                        .unwrap_or("")
-                        .replace('|', "/")
-                        .replace('\n', " ")
+                    cell(o.error.as_deref().unwrap_or(""))
                 );
             }
         }
@@ -382,7 +383,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
                 "registered ({} chunk(s)): the driver did NOT refuse with RLIMIT_MEMLOCK at most 64 MiB",
                 r["pin"]["details"]["chunks"].as_array().map_or(0, Vec::len)
             ),
-            (None, Some(e)) => format!("refused: {}", e.replace('|', "/").replace('\n', " ")),
+            (None, Some(e)) => format!("refused: {}", cell(e)),
             _ => "unknown".into(),
         };
         let _ = writeln!(md, "| {label} | {outcome} |");
@@ -469,11 +470,7 @@ fn background_section(md: &mut String, hostpool: &Path, size: u64) {
                 let _ = writeln!(
                     md,
                     "| {label} | failed: {} | | |",
-                    o.error
-                        .as_deref()
-                        .unwrap_or("")
-                        .replace('|', "/")
-                        .replace('\n', " ")
+                    cell(o.error.as_deref().unwrap_or(""))
                 );
             }
         }
@@ -536,11 +533,7 @@ fn numa_section(md: &mut String, hostpool: &Path, size: u64) {
                 let _ = writeln!(
                     md,
                     "| {label} | failed: {} | | |",
-                    o.error
-                        .as_deref()
-                        .unwrap_or("")
-                        .replace('|', "/")
-                        .replace('\n', " ")
+                    cell(o.error.as_deref().unwrap_or(""))
                 );
                 None
             }

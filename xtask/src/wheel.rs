@@ -63,43 +63,24 @@ pub fn build() -> Result<PathBuf, String> {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    run(
-        Command::new(bin.join("maturin"))
-            .args([
-                "build",
-                "--release",
-                "--strip",
-                "--zig",
-                "--compatibility",
-                MANYLINUX,
-            ])
-            .arg("-m")
-            .arg(&manifest)
-            .arg("--out")
-            .arg(&out)
-            .env("PATH", &path),
+    let release = [
+        "build",
+        "--release",
+        "--strip",
+        "--zig",
+        "--compatibility",
+        MANYLINUX,
+    ];
+    maturin(
+        bin,
+        &path,
+        &release,
+        &manifest,
+        &out,
         "maturin build --release --zig",
     )?;
-    run(
-        Command::new(bin.join("maturin"))
-            .arg("sdist")
-            .arg("-m")
-            .arg(&manifest)
-            .arg("--out")
-            .arg(&out)
-            .env("PATH", &path),
-        "maturin sdist",
-    )?;
-    let wheel = std::fs::read_dir(&out)
-        .map_err(|e| format!("cannot read {}: {e}", out.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("hostpool-") && n.ends_with(".whl"))
-        })
-        .ok_or_else(|| format!("maturin built no wheel into {}", out.display()))?;
+    maturin(bin, &path, &["sdist"], &manifest, &out, "maturin sdist")?;
+    let wheel = find_wheel(&out, "hostpool-")?;
     let name = wheel.file_name().unwrap_or_default().to_string_lossy();
     let versioned = format!("hostpool-{}-", env!("CARGO_PKG_VERSION"));
     for tag in [versioned.as_str(), "-abi3-", MANYLINUX] {
@@ -152,36 +133,65 @@ os.replace(out, wheel)
 print(f"added {target} ({len(data)} bytes)")
 "#;
 
+/// `maturin ARGS -m MANIFEST --out OUT` from the build environment `bin`,
+/// with `path` (zig on it).
+fn maturin(
+    bin: &Path,
+    path: &str,
+    args: &[&str],
+    manifest: &Path,
+    out: &Path,
+    what: &str,
+) -> Result<(), String> {
+    run(
+        Command::new(bin.join("maturin"))
+            .args(args)
+            .arg("-m")
+            .arg(manifest)
+            .arg("--out")
+            .arg(out)
+            .env("PATH", path),
+        what,
+    )
+}
+
+/// The wheel in `dir` whose name starts with `prefix`.
+fn find_wheel(dir: &Path, prefix: &str) -> Result<PathBuf, String> {
+    std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".whl"))
+        })
+        .ok_or_else(|| format!("maturin built no {prefix}* wheel into {}", dir.display()))
+}
+
 /// Build the CLI as maturin builds a binary wheel (zig, the same policy
 /// check) and add the binary to `wheel`.
 fn add_cli(python: &Path, bin: &Path, path: &str, wheel: &Path) -> Result<(), String> {
     let root = cmd::workspace_root();
     let tmp = root.join("target/wheels/cli");
     let _ = std::fs::remove_dir_all(&tmp);
-    run(
-        Command::new(bin.join("maturin"))
-            .args([
-                "build",
-                "--release",
-                "--strip",
-                "--zig",
-                "--bindings",
-                "bin",
-            ])
-            .args(["--compatibility", MANYLINUX])
-            .arg("-m")
-            .arg(root.join("crates/hostpool-cli/Cargo.toml"))
-            .arg("--out")
-            .arg(&tmp)
-            .env("PATH", path),
+    let release = [
+        "build",
+        "--release",
+        "--strip",
+        "--zig",
+        "--bindings",
+        "bin",
+    ];
+    maturin(
+        bin,
+        path,
+        &[&release[..], &["--compatibility", MANYLINUX]].concat(),
+        &root.join("crates/hostpool-cli/Cargo.toml"),
+        &tmp,
         "maturin build --bindings bin (the CLI)",
     )?;
-    let bin_wheel = std::fs::read_dir(&tmp)
-        .map_err(|e| format!("cannot read {}: {e}", tmp.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| format!("maturin built no CLI wheel into {}", tmp.display()))?;
+    let bin_wheel = find_wheel(&tmp, "hostpool_cli-")?;
     run(
         Command::new(python)
             .args(["-c", ADD_SCRIPT])

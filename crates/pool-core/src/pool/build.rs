@@ -479,8 +479,9 @@ fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
         let per_shard = (NUMA_SAMPLES / shards.len().max(1)).max(8);
         report.shards = super::numa::sample_shards(&region, &shards, numa, s.rank, per_shard)?;
     }
+    let bound = report.bound;
     pool.report.numa = Some(report);
-    let faulted_all = report_bound(pool)
+    let faulted_all = bound
         && !leased
         && own.len > 0
         && !matches!(plan.prefault.method, PrefaultMethod::NoPrefault(_));
@@ -488,10 +489,6 @@ fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
         placement.require_exact()?;
     }
     Ok(())
-}
-
-fn report_bound(pool: &Pool) -> bool {
-    pool.report.numa.as_ref().is_some_and(|n| n.bound)
 }
 
 /// Pin the whole pool, or with scope = shard only this rank's shard (an

@@ -273,10 +273,8 @@ impl PoolPlan {
         }
         // A shared pool's rank faults only its own shard.
         let extent = match &config.sharing {
-            Some(sharing) => {
-                sharing.validate()?;
-                crate::shared::shard(backing_plan.size, sharing)?
-            }
+            // Validated above, before the NUMA nodes were read per rank.
+            Some(sharing) => crate::shared::shard(backing_plan.size, sharing)?,
             None => Extent {
                 offset: 0,
                 len: backing_plan.size.mapped(),
