@@ -13,7 +13,7 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::procs::{Children, bin, name, read_report, signal, wait_timeout};
+use support::procs::{Children, addr, bin, hugetlbfs_2m, name, read_report, signal, wait_timeout};
 use support::{TempDir, fake_driver_dir, output_text};
 
 const MIB: u64 = 1 << 20;
@@ -373,6 +373,67 @@ fn numa_node_gpu_binds_each_rank_on_this_one_node_host() {
             shards[1 - rank]["node"].is_null(),
             "a peer's GPU is the peer's to find: {n}"
         );
+    }
+    for c in &ranks.0 {
+        signal(c, libc::SIGTERM);
+    }
+    for c in &mut ranks.0 {
+        let status = wait_timeout(c, Duration::from_secs(20)).expect("a rank hung");
+        assert!(status.success(), "{status:?}");
+    }
+}
+
+/// The memory policy `/proc/PID/numa_maps` gives the mapping that starts at
+/// `start` (`bind:0`, `default`).
+fn policy_at(pid: u32, start: u64) -> String {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).unwrap();
+    let want = format!("{start:x} ");
+    maps.lines()
+        .find(|l| l.starts_with(&want))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_else(|| panic!("no mapping starts at {start:#x} in:\n{maps}"))
+        .to_string()
+}
+
+#[test]
+fn each_rank_binds_only_its_own_shard_as_numa_maps_shows() {
+    // hugetlbfs mappings take a policy of their own per range (the kernel
+    // splits the mapping where mbind starts and ends), so numa_maps shows
+    // which part of the pool each rank bound: its shard, not its peer's.
+    let Some(dir) = hugetlbfs_2m(16) else { return };
+    let pool = name("numa-maps");
+    let mut ranks = Children(
+        (0..2u32)
+            .map(|r| {
+                bin()
+                    .args(["alloc", "--hold", "--json", "--size", "16MiB"])
+                    .args(["--backing", "hugetlbfs", "--dir", dir.to_str().unwrap()])
+                    .args(["--numa-node", "0,0", "--attach-timeout", "20"])
+                    .args(shared(&pool, 2, r))
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let reports: Vec<Value> = ranks.0.iter_mut().map(read_report).collect();
+    for (rank, r) in reports.iter().enumerate() {
+        let base = addr(r);
+        let pid = ranks.0[rank].id();
+        let shards = r["numa"]["shards"].as_array().unwrap();
+        for (i, s) in shards.iter().enumerate() {
+            let at = base + s["offset"].as_u64().unwrap();
+            let policy = policy_at(pid, at);
+            if i == rank {
+                assert_eq!(policy, "bind:0", "rank {rank} binds its own shard {s}");
+            } else {
+                assert_eq!(
+                    policy, "default",
+                    "rank {rank} leaves rank {i}'s shard {s} alone"
+                );
+            }
+        }
     }
     for c in &ranks.0 {
         signal(c, libc::SIGTERM);
