@@ -1105,6 +1105,32 @@ fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
     assert_eq!(st.code(), Some(0));
     assert_clean(&tmpfs, "both pools released");
 
+    // A keeper whose second pool cannot be built fails (exit 1) without
+    // saying the first was ready, and gives the first back.
+    std::fs::write(
+        &file,
+        format!(
+            "[[pool]]\nname = \"{a}\"\nsize = \"8MiB\"\nbacking = \"shm-segmented\"\ndir = \"{d}\"\n\n\
+             [[pool]]\nname = \"{b}\"\nsize = \"64MiB\"\nbacking = \"shm-segmented\"\ndir = \"{d}\"\n",
+            d = tmpfs.path()
+        ),
+    )
+    .unwrap();
+    let out = bin()
+        .args(["keep", "--json", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = fails(&out, 1);
+    assert!(err.contains("cannot hold the pool"), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "no pool was said to be ready: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_clean(&tmpfs, "the first pool of a keeper that failed");
+    let long_tag = "t".repeat(20_000);
+
     for (args, says) in [
         (vec!["keep"], "needs --name NAME"),
         (
@@ -1124,7 +1150,34 @@ fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
             vec!["keep", "--name", "x", "--drain-timeout=-1"],
             "--drain-timeout",
         ),
+        (
+            vec!["keep", "--name", "x", "--drain-timeout", "-1"],
+            "from 0 to one day",
+        ),
+        (
+            vec!["keep", "--name", "x", "--drain-timeout", "1e300"],
+            "from 0 to one day",
+        ),
+        (
+            vec!["keep", "--name", "x", "--drain-timeout", "NaN"],
+            "from 0 to one day",
+        ),
         (vec!["keep", "--content", "keep"], "--name"),
+        (vec!["alloc", "--keeper", "a b"], "keeper name `a b`"),
+        (vec!["alloc", "--keeper", ""], "keeper name ``"),
+        (vec!["alloc", "--attach-timeout", "3"], "goes with --shared"),
+        (
+            vec!["alloc", "--keeper", "x", "--attach-timeout", "0"],
+            "keeper attach timeout 0 s",
+        ),
+        (
+            vec!["alloc", "--keeper", "x", "--attach-timeout", "1e30"],
+            "at most one day",
+        ),
+        (
+            vec!["alloc", "--keeper", "x", "--keeper-tag", &long_tag],
+            "keeper_tag is 20000 bytes",
+        ),
     ] {
         let out = bin().args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -1202,6 +1255,21 @@ fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
     let _silent = client();
     let junk = client();
     rustix::net::send(&junk, b"\x00junk{", rustix::net::SendFlags::empty()).unwrap();
+    // A message longer than the keeper reads is refused with why, not
+    // dropped (which the client would take for a keeper that died).
+    let long = client();
+    let mut big = b"{\"Hello\":".to_vec();
+    big.resize(100_000, b' ');
+    rustix::net::send(&long, &big, rustix::net::SendFlags::empty()).unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = rustix::net::recv(&long, &mut answer, rustix::net::RecvFlags::empty())
+        .unwrap()
+        .0;
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(
+        answer.contains("Refused") && answer.contains("longer than 64 KiB"),
+        "{answer}"
+    );
     let absurd = client();
     let hello = br#"{"Hello":{"world":4294967295,"rank":7,"engine":"x","size":18446744073709551615,"page":0,"tag":null,"attach_timeout_secs":-1e308,"barrier_timeout_secs":1e308}}"#;
     rustix::net::send(&absurd, hello, rustix::net::SendFlags::empty()).unwrap();
@@ -1255,27 +1323,37 @@ fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
     k.push(k2);
     signal(&k[1], libc::SIGSTOP);
     let t = Instant::now();
-    let out = engine_once(
-        &other,
-        &[
-            "--shared",
-            "e",
-            "--world",
-            "1",
-            "--rank",
-            "0",
-            "--attach-timeout",
-            "1",
-        ],
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
+    let out = engine_once(&other, &["--attach-timeout", "1"]);
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    // `keep status` says the same of it.
+    let listed = bin()
+        .args(["keep", "status", "--name", &other])
+        .output()
+        .unwrap();
     signal(&k[1], libc::SIGCONT);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("did not hand over the pool") && err.contains("it is stopped"),
+        err.contains("did not hand over the pool within 1 s") && err.contains("it is stopped"),
         "{err}"
     );
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let listed = String::from_utf8_lossy(&listed.stderr);
+    assert!(
+        listed.contains("did not answer a status request") && listed.contains("it is stopped"),
+        "{listed}"
+    );
+    // Resumed, the keeper reads the hello of the engine that gave up: it is
+    // no lease (no generation counted, no lease that `died`).
+    let out = engine_once(&other, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["keeper"]["generation"], 1, "{report}");
+    assert!(report["keeper"]["previous"].is_null(), "{report}");
 }
 
 /// A lease that does not end within the drain timeout does not keep the

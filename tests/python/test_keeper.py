@@ -104,6 +104,40 @@ def test_the_size_asked_for_must_be_the_kept_pools(keeper):
         assert pool.report["keeper"]["name"] == name
 
 
+def test_lease_keys_are_checked_and_a_stopped_keeper_is_waited_for_as_long_as_asked(keeper):
+    name = f"py-stopped-{os.getpid()}"
+    ready = keeper(name, "--size", "4MiB")
+    for kwargs, says in [
+        ({"keeper": "a b"}, "keeper name `a b`"),
+        ({"keeper": name, "keeper_tag": "t" * 20000}, "keeper_tag is 20000 bytes"),
+        ({"keeper": name, "keeper_attach_timeout": 0.0}, "keeper attach timeout 0"),
+        ({"keeper": name, "keeper_attach_timeout": float("inf")}, "at most one day"),
+        ({"keeper_attach_timeout": 1.0}, "go with keeper="),
+    ]:
+        with pytest.raises(hostpool.ConfigError, match=says):
+            hostpool.Pool(**kwargs)
+    with pytest.raises(hostpool.ConfigError, match="goes with `keeper"):
+        hostpool.Pool.from_config({"keeper_tag": "x", "size": "4MiB"})
+    os.kill(ready["pid"], signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        with pytest.raises(hostpool.KeeperError, match="it is stopped") as e:
+            hostpool.Pool(keeper=name, keeper_attach_timeout=1.0)
+        took = time.monotonic() - t
+        assert e.value.pid == ready["pid"] and "within 1 s" in str(e.value)
+        assert took < 4, took
+        t = time.monotonic()
+        with pytest.raises(hostpool.KeeperError, match="it is stopped"):
+            hostpool.Pool.from_config({"keeper": name, "keeper_attach_timeout_secs": 0.5})
+        assert time.monotonic() - t < 3
+    finally:
+        os.kill(ready["pid"], signal.SIGCONT)
+    # The two that gave up were no leases: the next is the first.
+    with hostpool.Pool(keeper=name) as pool:
+        assert pool.report["keeper"]["generation"] == 1
+        assert pool.report["keeper"]["previous"] is None
+
+
 KILLED = """
 import sys, time, hostpool
 pool = hostpool.Pool(keeper=sys.argv[1])

@@ -103,17 +103,28 @@ pub fn signal(child: &Child, sig: i32) {
 }
 
 /// Read a child's stdout up to the line `until` matches, returning what
-/// was read; panics with its stderr if the stream ends first.
+/// was read; panics with its stderr if the stream ends first. It reads a
+/// byte at a time, so that nothing after that line is consumed: the next
+/// call finds the lines a child wrote at once (a buffered reader dropped
+/// here would lose them).
 pub fn read_until(child: &mut Child, until: impl Fn(&str) -> bool) -> String {
     let out = child.stdout.as_mut().expect("piped stdout");
-    let mut reader = BufReader::new(out);
     let mut text = String::new();
     loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while line.last() != Some(&b'\n') {
+            match out.read(&mut byte) {
+                Ok(1) => line.push(byte[0]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                _ => break,
+            }
+        }
+        if line.is_empty() {
             let err = stderr_of(child);
             panic!("stdout ended before the line looked for: {text}\nstderr: {err}");
         }
+        let line = String::from_utf8_lossy(&line).into_owned();
         text.push_str(&line);
         if until(&line) {
             return text;

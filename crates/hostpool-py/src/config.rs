@@ -148,6 +148,7 @@ pub struct Args {
     pub keeper: Option<String>,
     pub keeper_tag: Option<String>,
     pub keeper_fallback: pool_core::KeeperFallback,
+    pub keeper_attach_timeout: Option<f64>,
     pub backing: String,
     pub dir: Option<PathBuf>,
     pub page_size: Option<ByteSize>,
@@ -173,10 +174,11 @@ impl Args {
         }
         if self.keeper.is_none()
             && (self.keeper_tag.is_some()
-                || self.keeper_fallback != pool_core::KeeperFallback::Fail)
+                || self.keeper_fallback != pool_core::KeeperFallback::Fail
+                || self.keeper_attach_timeout.is_some())
         {
             return Err(Error::config(
-                "keeper_tag and keeper_fallback go with keeper=\"NAME\": the pool is leased from that keeper",
+                "keeper_tag, keeper_fallback and keeper_attach_timeout go with keeper=\"NAME\": the pool is leased from that keeper",
             ));
         }
         let mut config = PoolConfig {
@@ -193,6 +195,7 @@ impl Args {
             keeper: self.keeper,
             keeper_tag: self.keeper_tag,
             keeper_fallback: self.keeper_fallback,
+            keeper_attach_timeout_secs: self.keeper_attach_timeout,
             size_given: self.size_given,
             huge_pages: self.huge_pages,
             ..PoolConfig::default()

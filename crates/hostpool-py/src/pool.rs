@@ -125,7 +125,8 @@ impl PyPool {
         pin_required = false, register = None, pin_scope = Parsed(PinScope::Pool),
         memlock_bound = Parsed(MemlockPolicy::Check),
         pin_background = false, background_chunk = None, huge_pages = None, keeper = None, keeper_tag = None,
-        keeper_fallback = Parsed(pool_core::KeeperFallback::Fail), progress = None,
+        keeper_fallback = Parsed(pool_core::KeeperFallback::Fail), keeper_attach_timeout = None,
+        progress = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -150,6 +151,7 @@ impl PyPool {
         keeper: Option<String>,
         keeper_tag: Option<String>,
         keeper_fallback: Parsed<pool_core::KeeperFallback>,
+        keeper_attach_timeout: Option<f64>,
         progress: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<PyPool>> {
         let config = (|| {
@@ -161,6 +163,7 @@ impl PyPool {
                 keeper,
                 keeper_tag,
                 keeper_fallback: keeper_fallback.0,
+                keeper_attach_timeout,
                 backing: backing.to_string(),
                 dir: match dir {
                     Some(d) if !d.is_none() => Some(config::path("dir", d)?),

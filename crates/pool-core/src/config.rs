@@ -43,6 +43,7 @@ pub const POOL_KEYS: &[&str] = &[
     "keeper",
     "keeper_tag",
     "keeper_fallback",
+    "keeper_attach_timeout_secs",
     "huge_pages",
 ];
 
@@ -206,6 +207,64 @@ pub(crate) fn check_name(what: &str, n: &str) -> Result<()> {
     )))
 }
 
+/// The longest tag an engine may store with its lease (`keeper_tag`): a
+/// hash or a short description of what its offloaded bytes are for.
+pub const MAX_KEEPER_TAG_BYTES: usize = 16 << 10;
+
+impl PoolConfig {
+    /// How long a lease waits for its keeper: `keeper_attach_timeout_secs`,
+    /// else a shared pool's attach timeout, else the default.
+    pub fn keeper_attach_timeout(&self) -> f64 {
+        self.keeper_attach_timeout_secs
+            .or(self.sharing.as_ref().map(|s| s.attach_timeout_secs))
+            .unwrap_or(DEFAULT_ATTACH_TIMEOUT_SECS)
+    }
+
+    /// Check the keys of a lease: a keeper's name as a keeper names it, a
+    /// tag it can store, a timeout it can wait, and no lease key without
+    /// `keeper`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the key and what to give instead.
+    pub(crate) fn validate_keeper(&self) -> Result<()> {
+        let Some(keeper) = &self.keeper else {
+            let stray = [
+                self.keeper_tag.is_some().then_some("keeper_tag"),
+                (self.keeper_fallback != KeeperFallback::Fail).then_some("keeper_fallback"),
+                self.keeper_attach_timeout_secs
+                    .is_some()
+                    .then_some("keeper_attach_timeout_secs"),
+            ];
+            if let Some(key) = stray.into_iter().flatten().next() {
+                return Err(Error::config(format!(
+                    "`{key}` goes with `keeper = \"NAME\"` (the pool is leased from that keeper); \
+                     name the keeper, or drop `{key}`"
+                )));
+            }
+            return Ok(());
+        };
+        check_name("keeper", keeper)?;
+        if let Some(tag) = &self.keeper_tag
+            && tag.len() > MAX_KEEPER_TAG_BYTES
+        {
+            return Err(Error::config(format!(
+                "keeper_tag is {} bytes; a lease stores at most {MAX_KEEPER_TAG_BYTES} (store a \
+                 hash of what the offloaded bytes are for, not the thing itself)",
+                tag.len()
+            )));
+        }
+        if let Some(t) = self.keeper_attach_timeout_secs
+            && !(t.is_finite() && t > 0.0 && t <= MAX_ATTACH_TIMEOUT_SECS)
+        {
+            return Err(Error::config(format!(
+                "keeper attach timeout {t} s must be a positive number of seconds, at most one \
+                 day ({MAX_ATTACH_TIMEOUT_SECS} s)"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The default attach timeout: how long a rank waits for the creator, and
 /// for ranks that never attach.
 pub const DEFAULT_ATTACH_TIMEOUT_SECS: f64 = 30.0;
@@ -347,6 +406,11 @@ pub struct PoolConfig {
     /// this process's own.
     #[serde(default)]
     pub keeper_fallback: KeeperFallback,
+    /// How long a lease waits for the keeper to hand the pool over (it may
+    /// be clearing it after the previous lease); unset, a shared pool's
+    /// attach timeout, else [`DEFAULT_ATTACH_TIMEOUT_SECS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keeper_attach_timeout_secs: Option<f64>,
     /// Huge pages with `backing = "auto"`: required, prefer (fall back to
     /// 4 KiB pages when they run short, and say so) or off; unset, the
     /// backing `auto` picks from `dir` decides.
@@ -530,6 +594,7 @@ impl Default for PoolConfig {
             keeper: None,
             keeper_tag: None,
             keeper_fallback: KeeperFallback::Fail,
+            keeper_attach_timeout_secs: None,
             huge_pages: None,
             size_given: false,
             plugins: BTreeMap::new(),
@@ -775,6 +840,7 @@ mod tests {
             numa_node: Some(NumaNode::Node(0)),
             keeper: Some("kv0".into()),
             keeper_tag: Some("t".into()),
+            keeper_attach_timeout_secs: Some(5.0),
             huge_pages: Some(HugePages::Prefer),
             ..PoolConfig::default()
         };

@@ -135,6 +135,16 @@ pub(crate) fn recv<M: DeserializeOwned>(
     if got.bytes == 0 {
         return Ok(Received::Gone);
     }
+    if got.flags.contains(rustix::net::ReturnFlags::TRUNC) {
+        return Err(Error::Plugin {
+            what: "hostpool socket".into(),
+            message: format!(
+                "the peer sent a message longer than {} KiB, the most this hostpool version reads",
+                MSG_BYTES >> 10
+            ),
+            source: None,
+        });
+    }
     serde_json::from_slice(&buf[..got.bytes])
         .map(Received::Msg)
         .map_err(|e| Error::Plugin {
@@ -171,6 +181,19 @@ pub(crate) fn ready(fd: impl AsFd) -> bool {
     )
     .unwrap_or(0)
         > 0
+}
+
+/// Whether the peer of `fd` has hung up (closed its end, or died).
+pub(crate) fn hung_up(fd: impl AsFd) -> bool {
+    let mut fds = [PollFd::new(&fd, PollFlags::IN | PollFlags::RDHUP)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    poll(&mut fds, Some(&zero)).unwrap_or(0) > 0
+        && fds[0]
+            .revents()
+            .intersects(PollFlags::HUP | PollFlags::RDHUP)
 }
 
 /// Wait up to `wait` (below a second) until any of `fds` has something to

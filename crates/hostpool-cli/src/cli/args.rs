@@ -63,8 +63,9 @@ pub struct PoolArgs {
     /// This process's rank, 0 to N-1.
     #[arg(long, value_name = "R", requires = "shared")]
     pub rank: Option<u32>,
-    /// Seconds to wait for the creator and for ranks that never attach (default 30).
-    #[arg(long, value_name = "SECS", requires = "shared")]
+    /// Seconds to wait for the creator and for ranks that never attach; with
+    /// --keeper, for the keeper to hand the pool over (default 30).
+    #[arg(long, value_name = "SECS")]
     pub attach_timeout: Option<f64>,
     /// Seconds to wait at the barrier for ranks that attached but do not
     /// arrive (stopped or hung; default 600).
@@ -254,6 +255,14 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
         if let Some(t) = args.barrier_timeout {
             s.barrier_timeout_secs = t;
         }
+    } else if let Some(t) = args.attach_timeout {
+        if config.keeper.is_none() {
+            return Err(Error::config(
+                "--attach-timeout goes with --shared (how long a rank waits for its peers) or \
+                 --keeper (how long a lease waits for the keeper)",
+            ));
+        }
+        config.keeper_attach_timeout_secs = Some(t);
     }
     Ok(config)
 }

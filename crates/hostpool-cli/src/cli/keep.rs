@@ -38,7 +38,12 @@ pub struct KeepArgs {
     pub json: bool,
     /// Seconds a stop request (SIGTERM) waits for leases to end before the
     /// keeper tears down anyway (a second SIGTERM ends it at once).
-    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 60.0,
+        allow_negative_numbers = true
+    )]
     pub drain_timeout: f64,
     /// The pool (with --name), or --config, the keeper's config.
     #[command(flatten)]
@@ -71,23 +76,28 @@ pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
     if let Some(KeepCommand::Status(s)) = args.command {
         return status(&s);
     }
-    if !(args.drain_timeout.is_finite() && args.drain_timeout >= 0.0) {
+    let most = pool_core::MAX_ATTACH_TIMEOUT_SECS;
+    if !(args.drain_timeout.is_finite() && (0.0..=most).contains(&args.drain_timeout)) {
         return Err(Error::config(format!(
-            "--drain-timeout {} must be a number of seconds, 0 or more",
+            "--drain-timeout {} must be a number of seconds from 0 to one day ({most})",
             args.drain_timeout
         )));
     }
     forward_signals("keep", count_stop)?;
     let configs = configs(&args)?;
     let observer = progress::Bars::new(false);
-    let mut keepers: Vec<Keeper> = Vec::new();
+    let mut keepers: Vec<(Keeper, f64)> = Vec::new();
     for c in configs {
         let t = Instant::now();
-        // An error drops the keepers built so far, which tears them down.
+        // An error drops the keepers built so far, which tears them down:
+        // none was said to be ready, since none served yet.
         let keeper = Keeper::start(c, &observer)?;
-        ready(&keeper, t.elapsed().as_secs_f64(), args.json)?;
-        keepers.push(keeper);
+        keepers.push((keeper, t.elapsed().as_secs_f64()));
     }
+    for (keeper, seconds) in &keepers {
+        ready(keeper, *seconds, args.json)?;
+    }
+    let mut keepers: Vec<Keeper> = keepers.into_iter().map(|(k, _)| k).collect();
     let drain = Duration::from_secs_f64(args.drain_timeout);
     std::thread::scope(|s| {
         for k in keepers.iter_mut() {

@@ -123,6 +123,7 @@ class Pool:
         keeper: str | None = None,
         keeper_tag: str | None = None,
         keeper_fallback: Literal["fail", "build"] = "fail",
+        keeper_attach_timeout: float | None = None,
         progress: Progress | None = None,
     ) -> None:
         """Build the pool. `size` is bytes or an IEC string ("64GiB"; default 1 GiB).
@@ -135,8 +136,11 @@ class Pool:
         instead: it comes resident (no prefault; `report["keeper"]` says which lease of which
         keeper, and how the previous one ended), and is pinned and registered as asked. A
         `size` or `page_size` given must be the kept pool's; none takes it as it is.
-        `keeper_tag` is stored with the lease and handed to the next one. Raises `KeeperError`
-        when the keeper does not answer (unless `keeper_fallback="build"`) or refuses."""
+        `keeper_tag` is stored with the lease and handed to the next one (at most 16 KiB).
+        `keeper_attach_timeout` is how long to wait for the keeper to hand the pool over (it
+        may be clearing it; default: `shared`'s attach timeout, else 30 s). Raises
+        `KeeperError` when the keeper does not answer (unless `keeper_fallback="build"`) or
+        refuses."""
 
     @staticmethod
     def from_config(source: str | os.PathLike[str] | dict[str, Any], *, progress: Progress | None = None) -> Pool:

@@ -481,9 +481,27 @@ impl Serving {
             let Ok((uid, pid)) = wire::peer_cred(&conn) else {
                 continue;
             };
-            let msg = wire::recv::<ToKeeper>(&conn, now + TICK, &mut Vec::new(), false);
-            let Ok(Received::Msg(msg)) = msg else {
-                continue;
+            let msg = match wire::recv::<ToKeeper>(&conn, now + TICK, &mut Vec::new(), false) {
+                Ok(Received::Msg(msg)) => msg,
+                Ok(Received::Gone | Received::TimedOut) => continue,
+                // Too long, or not one of ours: say so, rather than leave the
+                // client to guess that the keeper died.
+                Err(e) => {
+                    self.refuse(
+                        &conn,
+                        false,
+                        format!(
+                            "the keeper of `{}` could not read the request of pid {pid}: {}; a \
+                             client of the same hostpool version sends what it reads (a \
+                             keeper_tag of at most {} bytes)",
+                            self.config.name,
+                            e.chain_message(),
+                            crate::config::MAX_KEEPER_TAG_BYTES
+                        ),
+                        None,
+                    );
+                    continue;
+                }
             };
             if uid != self.uid && uid != 0 && !self.config.allow_uids.contains(&uid) {
                 let allowed: Vec<String> =
@@ -530,6 +548,13 @@ impl Serving {
         };
         crate::failpoint::stall("keeper-hello");
         let name = self.config.name.clone();
+        // A client that gave up before it was served (its attach timeout
+        // passed while the keeper was stopped or busy) gets no lease: it
+        // would count a generation and end as `died` without ever holding it.
+        if wire::hung_up(&conn) {
+            tracing::debug!("kept pool `{name}`: pid {pid} hung up before it was served");
+            return;
+        }
         if self.stopping {
             self.refuse(
                 &conn,

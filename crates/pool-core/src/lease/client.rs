@@ -64,10 +64,21 @@ pub(super) fn status(name: &str) -> Result<Value> {
         Received::Msg(FromKeeper::Refused { message, .. }) => {
             Err(keeper_error(name, message, Some(pid), false))
         }
-        _ => Err(keeper_error(
+        Received::TimedOut => Err(keeper_error(
             name,
             format!(
-                "the keeper of `{name}` (pid {pid}) did not answer a status request within 5 s"
+                "the keeper of `{name}` (pid {pid}: {}) did not answer a status request within 5 s",
+                crate::host::process::why_late(pid)
+            ),
+            Some(pid),
+            false,
+        )),
+        Received::Msg(_) | Received::Gone => Err(keeper_error(
+            name,
+            format!(
+                "the keeper of `{name}` (pid {pid}) closed the connection without answering a \
+                 status request; {}",
+                how_to_start(name)
             ),
             Some(pid),
             false,
@@ -89,11 +100,7 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
     let (world, rank, engine) = sharing
         .as_ref()
         .map_or((1, 0, String::new()), |s| (s.world, s.rank, s.name.clone()));
-    let attach_timeout = sharing
-        .as_ref()
-        .map_or(crate::config::DEFAULT_ATTACH_TIMEOUT_SECS, |s| {
-            s.attach_timeout_secs
-        });
+    let attach_timeout = config.keeper_attach_timeout();
     let barrier_timeout = sharing
         .as_ref()
         .map_or(crate::config::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
@@ -152,8 +159,9 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
                     name,
                     format!(
                         "the keeper of `{name}` (pid {pid}: {}) did not hand over the pool \
-                         within {attach_timeout:.0} s (it may be clearing it after the previous \
-                         lease); check the keeper, or raise --attach-timeout",
+                         within {attach_timeout} s (it may be clearing it after the previous \
+                         lease); check the keeper, or raise --attach-timeout \
+                         (`keeper_attach_timeout_secs`)",
                         crate::host::process::why_late(pid)
                     ),
                     Some(pid),

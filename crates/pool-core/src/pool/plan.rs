@@ -217,6 +217,7 @@ impl PoolPlan {
     pub fn new(config: PoolConfig) -> Result<PoolPlan> {
         check_size(&config)?;
         check_dir(&config)?;
+        config.validate_keeper()?;
         plugin::validate_plugin_tables(&config)?;
         if let Some(sharing) = &config.sharing {
             sharing.validate()?;
