@@ -896,9 +896,10 @@ fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
 }
 
 /// A kept pool of 2 MiB huge pages: the lease comes resident in huge pages,
-/// the zeroing between leases punches them out and faults them in again
-/// (zeros, still huge pages), and once the keeper stops every huge page is
-/// free again and none is reserved.
+/// the zeroing between leases clears them in place (zeros, the same huge
+/// pages: none goes back to the kernel while it runs, for another process to
+/// take), and once the keeper stops, or dies while clearing, every huge page
+/// is free again and none is reserved.
 #[test]
 fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
     let _serial = huge_pages_lock();
@@ -947,6 +948,41 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
     );
     assert_eq!(support::procs::free_2m(), free - 8);
     stop(k.0.remove(0));
+    assert_huge_pages_back(free, resv);
+
+    // A keeper held at the start of its clearing (a failpoint) keeps every
+    // page: the clearing frees none of them before it zeroes them.
+    let mut k = Children(vec![
+        bin()
+            .args(["keep", "--name", &pool, "--json", "--size", "16MiB"])
+            .args(["--backing", "hugetlbfs", "--dir"])
+            .arg(&dir)
+            .env("HOSTPOOL_TEST_FAILPOINTS", "keeper-zeroing=stall")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ]);
+    read_json_line(&mut k[0]);
+    let out = engine_once(&pool, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    until(
+        5,
+        || status(&pool)["state"] == "clearing",
+        || format!("{}", status(&pool)),
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        support::procs::free_2m(),
+        free - 8,
+        "no page of the pool went back to the kernel while it is cleared"
+    );
+    k[0].kill().unwrap();
+    k[0].wait().unwrap();
     assert_huge_pages_back(free, resv);
 }
 

@@ -17,8 +17,9 @@
 //! process that uses the memory. The ranks of one engine share one lease;
 //! one lease at a time. When the lease ends (every rank closed, or died: an
 //! EOF, seen at once) the keeper takes the pool back and, with
-//! `content = "zero"`, clears it (the files' pages are punched out and
-//! faulted in again by the prefault threads) before the next lease; with
+//! `content = "zero"`, clears it (zeroed in place by the prefault threads:
+//! its pages stay allocated, so nothing can take them meanwhile) before
+//! the next lease; with
 //! `content = "keep"` the bytes stay for the next one. Every lease is told
 //! the pool's identity ([`LeaseInfo`]): the keeper's instance, the
 //! generation, how the previous lease ended and the tag it stored.

@@ -32,7 +32,7 @@ const HELLO_WITHIN: Duration = Duration::from_secs(5);
 struct Memory {
     pool: Pool,
     /// A second descriptor of each of the pool's files, with its extent:
-    /// what a lease is handed, and what zeroing punches.
+    /// what a lease is handed.
     files: Vec<(OwnedFd, Extent)>,
     prefault: PrefaultPlan,
 }
@@ -248,10 +248,9 @@ impl Keeper {
                     s.state = State::Zeroing {
                         since: Instant::now(),
                     };
-                    let files = &memory.files;
                     let plan = &memory.prefault;
                     let name = s.config.name.clone();
-                    clearing = Some(scope.spawn(move || clear(&name, region, files, plan)));
+                    clearing = Some(scope.spawn(move || clear(&name, region, plan)));
                 }
                 // A lease whose ranks said something (or hung up) since is
                 // settled, and one that ended is over, before a new hello is
@@ -383,44 +382,22 @@ fn instance_id() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Clear the pool between leases: punch every file's pages out (the kernel
-/// frees them; the next fault gets zeroed ones), then fault them in again
-/// with the prefault plan, so the next lease finds them resident.
-fn clear(
-    name: &str,
-    region: Region<'_>,
-    files: &[(OwnedFd, Extent)],
-    plan: &PrefaultPlan,
-) -> Result<f64> {
+/// Clear the pool between leases: zero it in place on the prefault plan's
+/// threads. Its pages stay resident and allocated (nothing is punched out
+/// and faulted again), so no other process can take them in between and
+/// the next lease finds them as the build left them.
+fn clear(name: &str, region: Region<'_>, plan: &PrefaultPlan) -> Result<f64> {
     let t = Instant::now();
     if let Some(e) = crate::failpoint::check("keeper-clear") {
         return Err(Error::os(
-            "fallocate(FALLOC_FL_PUNCH_HOLE)",
+            "zeroing",
             e,
             crate::error::Context::new(0, region.page())
                 .remedy(format!("clearing kept pool `{name}` between leases failed")),
         ));
     }
-    for (fd, extent) in files {
-        rustix::fs::fallocate(
-            fd,
-            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
-            0,
-            extent.len,
-        )
-        .map_err(|e| {
-            Error::os(
-                "fallocate(FALLOC_FL_PUNCH_HOLE)",
-                e,
-                crate::error::Context::new(extent.len, region.page()).remedy(format!(
-                    "clearing kept pool `{name}` between leases failed; use content = \"keep\" \
-                     on a filesystem without hole punching"
-                )),
-            )
-        })?;
-    }
     crate::failpoint::stall("keeper-zeroing");
-    crate::prefault::run(&region, plan, &|_| {})?;
+    crate::prefault::zero(&region, plan)?;
     Ok(t.elapsed().as_secs_f64())
 }
 

@@ -42,7 +42,7 @@ use std::io;
 use std::marker::PhantomData;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use crate::layout::{Extent, MappedSize, PageSize};
 
@@ -220,6 +220,32 @@ impl<'a> Region<'a> {
         // SAFETY: the range is inside the region, mapped read-write for 'a;
         // every access is atomic.
         unsafe { super::touch_pages(addr, len, stride) };
+        Ok(())
+    }
+
+    /// Write zeros over `extent`, in place: the pages stay where they are
+    /// (no page is freed or allocated, so nothing can run short), with
+    /// relaxed atomic stores of eight bytes.
+    ///
+    /// # Errors
+    /// `ERANGE` for an extent outside the region or not on a page boundary.
+    pub fn zero(&self, extent: Extent) -> io::Result<()> {
+        let (addr, len) = self.range(extent)?;
+        // A page boundary is eight-byte aligned; a tail shorter than a word
+        // goes byte by byte.
+        let words = len / 8;
+        // SAFETY: `[addr, addr + len)` is inside the region (checked by
+        // `range`), mapped read-write for 'a; `addr` is page-aligned, so
+        // eight-byte aligned, and AtomicU64 has u64's size; every access of
+        // this library to pool memory is atomic or the kernel's, so no
+        // non-atomic access races these stores.
+        let slice = unsafe { std::slice::from_raw_parts(addr.cast::<AtomicU64>(), words) };
+        for w in slice {
+            w.store(0, Ordering::Relaxed);
+        }
+        for off in (words * 8)..len {
+            self.write_byte(extent.offset + off as u64, 0);
+        }
         Ok(())
     }
 

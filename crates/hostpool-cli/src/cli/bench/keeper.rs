@@ -7,8 +7,8 @@
 //!   process, serving from a thread), which maps it resident and skips the
 //!   prefault; `x build` is the build's seconds over the attach's;
 //! - `clear`: the keeper's zeroing between two leases (`content = "zero"`:
-//!   punch the files' pages out, fault them in again), as its status reports
-//!   it, with its ratio to memset of the same size on as many threads.
+//!   zeroed in place on the prefault threads), as its status reports it,
+//!   with its ratio to memset of the same size on as many threads.
 //!
 //! The three run in one rotation per repeat, so load that comes and goes
 //! hits them alike.
