@@ -1428,3 +1428,93 @@ fn a_lease_that_outlasts_the_drain_timeout_does_not_keep_the_keeper() {
     );
     assert_clean(&tmpfs, "the engine gone");
 }
+
+/// A client that leases the pool with the keeper's own protocol, truncates
+/// every file it was handed and hangs up: what an engine (or a child it
+/// gave the descriptors to) must never do.
+fn lease_and_truncate(pool: &str) {
+    use rustix::net::{
+        AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix,
+        SocketFlags, SocketType,
+    };
+    let addr =
+        SocketAddrUnix::new_abstract_name(format!("hostpool-keep/{pool}").as_bytes()).unwrap();
+    let s = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    rustix::net::connect(&s, &addr).unwrap();
+    let hello = br#"{"Hello":{"world":1,"rank":0,"engine":"","size":null,"page":null,"tag":null,"attach_timeout_secs":5.0,"barrier_timeout_secs":5.0}}"#;
+    rustix::net::send(&s, hello, rustix::net::SendFlags::empty()).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        &s,
+        &mut [std::io::IoSliceMut::new(&mut buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )
+    .unwrap();
+    let text = String::from_utf8_lossy(&buf[..got.bytes]).into_owned();
+    assert!(text.contains("\"Lease\""), "{text}");
+    let mut files = 0;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for fd in fds {
+                rustix::fs::ftruncate(&fd, 0).unwrap();
+                files += 1;
+            }
+        }
+    }
+    assert!(files > 0, "{text}");
+}
+
+/// A lease that truncates the pool's files (its memory is gone) breaks the
+/// kept pool, with `content = "zero"` (whose clearing would touch every
+/// page) and `"keep"` alike: the keeper does not die of SIGBUS, every later
+/// lease is refused saying why, and no engine maps the truncated files.
+#[test]
+fn a_lease_that_truncates_the_pools_files_breaks_it_and_kills_nothing() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("truncated", 32);
+    for content in ["zero", "keep"] {
+        let pool = name(&format!("truncated-{content}"));
+        let (k, _) = keeper(&pool, &tmpfs, &["--content", content], "");
+        let mut k = Children(vec![k]);
+        lease_and_truncate(&pool);
+        until(
+            5,
+            || {
+                let _ = engine_once(&pool, &[]);
+                status(&pool)["state"] == "broken"
+            },
+            || format!("{content}: {}", status(&pool)),
+        );
+        assert!(
+            k[0].try_wait().unwrap().is_none(),
+            "{content}: the keeper lives"
+        );
+        let out = engine_once(&pool, &[]);
+        let err = fails(&out, 1);
+        assert!(
+            err.contains(&format!("kept pool `{pool}` is unusable"))
+                && err.contains("was truncated to 0 B"),
+            "{content}: {err}"
+        );
+        assert!(
+            status(&pool)["broken"]
+                .as_str()
+                .is_some_and(|b| b.contains("truncated")),
+            "{content}: {}",
+            status(&pool)
+        );
+        stop(k.0.remove(0));
+    }
+    assert_clean(&tmpfs, "both keepers stopped");
+}

@@ -13,7 +13,7 @@
 //! `O_TMPFILE` or a `memfd`, or it is unlinked right after it is created.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
@@ -42,6 +42,25 @@ pub fn file_id(fd: impl AsFd) -> io::Result<FileId> {
         dev: st.st_dev,
         ino: st.st_ino,
     })
+}
+
+/// The first of `files` that is shorter than its extent: its index and
+/// length. Another holder of its descriptor truncated it, and every access
+/// to the mapping past its new end would be a SIGBUS, so such a file must
+/// be neither mapped nor touched.
+///
+/// # Errors
+/// The `fstat` errno.
+pub(crate) fn first_short<'a>(
+    files: impl IntoIterator<Item = (BorrowedFd<'a>, Extent)>,
+) -> io::Result<Option<(usize, u64)>> {
+    for (i, (fd, extent)) in files.into_iter().enumerate() {
+        let len = u64::try_from(rustix::fs::fstat(fd)?.st_size).unwrap_or(0);
+        if len < extent.len {
+            return Ok(Some((i, len)));
+        }
+    }
+    Ok(None)
 }
 
 /// One file of a pool and where it maps.

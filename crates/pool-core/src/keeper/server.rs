@@ -37,6 +37,25 @@ struct Memory {
     prefault: PrefaultPlan,
 }
 
+impl Memory {
+    /// Why the pool's memory is gone, if a holder of one of its files (an
+    /// engine, or a process it handed the descriptor to) truncated it:
+    /// touching it, or handing it over, would be a SIGBUS.
+    fn truncated(&self) -> Option<String> {
+        let files = self.files.iter().map(|(fd, e)| (fd.as_fd(), *e));
+        match crate::file::first_short(files) {
+            Ok(None) => None,
+            Ok(Some((i, len))) => Some(format!(
+                "its file {i} was truncated to {} (its extent is {}) by a process that held its \
+                 descriptor, so that part of its memory is gone",
+                format_bytes(len),
+                format_bytes(self.files[i].1.len)
+            )),
+            Err(e) => Some(format!("fstat of its files failed: {e}")),
+        }
+    }
+}
+
 /// One rank of a lease.
 #[derive(Debug)]
 struct Rank {
@@ -248,9 +267,8 @@ impl Keeper {
                     s.state = State::Zeroing {
                         since: Instant::now(),
                     };
-                    let plan = &memory.prefault;
                     let name = s.config.name.clone();
-                    clearing = Some(scope.spawn(move || clear(&name, region, plan)));
+                    clearing = Some(scope.spawn(move || clear(&name, region, memory)));
                 }
                 // A lease whose ranks said something (or hung up) since is
                 // settled, and one that ended is over, before a new hello is
@@ -386,8 +404,19 @@ fn instance_id() -> String {
 /// threads. Its pages stay resident and allocated (nothing is punched out
 /// and faulted again), so no other process can take them in between and
 /// the next lease finds them as the build left them.
-fn clear(name: &str, region: Region<'_>, plan: &PrefaultPlan) -> Result<f64> {
+fn clear(name: &str, region: Region<'_>, memory: &Memory) -> Result<f64> {
     let t = Instant::now();
+    // A file a lease truncated would make the zeroing a SIGBUS: check
+    // first (the lease is over, so no holder is left to truncate it now
+    // but one that kept a descriptor against the rules).
+    if let Some(why) = memory.truncated() {
+        return Err(Error::Keeper {
+            name: name.to_string(),
+            message: why,
+            pid: None,
+            absent: false,
+        });
+    }
     if let Some(e) = crate::failpoint::check("keeper-clear") {
         return Err(Error::os(
             "zeroing",
@@ -397,7 +426,7 @@ fn clear(name: &str, region: Region<'_>, plan: &PrefaultPlan) -> Result<f64> {
         ));
     }
     crate::failpoint::stall("keeper-zeroing");
-    crate::prefault::zero(&region, plan)?;
+    crate::prefault::zero(&region, &memory.prefault)?;
     Ok(t.elapsed().as_secs_f64())
 }
 
@@ -540,6 +569,12 @@ impl Serving {
                 Some(std::process::id()),
             );
             return;
+        }
+        if !matches!(self.state, State::Broken(_))
+            && let Some(why) = memory.truncated()
+        {
+            tracing::error!("kept pool `{name}` is unusable: {why}");
+            self.state = State::Broken(why);
         }
         if let State::Broken(why) = &self.state {
             self.refuse(

@@ -1,7 +1,7 @@
 //! An engine's side of a lease: attach to a keeper, map what it hands over,
 //! meet the other ranks at its barrier, release at teardown.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -188,6 +188,28 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
     if size.mapped() != mapped {
         return Err(died("sent sizes that do not agree"));
     }
+    // A file shorter than its extent (truncated by another holder) would
+    // make this process's accesses past its end a SIGBUS: map none of it.
+    let short = crate::file::first_short(
+        fds.iter()
+            .zip(&extents)
+            .map(|(fd, &(offset, len))| (fd.as_fd(), Extent { offset, len })),
+    )
+    .map_err(|e| wire::os("fstat", e, "a leased pool file"))?;
+    if let Some((i, len)) = short {
+        return Err(keeper_error(
+            name,
+            format!(
+                "kept pool `{name}`'s file {i} is {} long, shorter than its {} extent: a process \
+                 that held it truncated it, and the memory past its end is gone; restart the \
+                 keeper (pid {pid})",
+                crate::layout::format_bytes(len),
+                crate::layout::format_bytes(extents[i].1)
+            ),
+            Some(pid),
+            false,
+        ));
+    }
     let files = fds
         .into_iter()
         .zip(extents)
@@ -353,5 +375,62 @@ impl Mapping for LeasedMapping {
             let _ = wire::send(&conn, &ToKeeper::Release, &[]);
         }
         issues
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A keeper that hands over a file shorter than its extent (another
+    /// holder truncated it): the engine maps nothing and says why, rather
+    /// than die of SIGBUS at its first access past the file's end.
+    #[test]
+    fn a_file_shorter_than_its_extent_is_not_mapped() {
+        let name = format!("unit-short-{}", std::process::id());
+        let listener = wire::seqpacket().unwrap();
+        rustix::net::bind(&listener, &address(&name).unwrap()).unwrap();
+        rustix::net::listen(&listener, 4).unwrap();
+        let keeper = std::thread::spawn(move || {
+            let conn = rustix::net::accept(&listener).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let hello = wire::recv::<ToKeeper>(&conn, deadline, &mut Vec::new(), false);
+            assert!(matches!(hello, Ok(Received::Msg(ToKeeper::Hello { .. }))));
+            let fd = rustix::fs::memfd_create("hostpool-short", rustix::fs::MemfdFlags::CLOEXEC)
+                .unwrap();
+            rustix::fs::ftruncate(&fd, 4096).unwrap();
+            let lease = FromKeeper::Lease {
+                info: LeaseInfo {
+                    name: "short".into(),
+                    instance: "i".into(),
+                    generation: 1,
+                    content: "keep".into(),
+                    previous: None,
+                    tag: None,
+                    keeper_pid: std::process::id(),
+                },
+                logical: 8 << 20,
+                mapped: 8 << 20,
+                page: 4096,
+                backing: "shm-segmented".into(),
+                extents: vec![(0, 8 << 20)],
+                files: 1,
+            };
+            wire::send(&conn, &lease, &[fd.as_fd()]).unwrap();
+            // Hold the connection until the engine hangs up.
+            let _ = wire::recv::<ToKeeper>(&conn, deadline, &mut Vec::new(), false);
+        });
+        let config = crate::config::PoolConfig {
+            keeper: Some(name.clone()),
+            ..crate::config::PoolConfig::default()
+        };
+        let e = attach(&config).expect_err("a short file is not mapped");
+        let text = e.to_string();
+        assert!(
+            matches!(e, Error::Keeper { .. })
+                && text.contains("file 0 is 4 KiB long, shorter than its 8 MiB extent"),
+            "{text}"
+        );
+        keeper.join().unwrap();
     }
 }
