@@ -103,6 +103,18 @@ fn fails(out: &std::process::Output, code: i32) -> String {
     err
 }
 
+/// `out`'s JSON on stdout (null if none), once it is known to have
+/// succeeded; else fail with its stderr.
+#[track_caller]
+fn succeeds(out: &std::process::Output) -> Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
 /// An engine that leases `pool`, prints its report and releases it.
 fn engine_once(pool: &str, args: &[&str]) -> std::process::Output {
     bin()
@@ -117,12 +129,7 @@ fn status(pool: &str) -> Value {
         .args(["keep", "status", "--name", pool, "--json"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let all = succeeds(&out);
     all[0].clone()
 }
 
@@ -284,12 +291,7 @@ fn one_lease_at_a_time_and_only_for_allowed_users() {
     let (k2, _) = keeper(&other, &tmpfs, &["--allow-uid", "65534"], "");
     let _k2 = Children(vec![k2]);
     let out = as_nobody(&other);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = succeeds(&out);
     assert_eq!(report["keeper"]["generation"], 1);
     assert_eq!(status(&other)["previous"]["how"], "closed");
 }
@@ -792,20 +794,11 @@ fn sizes_are_checked_and_a_missing_keeper_fails_or_falls_back() {
         "{err}"
     );
     let out = engine_once(&pool, &["--size", "8MiB"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(&out);
     // The engine pins what it leased, as any pool: its page tables are
     // filled first (the attach phase), then the pin takes the whole pool.
     let out = engine_once(&pool, &["--pin", "mlock", "--pin-required"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = succeeds(&out);
     assert_eq!(report["pin"]["status"], "pinned", "{report}");
     assert!(report["phases"]["attach"].as_f64().is_some(), "{report}");
     let out = engine_once(&pool, &["--page-size", "2MiB"]);
@@ -820,12 +813,7 @@ fn sizes_are_checked_and_a_missing_keeper_fails_or_falls_back() {
         "{err}"
     );
     let out = engine_once(&absent, &["--size", "4MiB", "--keeper-fallback", "build"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = succeeds(&out);
     assert!(report["keeper"].is_null(), "{report}");
     assert!(
         report["keeper_fallback"]
@@ -965,11 +953,7 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
     ]);
     read_json_line(&mut k[0]);
     let out = engine_once(&pool, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(&out);
     until(
         5,
         || status(&pool)["state"] == "clearing",
@@ -1114,12 +1098,7 @@ fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
     assert_eq!(tmpfs.used(), 12 * MIB, "both pools are resident");
     for (pool, mib) in [(&a, 8), (&b, 4)] {
         let out = engine_once(pool, &[]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report = succeeds(&out);
         assert_eq!(report["mapped_bytes"], mib * MIB);
     }
     let listed = bin().args(["keep", "status", "--json"]).output().unwrap();
@@ -1320,11 +1299,7 @@ fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
     );
     // The keeper serves on.
     let out = engine_once(&pool, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(&out);
     // That lease's end was to clear the pool, which fails (a failpoint):
     // every later lease is refused with why.
     let end = Instant::now() + Duration::from_secs(5);
@@ -1382,12 +1357,7 @@ fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
     // Resumed, the keeper reads the hello of the engine that gave up: it is
     // no lease (no generation counted, no lease that `died`).
     let out = engine_once(&other, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = succeeds(&out);
     assert_eq!(report["keeper"]["generation"], 1, "{report}");
     assert!(report["keeper"]["previous"].is_null(), "{report}");
 }

@@ -245,36 +245,63 @@ pub struct ThreadTiming {
 /// # Errors
 /// [`Error::Config`] for an extent outside the region.
 pub fn zero(region: &Region<'_>, plan: &PrefaultPlan) -> Result<()> {
+    let (mut slices, tail) = thread_slices(region, plan, "zeroing")?;
+    match slices.last_mut() {
+        Some(last) => last.len += tail,
+        None => slices.push(plan.extent),
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = slices
+            .iter()
+            .map(|slice| s.spawn(move || region.zero(*slice)))
+            .collect();
+        for h in handles {
+            match h.join() {
+                Ok(r) => r.map_err(|e| {
+                    Error::os(
+                        "zeroing",
+                        e,
+                        Context::new(plan.extent.len, region.page())
+                            .remedy("a bug: the range was checked"),
+                    )
+                })?,
+                Err(_) => return Err(Error::config("a zeroing thread panicked")),
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `plan.extent` of `region` split among `plan.threads` threads, whole
+/// pages each, and the tail past its last whole page (a rank's shard that
+/// is not a page multiple), which the last slice takes.
+///
+/// # Errors
+/// [`Error::Config`] for an extent outside the region or off a page
+/// boundary, saying it was for `what`.
+fn thread_slices(
+    region: &Region<'_>,
+    plan: &PrefaultPlan,
+    what: &str,
+) -> Result<(Vec<Extent>, u64)> {
     let page = region.page();
-    let bad = || {
-        Error::config(format!(
-            "zeroing range {}+{} is outside the {} mapping or not aligned to its {page} pages",
+    if plan.extent.end() > region.mapped_len() || !page.is_aligned(plan.extent.offset) {
+        return Err(Error::config(format!(
+            "{what} range {}+{} is outside the {} mapping or not aligned to its {page} pages",
             plan.extent.offset,
             plan.extent.len,
             format_bytes(region.mapped_len())
-        ))
-    };
+        )));
+    }
     let threads = u32::try_from(plan.threads.max(1)).unwrap_or(u32::MAX);
-    let mut slices: Vec<Extent> = shards(page.round_down(plan.extent.len), page, threads)?
+    let slices = shards(page.round_down(plan.extent.len), page, threads)?
         .into_iter()
         .map(|s| Extent {
             offset: s.offset + plan.extent.offset,
             len: s.len,
         })
         .collect();
-    let tail = plan.extent.len - page.round_down(plan.extent.len);
-    match slices.last_mut() {
-        Some(last) => last.len += tail,
-        None => slices.push(plan.extent),
-    }
-    let failed = std::thread::scope(|s| {
-        let handles: Vec<_> = slices
-            .iter()
-            .map(|slice| s.spawn(move || region.zero(*slice)))
-            .collect();
-        handles.into_iter().any(|h| !matches!(h.join(), Ok(Ok(()))))
-    });
-    if failed { Err(bad()) } else { Ok(()) }
+    Ok((slices, plan.extent.len - page.round_down(plan.extent.len)))
 }
 
 /// Fault `plan.extent` of `region` in with `plan.threads` threads, calling
@@ -289,25 +316,9 @@ pub fn run(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<PrefaultOutcome> {
     let page = region.page();
-    if plan.extent.end() > region.mapped_len() || !page.is_aligned(plan.extent.offset) {
-        return Err(Error::config(format!(
-            "prefault range {}+{} is outside the {} mapping or not aligned to its {page} pages",
-            plan.extent.offset,
-            plan.extent.len,
-            format_bytes(region.mapped_len())
-        )));
-    }
-    let threads = u32::try_from(plan.threads.max(1)).unwrap_or(u32::MAX);
-    let slices: Vec<Extent> = shards(page.round_down(plan.extent.len), page, threads)?
-        .into_iter()
-        .map(|s| Extent {
-            offset: s.offset + plan.extent.offset,
-            len: s.len,
-        })
-        .collect();
     // A shard extent that is not a page multiple (a rank's tail) keeps its
     // last partial page in the last slice.
-    let tail = plan.extent.len - page.round_down(plan.extent.len);
+    let (slices, tail) = thread_slices(region, plan, "prefault")?;
     let worker = Worker {
         region,
         method: plan.method,
