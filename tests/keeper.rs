@@ -40,6 +40,23 @@ fn keeper(pool: &str, tmpfs: &SmallTmpfs, args: &[&str], fail: &str) -> (Child, 
     (child, ready)
 }
 
+/// A keeper of one hugetlbfs pool of `size` named `pool` in `dir`, with
+/// failpoints `fail`; its ready line.
+fn huge_keeper(pool: &str, dir: &std::path::Path, size: &str, fail: &str) -> (Child, Value) {
+    let mut child = bin()
+        .args(["keep", "--name", pool, "--json", "--size", size])
+        .args(["--backing", "hugetlbfs", "--dir"])
+        .arg(dir)
+        .env("HOSTPOOL_TEST_FAILPOINTS", fail)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = read_json_line(&mut child);
+    assert_eq!(ready["name"], pool, "{ready}");
+    (child, ready)
+}
+
 /// An engine that leases `pool` and holds it (`alloc --keeper --hold
 /// --json`), with `args` and failpoints `fail`.
 fn engine(pool: &str, args: &[&str], fail: &str) -> Child {
@@ -896,15 +913,7 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
     };
     let (free, resv) = (support::procs::free_2m(), support::procs::resv_2m());
     let pool = name("huge");
-    let mut k = bin()
-        .args(["keep", "--name", &pool, "--json", "--size", "16MiB"])
-        .args(["--backing", "hugetlbfs", "--dir"])
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let ready = read_json_line(&mut k);
+    let (k, ready) = huge_keeper(&pool, &dir, "16MiB", "");
     let mut k = Children(vec![k]);
     assert_eq!(ready["page_size"], 2 * MIB, "{ready}");
     assert_eq!(ready["backing"], "hugetlbfs", "{ready}");
@@ -941,17 +950,8 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
     // A keeper held at the start of its clearing (a failpoint) keeps every
     // page: the clearing frees none of them before it zeroes them.
     let mut k = Children(vec![
-        bin()
-            .args(["keep", "--name", &pool, "--json", "--size", "16MiB"])
-            .args(["--backing", "hugetlbfs", "--dir"])
-            .arg(&dir)
-            .env("HOSTPOOL_TEST_FAILPOINTS", "keeper-zeroing=stall")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+        huge_keeper(&pool, &dir, "16MiB", "keeper-zeroing=stall").0,
     ]);
-    read_json_line(&mut k[0]);
     let out = engine_once(&pool, &[]);
     succeeds(&out);
     until(
@@ -1212,17 +1212,7 @@ fn a_kept_hugetlbfs_pool_goes_back_to_the_kernel_when_keeper_and_engine_die() {
     };
     let (free, resv) = (support::procs::free_2m(), support::procs::resv_2m());
     let pool = name("huge-kill");
-    let mut k = Children(vec![
-        bin()
-            .args(["keep", "--name", &pool, "--json", "--size", "8MiB"])
-            .args(["--backing", "hugetlbfs", "--dir"])
-            .arg(&dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ]);
-    read_json_line(&mut k[0]);
+    let mut k = Children(vec![huge_keeper(&pool, &dir, "8MiB", "").0]);
     let mut e = Children(vec![engine(&pool, &[], "")]);
     let report = read_report(&mut e[0]);
     k[0].kill().unwrap();
