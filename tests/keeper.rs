@@ -26,27 +26,35 @@ fn huge_pages_lock() -> std::sync::MutexGuard<'static, ()> {
 /// A keeper of one 8 MiB pool named `pool` on `tmpfs`, with `args` and
 /// failpoints `fail`; its ready line.
 fn keeper(pool: &str, tmpfs: &SmallTmpfs, args: &[&str], fail: &str) -> (Child, Value) {
-    let mut child = bin()
-        .args(["keep", "--name", pool, "--json", "--size", "8MiB"])
-        .args(["--backing", "shm-segmented", "--dir", tmpfs.path()])
-        .args(args)
-        .env("HOSTPOOL_TEST_FAILPOINTS", fail)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let ready = read_json_line(&mut child);
-    assert_eq!(ready["name"], pool, "{ready}");
-    (child, ready)
+    let mut all = vec![
+        "--size",
+        "8MiB",
+        "--backing",
+        "shm-segmented",
+        "--dir",
+        tmpfs.path(),
+    ];
+    all.extend_from_slice(args);
+    keeper_with(pool, &all, fail)
 }
 
 /// A keeper of one hugetlbfs pool of `size` named `pool` in `dir`, with
 /// failpoints `fail`; its ready line.
 fn huge_keeper(pool: &str, dir: &std::path::Path, size: &str, fail: &str) -> (Child, Value) {
+    let dir = dir.to_str().expect("a UTF-8 mount path");
+    keeper_with(
+        pool,
+        &["--size", size, "--backing", "hugetlbfs", "--dir", dir],
+        fail,
+    )
+}
+
+/// `hostpool keep --name pool --json ARGS` with failpoints `fail`; its
+/// ready line.
+fn keeper_with(pool: &str, args: &[&str], fail: &str) -> (Child, Value) {
     let mut child = bin()
-        .args(["keep", "--name", pool, "--json", "--size", size])
-        .args(["--backing", "hugetlbfs", "--dir"])
-        .arg(dir)
+        .args(["keep", "--name", pool, "--json"])
+        .args(args)
         .env("HOSTPOOL_TEST_FAILPOINTS", fail)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
