@@ -1486,3 +1486,91 @@ fn a_lease_that_truncates_the_pools_files_breaks_it_and_kills_nothing() {
     }
     assert_clean(&tmpfs, "both keepers stopped");
 }
+
+/// A kept pool of 8192 files (32 MiB in 4 KiB segments): its lease hands
+/// over every descriptor with its extent in messages that each stay small
+/// (the extents of 8192 files in one message were more than a message
+/// holds, and no engine could lease the pool), and the engine sees the
+/// keeper's bytes at both ends.
+#[test]
+fn a_kept_pool_of_thousands_of_files_is_leased_whole() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    // Each process holds a descriptor per file: raise the soft limit
+    // (children inherit it) where it is lower than that.
+    let (soft, hard) = {
+        let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        (l.current.unwrap_or(u64::MAX), l.maximum.unwrap_or(u64::MAX))
+    };
+    if soft < 20_000 {
+        rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: Some(hard.min(20_000)),
+                maximum: Some(hard),
+            },
+        )
+        .expect("raise RLIMIT_NOFILE");
+    }
+    let tmpfs = SmallTmpfs::mount("many-files", 64);
+    let pool = name("many-files");
+    let config = tmpfs.0.with_extension("toml");
+    std::fs::write(&config, "[shm-segmented]\nsegments = 8192\n").unwrap();
+    let (k, ready) = keeper_with(
+        &pool,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--size",
+            "32MiB",
+            "--backing",
+            "shm-segmented",
+            "--dir",
+            tmpfs.path(),
+            "--content",
+            "keep",
+        ],
+        "",
+    );
+    let _ = std::fs::remove_file(&config);
+    let mut k = Children(vec![k]);
+    assert_eq!(ready["mapped"], 32 * MIB, "{ready}");
+    let mut e = Children(vec![engine(&pool, &[], "")]);
+    let report = read_report(&mut e[0]);
+    assert_eq!(report["mapped_bytes"], 32 * MIB, "{report}");
+    let (pid, base) = (e[0].id(), addr(&report));
+    mem_write(pid, base, b"head");
+    mem_write(pid, base + 32 * MIB - 4, b"tail");
+    signal(&e[0], libc::SIGTERM);
+    assert_eq!(
+        wait_timeout(&mut e[0], Duration::from_secs(10)).and_then(|s| s.code()),
+        Some(0)
+    );
+    let mut again = Children(vec![engine(&pool, &[], "")]);
+    let report = read_report(&mut again[0]);
+    let (pid, base) = (again[0].id(), addr(&report));
+    assert_eq!(mem_read(pid, base, 4), b"head");
+    assert_eq!(mem_read(pid, base + 32 * MIB - 4, 4), b"tail");
+    assert_eq!(report["keeper"]["generation"], 2, "{report}");
+    signal(&again[0], libc::SIGTERM);
+    wait_timeout(&mut again[0], Duration::from_secs(10)).expect("the engine stops");
+    // An engine whose open-file limit is below the pool's files is told so,
+    // not that the keeper died while handing over the pool.
+    let hostpool = bin().get_program().to_owned();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 1024 && exec \"$0\" alloc --keeper {pool} --json"
+        ))
+        .arg(&hostpool)
+        .output()
+        .unwrap();
+    let err = fails(&out, 1);
+    assert!(
+        err.contains("may open 1024 files (RLIMIT_NOFILE)") && err.contains("ulimit -n"),
+        "{err}"
+    );
+    stop(k.0.remove(0));
+    assert_clean(&tmpfs, "8192 files given back");
+}

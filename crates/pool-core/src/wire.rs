@@ -135,6 +135,22 @@ pub(crate) fn recv<M: DeserializeOwned>(
     if got.bytes == 0 {
         return Ok(Received::Gone);
     }
+    if got.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+        // The kernel could not install every descriptor the peer sent
+        // (they are closed): the open-file limit is the usual cause.
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .map_or_else(|| "unlimited".to_string(), |n| n.to_string());
+        return Err(os(
+            "recvmsg(SCM_RIGHTS)",
+            std::io::Error::from_raw_os_error(libc::EMFILE),
+            &format!(
+                "the peer's file descriptors did not fit: this process may open {limit} files \
+                 (RLIMIT_NOFILE), fewer than the pool's files need; raise it (`ulimit -n`, \
+                 LimitNOFILE= in a systemd unit) or give the pool fewer, larger segments"
+            ),
+        ));
+    }
     if got.flags.contains(rustix::net::ReturnFlags::TRUNC) {
         return Err(Error::Plugin {
             what: "hostpool socket".into(),

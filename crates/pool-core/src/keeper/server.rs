@@ -1029,9 +1029,12 @@ fn send_lease(
     info: LeaseInfo,
     s: &Serving,
 ) -> std::io::Result<()> {
-    let fds: Vec<BorrowedFd<'_>> = memory.files.iter().map(|(fd, _)| fd.as_fd()).collect();
-    let mut chunks = fds.chunks(FDS_PER_MSG);
-    let first = chunks.next().unwrap_or(&[]);
+    let mut chunks = memory.files.chunks(FDS_PER_MSG).map(|c| {
+        let fds: Vec<BorrowedFd<'_>> = c.iter().map(|(fd, _)| fd.as_fd()).collect();
+        let extents: Vec<(u64, u64)> = c.iter().map(|(_, e)| (e.offset, e.len)).collect();
+        (fds, extents)
+    });
+    let (first, extents) = chunks.next().unwrap_or_default();
     wire::send(
         conn,
         &FromKeeper::Lease {
@@ -1040,14 +1043,10 @@ fn send_lease(
             mapped: s.mapped,
             page: s.page,
             backing: s.backing.clone(),
-            extents: memory
-                .files
-                .iter()
-                .map(|(_, e)| (e.offset, e.len))
-                .collect(),
-            files: fds.len(),
+            extents,
+            files: memory.files.len(),
         },
-        first,
+        &first,
     )?;
-    chunks.try_for_each(|c| wire::send(conn, &FromKeeper::Files, c))
+    chunks.try_for_each(|(fds, extents)| wire::send(conn, &FromKeeper::Files { extents }, &fds))
 }

@@ -132,7 +132,7 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
         )
     };
     let mut fds = Vec::new();
-    let (info, logical, mapped, page, backing, extents, count) =
+    let (info, logical, mapped, page, backing, mut extents, count) =
         match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, true)? {
             Received::Msg(FromKeeper::Lease {
                 info,
@@ -171,7 +171,7 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
         };
     while fds.len() < count {
         match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, true)? {
-            Received::Msg(FromKeeper::Files) => {}
+            Received::Msg(FromKeeper::Files { extents: more }) => extents.extend(more),
             _ => return Err(died("died while handing over the pool")),
         }
     }

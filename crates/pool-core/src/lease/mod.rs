@@ -101,7 +101,9 @@ pub(crate) enum ToKeeper {
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum FromKeeper {
     /// The lease: the pool's files follow, `files` in all, in this and the
-    /// following [`FromKeeper::Files`] messages.
+    /// following [`FromKeeper::Files`] messages, each with the extents of
+    /// the descriptors it carries (so that a message stays small however
+    /// many files the pool has).
     Lease {
         info: LeaseInfo,
         logical: u64,
@@ -111,8 +113,8 @@ pub(crate) enum FromKeeper {
         extents: Vec<(u64, u64)>,
         files: usize,
     },
-    /// More descriptors of the pool's files.
-    Files,
+    /// More descriptors of the pool's files, and their extents.
+    Files { extents: Vec<(u64, u64)> },
     /// Refused (`usage`: the engine's input is at fault); `pid` is whom
     /// the message blames (the lease's holder).
     Refused {
