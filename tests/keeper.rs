@@ -906,6 +906,41 @@ fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
         Some(0)
     );
     assert_clean(&tmpfs, "ended at once");
+
+    // A second SIGTERM while the pool is being cleared ends the clearing
+    // too, at its next 64 MiB step: 256 MiB on one thread, each step slowed
+    // to a second, would take four.
+    let big = SmallTmpfs::mount("drain-clearing", 300);
+    let mut k3 = Children(vec![
+        bin()
+            .args(["keep", "--name", &pool, "--json", "--size", "256MiB"])
+            .args(["--backing", "shm-segmented", "--dir", big.path()])
+            .args(["--threads", "1"])
+            .env("HOSTPOOL_FAILPOINT_ZERO_STEP_MS", "1000")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ]);
+    read_json_line(&mut k3[0]);
+    succeeds(&engine_once(&pool, &[]));
+    until(
+        5,
+        || status(&pool)["state"] == "clearing",
+        || format!("{}", status(&pool)),
+    );
+    signal(&k3[0], libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    signal(&k3[0], libc::SIGTERM);
+    let st = wait_timeout(&mut k3[0], Duration::from_secs(5)).expect("a second SIGTERM ends it");
+    assert_eq!(st.code(), Some(0), "{}", stderr_of(&mut k3[0]));
+    assert!(
+        t.elapsed() < Duration::from_millis(1800),
+        "the clearing stopped at its next step: {:?}",
+        t.elapsed()
+    );
+    assert_clean(&big, "stopped while clearing");
 }
 
 /// A kept pool of 2 MiB huge pages: the lease comes resident in huge pages,

@@ -18,6 +18,7 @@ pub fn bin() -> Command {
     c.env_remove("RUST_LOG")
         .env_remove("HOSTPOOL_TEST_FAILPOINTS")
         .env_remove("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS")
+        .env_remove("HOSTPOOL_FAILPOINT_ZERO_STEP_MS")
         .env_remove("HOSTPOOL_TEST_SYSFS_ROOT");
     c
 }

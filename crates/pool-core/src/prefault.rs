@@ -242,9 +242,16 @@ pub struct ThreadTiming {
 /// resident and allocated, so the next lease finds them as the prefault
 /// left them, and no other process can take them meanwhile.
 ///
+/// It goes 64 MiB at a time per thread and stops early, returning
+/// `Ok(false)`, once `stop` says so (a keeper told to stop at once).
+///
 /// # Errors
 /// [`Error::Config`] for an extent outside the region.
-pub fn zero(region: &Region<'_>, plan: &PrefaultPlan) -> Result<()> {
+pub fn zero(
+    region: &Region<'_>,
+    plan: &PrefaultPlan,
+    stop: &(dyn Fn() -> bool + Sync),
+) -> Result<bool> {
     let (mut slices, tail) = thread_slices(region, plan, "zeroing")?;
     match slices.last_mut() {
         Some(last) => last.len += tail,
@@ -253,23 +260,47 @@ pub fn zero(region: &Region<'_>, plan: &PrefaultPlan) -> Result<()> {
     std::thread::scope(|s| {
         let handles: Vec<_> = slices
             .iter()
-            .map(|slice| s.spawn(move || region.zero(*slice)))
+            .map(|slice| s.spawn(move || zero_slice(region, *slice, stop)))
             .collect();
+        let mut whole = true;
         for h in handles {
             match h.join() {
-                Ok(r) => r.map_err(|e| {
-                    Error::os(
-                        "zeroing",
-                        e,
-                        Context::new(plan.extent.len, region.page())
-                            .remedy("a bug: the range was checked"),
-                    )
-                })?,
+                Ok(r) => {
+                    whole &= r.map_err(|e| {
+                        Error::os(
+                            "zeroing",
+                            e,
+                            Context::new(plan.extent.len, region.page())
+                                .remedy("a bug: the range was checked"),
+                        )
+                    })?;
+                }
                 Err(_) => return Err(Error::config("a zeroing thread panicked")),
             }
         }
-        Ok(())
+        Ok(whole)
     })
+}
+
+/// Zero one thread's slice in steps of [`MIN_BYTES_PER_THREAD`], asking
+/// `stop` before each; `false` if it stopped early.
+fn zero_slice(
+    region: &Region<'_>,
+    slice: Extent,
+    stop: &(dyn Fn() -> bool + Sync),
+) -> io::Result<bool> {
+    let mut offset = slice.offset;
+    while offset < slice.end() {
+        // Tests slow each step down to stop a keeper mid-clearing.
+        crate::failpoint::delay("HOSTPOOL_FAILPOINT_ZERO_STEP_MS");
+        if stop() {
+            return Ok(false);
+        }
+        let len = (slice.end() - offset).min(MIN_BYTES_PER_THREAD);
+        region.zero(Extent { offset, len })?;
+        offset += len;
+    }
+    Ok(true)
 }
 
 /// `plan.extent` of `region` split among `plan.threads` threads, whole
@@ -680,7 +711,7 @@ mod tests {
             run(&region, &plan, &|_| {}).unwrap();
             region.write_pattern(4093, 7);
             let before = resident(&region);
-            zero(&region, &plan).unwrap();
+            assert!(zero(&region, &plan, &|| false).unwrap());
             assert_eq!(resident(&region), before, "no page freed or added");
             let last = region.mapped_len() - 1;
             for off in (0..region.mapped_len()).step_by(4093).chain([last]) {
@@ -695,7 +726,7 @@ mod tests {
                 },
                 ..plan.clone()
             };
-            zero(&region, &odd).unwrap();
+            assert!(zero(&region, &odd, &|| false).unwrap());
             assert_eq!(
                 region.read_byte(4095),
                 Some(crate::sys::pattern_byte(4095, 9))
@@ -710,9 +741,16 @@ mod tests {
                     offset: 0,
                     len: region.mapped_len() + 4096,
                 },
-                ..plan
+                ..plan.clone()
             };
-            assert!(matches!(zero(&region, &outside), Err(Error::Config { .. })));
+            assert!(matches!(
+                zero(&region, &outside, &|| false),
+                Err(Error::Config { .. })
+            ));
+            // Told to stop, it stops before the next step.
+            region.write_byte(0, 1);
+            assert!(!zero(&region, &plan, &|| true).unwrap());
+            assert_eq!(region.read_byte(0), Some(1));
         });
     }
 

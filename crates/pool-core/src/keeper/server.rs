@@ -2,7 +2,7 @@
 //! until told to stop.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::net::SocketFlags;
@@ -226,6 +226,7 @@ impl Keeper {
         let Some(region) = memory.pool.region() else {
             return;
         };
+        let abort = AtomicBool::new(false);
         std::thread::scope(|scope| {
             let mut clearing: Option<std::thread::ScopedJoinHandle<'_, Result<f64>>> = None;
             let mut drain_until = None;
@@ -268,7 +269,8 @@ impl Keeper {
                         since: Instant::now(),
                     };
                     let name = s.config.name.clone();
-                    clearing = Some(scope.spawn(move || clear(&name, region, memory)));
+                    let abort = &abort;
+                    clearing = Some(scope.spawn(move || clear(&name, region, memory, abort)));
                 }
                 // A lease whose ranks said something (or hung up) since is
                 // settled, and one that ended is over, before a new hello is
@@ -283,6 +285,7 @@ impl Keeper {
                 s.expire_waiting();
             }
             if let Some(h) = clearing.take() {
+                abort.store(true, Ordering::SeqCst);
                 let _ = h.join();
             }
         });
@@ -404,7 +407,7 @@ fn instance_id() -> String {
 /// threads. Its pages stay resident and allocated (nothing is punched out
 /// and faulted again), so no other process can take them in between and
 /// the next lease finds them as the build left them.
-fn clear(name: &str, region: Region<'_>, memory: &Memory) -> Result<f64> {
+fn clear(name: &str, region: Region<'_>, memory: &Memory, abort: &AtomicBool) -> Result<f64> {
     let t = Instant::now();
     // A file a lease truncated would make the zeroing a SIGBUS: check
     // first (the lease is over, so no holder is left to truncate it now
@@ -426,7 +429,9 @@ fn clear(name: &str, region: Region<'_>, memory: &Memory) -> Result<f64> {
         ));
     }
     crate::failpoint::stall("keeper-zeroing");
-    crate::prefault::zero(&region, &memory.prefault)?;
+    // A keeper that stops serving (a second stop request, or the drain
+    // timeout) stops the zeroing too, at its next step.
+    crate::prefault::zero(&region, &memory.prefault, &|| abort.load(Ordering::SeqCst))?;
     Ok(t.elapsed().as_secs_f64())
 }
 
