@@ -292,6 +292,7 @@ fn release() -> Result<i32, String> {
     for needle in [
         "HOSTPOOL_TEST_FAILPOINTS",
         "HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS",
+        "HOSTPOOL_FAILPOINT_ZERO_STEP_MS",
         "HOSTPOOL_TEST_SYSFS_ROOT",
     ] {
         if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
