@@ -1205,6 +1205,10 @@ fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
         ),
         (vec!["keep", "--name", "bad name"], "must be 1 to 64"),
         (
+            vec!["keep", "--name", "x", "--prefault", "none"],
+            "hands engines resident memory",
+        ),
+        (
             vec!["keep", "--name", "x", "--drain-timeout=-1"],
             "--drain-timeout",
         ),

@@ -111,6 +111,13 @@ impl KeptPoolConfig {
                  them to the engine (`hostpool alloc --keeper {n} --pin cuda`)"
             )));
         }
+        if p.prefault == crate::config::PrefaultChoice::None {
+            return Err(Error::config(format!(
+                "kept pool `{n}` has prefault = \"none\": a keeper hands engines resident memory \
+                 (their leases skip the prefault), and its clearing would allocate pages it never \
+                 faulted; drop it (or give auto, populate-write or touch)"
+            )));
+        }
         if p.backing == "anon" {
             return Err(Error::config(format!(
                 "kept pool `{n}`: backing anon's memory cannot be handed to another process; use \
@@ -290,6 +297,10 @@ mod tests {
             (
                 "[[pool]]\nname = \"a\"\ncontent = \"maybe\"\n",
                 "content policy",
+            ),
+            (
+                "[[pool]]\nname = \"a\"\nprefault = \"none\"\n",
+                "hands engines resident memory",
             ),
             ("[[pool]]\nname = \"a b\"\n", "must be 1 to 64"),
             (
