@@ -41,25 +41,27 @@ struct Case {
     huge: Option<PageSize>,
 }
 
-/// `alloc` of `size` bytes pinned with `cuda` (required), the copy
-/// verified, as JSON, with `extra` flags.
-fn pinned_alloc(size: u64, extra: &[&str]) -> Vec<String> {
+/// `alloc` of `size` bytes pinned with `cuda` (required), with `extra`
+/// flags.
+fn pinned(size: u64, extra: &[&str]) -> Vec<String> {
     let size = size.to_string();
-    let mut v: Vec<String> = [
+    [
         "alloc",
         "--size",
         size.as_str(),
         "--pin",
         "cuda",
         "--pin-required",
-        "--verify-copy",
-        "--json",
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
-    .collect();
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v
+    .collect()
+}
+
+/// [`pinned`], the copy verified, as JSON.
+fn pinned_alloc(size: u64, extra: &[&str]) -> Vec<String> {
+    pinned(size, &[&["--verify-copy", "--json"], extra].concat())
 }
 
 fn cases(size: u64) -> Vec<Case> {
@@ -416,7 +418,6 @@ fn background_section(md: &mut String, hostpool: &Path, size: u64) {
         md,
         "| pages | time to usable s | time to pinned s | chunks |\n|---|---|---|---|"
     );
-    let size = size.to_string();
     for (label, extra, huge) in [
         ("anon 4 KiB", vec!["--backing", "anon"], None),
         (
@@ -429,27 +430,13 @@ fn background_section(md: &mut String, hostpool: &Path, size: u64) {
             let _ = writeln!(md, "| {label} | kernel has no such pages | | |");
             continue;
         }
-        let mut args: Vec<String> = [
-            "alloc",
-            "--size",
-            size.as_str(),
-            "--pin",
-            "cuda",
-            "--pin-required",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(
-            [
-                "--pin-background",
-                "--pin-background-chunk",
-                "256MiB",
-                "--json",
-            ]
-            .map(String::from),
-        );
-        args.extend(extra.iter().map(|s| s.to_string()));
+        let background = [
+            "--pin-background",
+            "--pin-background-chunk",
+            "256MiB",
+            "--json",
+        ];
+        let args = pinned(size, &[&background[..], &extra].concat());
         let o = run_hostpool(hostpool, &args, Duration::from_secs(150));
         match &o.report {
             Some(r) => {
