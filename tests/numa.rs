@@ -81,6 +81,42 @@ fn with<'a>(base: &'a [&'a str], more: &'a [String]) -> Vec<&'a str> {
         .collect()
 }
 
+/// `world` ranks of shared pool `pool` holding it (`alloc --hold --json`,
+/// the sharing flags, and what `each` adds for its rank); their reports.
+fn held_ranks(
+    pool: &str,
+    world: u32,
+    each: impl Fn(u32, &mut std::process::Command),
+) -> (Children, Vec<Value>) {
+    let mut ranks = Children(
+        (0..world)
+            .map(|r| {
+                let mut c = bin();
+                c.args(["alloc", "--hold", "--json"]);
+                each(r, &mut c);
+                c.args(shared(pool, world, r))
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let reports = ranks.0.iter_mut().map(read_report).collect();
+    (ranks, reports)
+}
+
+/// SIGTERM every rank; each must exit 0 within 20 s.
+fn release(mut ranks: Children) {
+    for c in &ranks.0 {
+        signal(c, libc::SIGTERM);
+    }
+    for c in &mut ranks.0 {
+        let status = wait_timeout(c, Duration::from_secs(20)).expect("a rank hung");
+        assert!(status.success(), "{status:?}");
+    }
+}
+
 #[test]
 fn a_numa_node_that_cannot_be_honoured_is_a_usage_error() {
     usage_error(
@@ -119,21 +155,16 @@ fn a_numa_node_that_cannot_be_honoured_is_a_usage_error() {
 fn each_rank_binds_its_own_shard_and_the_report_places_every_shard() {
     let pool = name("numa-ranks");
     let world = 2;
-    let mut ranks = Children(
-        (0..world)
-            .map(|r| {
-                bin()
-                    .args(["alloc", "--hold", "--json", "--size", "64MiB"])
-                    .args(["--numa-node", "0,0", "--attach-timeout", "20"])
-                    .args(shared(&pool, world, r))
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect(),
-    );
-    let reports: Vec<Value> = ranks.0.iter_mut().map(read_report).collect();
+    let (ranks, reports) = held_ranks(&pool, world, |_, c| {
+        c.args([
+            "--size",
+            "64MiB",
+            "--numa-node",
+            "0,0",
+            "--attach-timeout",
+            "20",
+        ]);
+    });
     for (rank, r) in reports.iter().enumerate() {
         let n = &r["numa"];
         assert_eq!(n["asked"], serde_json::json!([0, 0]), "{n}");
@@ -160,13 +191,7 @@ fn each_rank_binds_its_own_shard_and_the_report_places_every_shard() {
             assert_eq!(s["node"], 0, "a list names every rank's node: {s}");
         }
     }
-    for c in &ranks.0 {
-        signal(c, libc::SIGTERM);
-    }
-    for c in &mut ranks.0 {
-        let status = wait_timeout(c, Duration::from_secs(20)).expect("a rank hung");
-        assert!(status.success(), "{status:?}");
-    }
+    release(ranks);
 }
 
 #[test]
@@ -342,24 +367,11 @@ fn numa_node_gpu_binds_each_rank_on_this_one_node_host() {
     let env = gpu_env(&libs.0, &one.0);
     let cfgs = TempDir::new("numa-gpu-bind-cfg");
     let pool = name("numa-gpu-bind");
-    let mut ranks = Children(
-        (0..2u32)
-            .map(|r| {
-                let mut c = bin();
-                c.args(["alloc", "--hold", "--json", "--size", "32MiB"])
-                    .args(["--config", &cuda_config(&cfgs, r, "")])
-                    .args(["--numa-node", "gpu", "--attach-timeout", "20"])
-                    .args(shared(&pool, 2, r))
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped());
-                for (k, v) in &env {
-                    c.env(k, v);
-                }
-                c.spawn().unwrap()
-            })
-            .collect(),
-    );
-    let reports: Vec<Value> = ranks.0.iter_mut().map(read_report).collect();
+    let (ranks, reports) = held_ranks(&pool, 2, |r, c| {
+        c.args(["--size", "32MiB", "--config", &cuda_config(&cfgs, r, "")])
+            .args(["--numa-node", "gpu", "--attach-timeout", "20"])
+            .envs(env.iter().copied());
+    });
     for (rank, r) in reports.iter().enumerate() {
         let n = &r["numa"];
         assert_eq!(n["gpu"]["device"], rank, "{n}");
@@ -374,13 +386,7 @@ fn numa_node_gpu_binds_each_rank_on_this_one_node_host() {
             "a peer's GPU is the peer's to find: {n}"
         );
     }
-    for c in &ranks.0 {
-        signal(c, libc::SIGTERM);
-    }
-    for c in &mut ranks.0 {
-        let status = wait_timeout(c, Duration::from_secs(20)).expect("a rank hung");
-        assert!(status.success(), "{status:?}");
-    }
+    release(ranks);
 }
 
 /// The memory policy `/proc/PID/numa_maps` gives the mapping that starts at
@@ -402,22 +408,17 @@ fn each_rank_binds_only_its_own_shard_as_numa_maps_shows() {
     // which part of the pool each rank bound: its shard, not its peer's.
     let Some(dir) = hugetlbfs_2m(16) else { return };
     let pool = name("numa-maps");
-    let mut ranks = Children(
-        (0..2u32)
-            .map(|r| {
-                bin()
-                    .args(["alloc", "--hold", "--json", "--size", "16MiB"])
-                    .args(["--backing", "hugetlbfs", "--dir", dir.to_str().unwrap()])
-                    .args(["--numa-node", "0,0", "--attach-timeout", "20"])
-                    .args(shared(&pool, 2, r))
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect(),
-    );
-    let reports: Vec<Value> = ranks.0.iter_mut().map(read_report).collect();
+    let (ranks, reports) = held_ranks(&pool, 2, |_, c| {
+        c.args([
+            "--size",
+            "16MiB",
+            "--backing",
+            "hugetlbfs",
+            "--dir",
+            dir.to_str().unwrap(),
+        ])
+        .args(["--numa-node", "0,0", "--attach-timeout", "20"]);
+    });
     for (rank, r) in reports.iter().enumerate() {
         let base = addr(r);
         let pid = ranks.0[rank].id();
@@ -435,11 +436,5 @@ fn each_rank_binds_only_its_own_shard_as_numa_maps_shows() {
             }
         }
     }
-    for c in &ranks.0 {
-        signal(c, libc::SIGTERM);
-    }
-    for c in &mut ranks.0 {
-        let status = wait_timeout(c, Duration::from_secs(20)).expect("a rank hung");
-        assert!(status.success(), "{status:?}");
-    }
+    release(ranks);
 }
