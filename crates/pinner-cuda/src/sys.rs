@@ -170,6 +170,13 @@ unsafe impl Send for Context {}
 // SAFETY: as for Send; the handle is only copied, never dereferenced.
 unsafe impl Sync for Context {}
 
+/// The text a driver wrote into `buf`, up to its NUL (all of `buf` if it
+/// wrote none).
+fn until_nul(buf: &[u8]) -> String {
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
 fn check(status: Status) -> Result<(), Status> {
     if status == SUCCESS {
         Ok(())
@@ -217,8 +224,7 @@ impl Api {
         check(unsafe {
             (self.cuDeviceGetName)(buf.as_mut_ptr().cast(), buf.len() as c_int, device)
         })?;
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+        Ok(until_nul(&buf))
     }
 
     /// `cuDeviceGetPCIBusId`: the device's PCI address as the driver writes
@@ -233,8 +239,7 @@ impl Api {
         check(unsafe {
             (self.cuDeviceGetPCIBusId)(buf.as_mut_ptr().cast(), buf.len() as c_int, device)
         })?;
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+        Ok(until_nul(&buf))
     }
 
     /// `cuDevicePrimaryCtxRetain`.
