@@ -37,11 +37,20 @@ pub struct FileId {
 /// # Errors
 /// The `fstat` errno.
 pub fn file_id(fd: impl AsFd) -> io::Result<FileId> {
+    id_and_len(fd).map(|(id, _)| id)
+}
+
+/// A file's identity and length, from one `fstat`.
+///
+/// # Errors
+/// The `fstat` errno.
+pub(crate) fn id_and_len(fd: impl AsFd) -> io::Result<(FileId, u64)> {
     let st = rustix::fs::fstat(fd)?;
-    Ok(FileId {
+    let id = FileId {
         dev: st.st_dev,
         ino: st.st_ino,
-    })
+    };
+    Ok((id, u64::try_from(st.st_size).unwrap_or(0)))
 }
 
 /// The first of `files` that is shorter than its extent: its index and
@@ -55,7 +64,7 @@ pub(crate) fn first_short<'a>(
     files: impl IntoIterator<Item = (BorrowedFd<'a>, Extent)>,
 ) -> io::Result<Option<(usize, u64)>> {
     for (i, (fd, extent)) in files.into_iter().enumerate() {
-        let len = u64::try_from(rustix::fs::fstat(fd)?.st_size).unwrap_or(0);
+        let (_, len) = id_and_len(fd)?;
         if len < extent.len {
             return Ok(Some((i, len)));
         }

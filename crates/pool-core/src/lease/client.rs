@@ -1,7 +1,7 @@
 //! An engine's side of a lease: attach to a keeper, map what it hands over,
 //! meet the other ranks at its barrier, release at teardown.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -190,39 +190,31 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
     }
     // A file shorter than its extent (truncated by another holder) would
     // make this process's accesses past its end a SIGBUS: map none of it.
-    let short = crate::file::first_short(
-        fds.iter()
-            .zip(&extents)
-            .map(|(fd, &(offset, len))| (fd.as_fd(), Extent { offset, len })),
-    )
-    .map_err(|e| wire::os("fstat", e, "a leased pool file"))?;
-    if let Some((i, len)) = short {
-        return Err(keeper_error(
-            name,
-            format!(
-                "kept pool `{name}`'s file {i} is {} long, shorter than its {} extent: a process \
-                 that held it truncated it, and the memory past its end is gone; restart the \
-                 keeper (pid {pid})",
-                crate::layout::format_bytes(len),
-                crate::layout::format_bytes(extents[i].1)
-            ),
-            Some(pid),
-            false,
-        ));
+    let mut files = Vec::with_capacity(fds.len());
+    for (i, (fd, (offset, len))) in fds.into_iter().zip(extents).enumerate() {
+        let (id, has) =
+            file::id_and_len(&fd).map_err(|e| wire::os("fstat", e, "a leased pool file"))?;
+        if has < len {
+            return Err(keeper_error(
+                name,
+                format!(
+                    "kept pool `{name}`'s file {i} is {} long, shorter than its {} extent: a \
+                     process that held it truncated it, and the memory past its end is gone; \
+                     restart the keeper (pid {pid})",
+                    crate::layout::format_bytes(has),
+                    crate::layout::format_bytes(len)
+                ),
+                Some(pid),
+                false,
+            ));
+        }
+        files.push(PoolFile {
+            fd,
+            path: None,
+            id,
+            extent: Extent { offset, len },
+        });
     }
-    let files = fds
-        .into_iter()
-        .zip(extents)
-        .map(|(fd, (offset, len))| {
-            let id = file::file_id(&fd).map_err(|e| wire::os("fstat", e, "a leased pool file"))?;
-            Ok(PoolFile {
-                fd,
-                path: None,
-                id,
-                extent: Extent { offset, len },
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
     let inner = file::map_files(
         files,
         size,
@@ -380,6 +372,8 @@ impl Mapping for LeasedMapping {
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsFd;
+
     use super::*;
 
     /// A keeper that hands over a file shorter than its extent (another
