@@ -1440,6 +1440,17 @@ fn a_lease_that_outlasts_the_drain_timeout_does_not_keep_the_keeper() {
 /// every file it was handed and hangs up: what an engine (or a child it
 /// gave the descriptors to) must never do.
 fn lease_and_truncate(pool: &str) {
+    let (_conn, fds) = lease_raw(pool);
+    assert!(!fds.is_empty());
+    for fd in fds {
+        rustix::fs::ftruncate(&fd, 0).unwrap();
+    }
+}
+
+/// Lease `pool` as a bare client of the keeper's protocol would: the
+/// connection (the lease lasts while it is open) and the descriptors the
+/// keeper handed over.
+fn lease_raw(pool: &str) -> (std::os::fd::OwnedFd, Vec<std::os::fd::OwnedFd>) {
     use rustix::net::{
         AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix,
         SocketFlags, SocketType,
@@ -1468,16 +1479,111 @@ fn lease_and_truncate(pool: &str) {
     .unwrap();
     let text = String::from_utf8_lossy(&buf[..got.bytes]).into_owned();
     assert!(text.contains("\"Lease\""), "{text}");
-    let mut files = 0;
+    let mut files = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
-            for fd in fds {
-                rustix::fs::ftruncate(&fd, 0).unwrap();
-                files += 1;
-            }
+            files.extend(fds);
         }
     }
-    assert!(files > 0, "{text}");
+    assert!(!files.is_empty(), "{text}");
+    (s, files)
+}
+
+/// A kept hugetlbfs pool without a mount is a memfd, sealed against
+/// shrinking and growing before any lease: an engine (or a process that
+/// opened its `/proc/PID/fd/N`) that `ftruncate`s it gets `EPERM`, so no
+/// lease can break the pool, and the next lease is granted as usual.
+#[test]
+fn a_leased_memfd_cannot_be_truncated() {
+    let Some(_dir) = support::procs::hugetlbfs_2m(4) else {
+        return;
+    };
+    let _serial = huge_pages_lock();
+    let pool = name("sealed");
+    let (k, _) = keeper_with(
+        &pool,
+        &[
+            "--size",
+            "8MiB",
+            "--backing",
+            "hugetlbfs",
+            "--page-size",
+            "2MiB",
+        ],
+        "",
+    );
+    let mut k = Children(vec![k]);
+    let (conn, fds) = lease_raw(&pool);
+    for fd in &fds {
+        let f = std::fs::File::from(fd.try_clone().unwrap());
+        assert!(
+            support::procs::size_sealed(&f),
+            "the leased memfd is sealed"
+        );
+        support::procs::assert_truncate_refused(&f, 0, "shrinking the leased memfd");
+        support::procs::assert_truncate_refused(&f, 16 * MIB, "growing the leased memfd");
+    }
+    // The keeper's own descriptor is the same file, as sealed.
+    let held = support::procs::fds_of(k[0].id(), "/memfd:hostpool");
+    assert!(!held.is_empty(), "the keeper holds its memfd");
+    for (fd, link) in held {
+        let f = support::procs::open_fd_of(k[0].id(), fd);
+        support::procs::assert_truncate_refused(&f, 0, &link);
+    }
+    drop(fds);
+    drop(conn);
+    let out = engine_once(&pool, &[]);
+    let rep = succeeds(&out);
+    assert_eq!(rep["keeper"]["name"], pool.as_str(), "{rep}");
+    let st = status(&pool);
+    assert!(st["broken"].is_null(), "{st}");
+    assert_eq!(st["generation"], 2, "{st}");
+    stop(k.0.remove(0));
+}
+
+/// A file in a directory cannot take seals (tmpfs), so an engine checks
+/// each leased file's length before it maps it: one truncated between the
+/// keeper's hand-over and the engine's `mmap` (here by the test, through
+/// the engine's `/proc/PID/fd/N`) is refused naming it, the engine does not
+/// die of SIGBUS, and the keeper, alive, marks its pool broken.
+#[test]
+fn an_engine_refuses_a_leased_file_truncated_before_it_maps_naming_it() {
+    if !root_or_skip("needs root to mount a small tmpfs") {
+        return;
+    }
+    let tmpfs = SmallTmpfs::mount("short-lease", 32);
+    let pool = name("short-lease");
+    let (k, _) = keeper(&pool, &tmpfs, &["--content", "keep"], "");
+    let mut k = Children(vec![k]);
+    let mut e = Children(vec![engine(&pool, &[], "keeper-passing-fds=stop")]);
+    let pid = e[0].id();
+    support::procs::wait_stopped(pid, Duration::from_secs(20));
+    let files = support::procs::fds_of(pid, tmpfs.path());
+    assert!(!files.is_empty(), "the engine holds the leased files");
+    let (fd, _) = files.last().unwrap();
+    support::procs::open_fd_of(pid, *fd).set_len(0).unwrap();
+    signal(&e[0], libc::SIGCONT);
+    let st = wait_timeout(&mut e[0], Duration::from_secs(20)).expect("the engine exits");
+    let err = stderr_of(&mut e[0]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("kept pool `{pool}`'s file"))
+            && err.contains("is 0 B long, shorter than its")
+            && err.contains("nothing was mapped"),
+        "{err}"
+    );
+    // The next lease finds the pool broken and is refused saying why.
+    until(
+        10,
+        || {
+            let _ = engine_once(&pool, &[]);
+            status(&pool)["state"] == "broken"
+        },
+        || format!("the keeper marks its pool broken: {}", status(&pool)),
+    );
+    assert!(k[0].try_wait().unwrap().is_none(), "the keeper lives");
+    stop(k.0.remove(0));
+    assert_clean(&tmpfs, "the keeper stopped");
 }
 
 /// A lease that truncates the pool's files (its memory is gone) breaks the

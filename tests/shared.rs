@@ -16,8 +16,9 @@ mod support;
 
 use support::procs::Children as Ranks;
 use support::procs::{
-    SmallTmpfs, addr, bin, free_2m, hugetlbfs_2m, mem_read, mem_write, name, read_report, resv_2m,
-    root_or_skip, signal, stderr_of, wait_timeout,
+    SmallTmpfs, addr, assert_truncate_refused, bin, fds_of, free_2m, hugetlbfs_2m, mem_read,
+    mem_write, name, open_fd_of, read_report, resv_2m, root_or_skip, signal, size_sealed,
+    stderr_of, wait_stopped, wait_timeout,
 };
 
 const HUGE_2M: u64 = 2 << 20;
@@ -1998,4 +1999,107 @@ fn ranks_with_an_empty_shard_pin_nothing() {
     }
     assert_eq!(empty, 4, "four of eight ranks get no page: {reports:?}");
     release_held_ranks(&mut ranks, &pool);
+}
+
+/// The memfd the ranks of a shared pool share is sealed against shrinking
+/// and growing: a rank, or any process that opens a rank's
+/// `/proc/PID/fd/N`, that `ftruncate`s it gets `EPERM` (an unsealed one
+/// could be cut under every rank, whose next touch of the lost range is a
+/// SIGBUS), and the pool lives on whole.
+#[test]
+fn no_holder_can_truncate_a_shared_memfd() {
+    if hugetlbfs_2m(8).is_none() {
+        return;
+    }
+    let _serial = huge_pages_lock();
+    let pool = name("sealed");
+    let size = 8 << 20;
+    let mut ranks = spawn_ranks(
+        &[
+            "--backing",
+            "hugetlbfs",
+            "--page-size",
+            "2MiB",
+            "--size",
+            "8MiB",
+        ],
+        &pool,
+        2,
+        &[],
+    );
+    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    for (r, child) in ranks.iter().enumerate() {
+        let memfds = fds_of(child.id(), "/memfd:hostpool");
+        assert!(!memfds.is_empty(), "rank {r} holds the pool's memfd");
+        for (fd, link) in memfds {
+            let f = open_fd_of(child.id(), fd);
+            let what = format!("rank {r}'s {link}");
+            assert!(size_sealed(&f), "{what} is sealed");
+            assert_truncate_refused(&f, 0, &what);
+            assert_truncate_refused(&f, 2 * size, &what);
+            assert_eq!(f.metadata().unwrap().len(), size, "{what}");
+        }
+    }
+    // Still one pool, to its last byte.
+    mem_write(ranks[0].id(), addr(&reports[0]) + size - 8, b"sealed!!");
+    assert_eq!(
+        mem_read(ranks[1].id(), addr(&reports[1]) + size - 8, 8),
+        b"sealed!!"
+    );
+    release_held_ranks(&mut ranks, &pool);
+}
+
+/// A file in a directory cannot take seals (tmpfs), so whoever maps a
+/// handed-over file checks its length first: a joiner whose file was
+/// truncated between the creator's hand-over and its `mmap` (here by the
+/// test, through the joiner's `/proc/PID/fd/N`) maps nothing, says which
+/// file and by how much, and does not die of SIGBUS; its creator fails
+/// naming it, and nothing is left in /dev/shm.
+#[test]
+fn a_joiner_refuses_a_file_truncated_before_it_maps_naming_it() {
+    let cfg = shm_config(2);
+    let pool = name("short-join");
+    let spawn = |rank: u32, fail: &str| {
+        bin()
+            .args(["alloc", "--json", "--hold"])
+            .args(shared_flags(&pool, 2, rank))
+            .args([
+                "--config",
+                cfg.path(),
+                "--size",
+                "8MiB",
+                "--attach-timeout",
+                "20",
+            ])
+            .env("HOSTPOOL_TEST_FAILPOINTS", fail)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut ranks = Ranks(vec![spawn(0, "")]);
+    wait_until_bound(&pool);
+    ranks.push(spawn(1, "shared-passing-fds=stop"));
+    let joiner = ranks[1].id();
+    // The joiner stops once it holds the creator's descriptors.
+    wait_stopped(joiner, Duration::from_secs(20));
+    let files = fds_of(joiner, "/dev/shm/");
+    assert_eq!(files.len(), 2, "two segments: {files:?}");
+    // The last file is rank 1's shard, which the creator never touches.
+    let (fd, link) = &files[1];
+    open_fd_of(joiner, *fd).set_len(0).unwrap();
+    signal(&ranks[1], libc::SIGCONT);
+    let st = wait_timeout(&mut ranks[1], Duration::from_secs(20)).expect("the joiner exits");
+    let err = stderr_of(&mut ranks[1]);
+    assert_eq!(st.code(), Some(1), "{link}: {err}");
+    assert!(
+        err.contains("file 1 is 0 B long, shorter than its 4 MiB extent at offset 4194304")
+            && err.contains("nothing was mapped"),
+        "{err}"
+    );
+    let st = wait_timeout(&mut ranks[0], Duration::from_secs(20)).expect("the creator exits");
+    let err = stderr_of(&mut ranks[0]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(names_rank(&err, 1, joiner), "{err}");
+    assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 }

@@ -285,3 +285,70 @@ pub fn hugetlbfs_2m(pages: u64) -> Option<PathBuf> {
         }
     }
 }
+
+/// Wait (at most `limit`) until process `pid` is stopped (state `T` in
+/// `/proc/PID/stat`: a `stop` failpoint, or SIGSTOP); fails if it exits or
+/// runs on past the limit.
+#[track_caller]
+pub fn wait_stopped(pid: u32, limit: Duration) {
+    let end = Instant::now() + limit;
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the command name, which is in parentheses.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        match state {
+            Some('T' | 't') => return,
+            Some('Z') | None => panic!("process {pid} exited before it stopped"),
+            _ => {}
+        }
+        assert!(
+            Instant::now() < end,
+            "process {pid} did not stop within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The descriptors process `pid` holds whose link starts with `prefix`
+/// (`/memfd:`, `/dev/shm/`), as `(fd number, link)`, in fd order.
+pub fn fds_of(pid: u32, prefix: &str) -> Vec<(u32, String)> {
+    let mut v: Vec<(u32, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_str()?.parse().ok()?;
+            let link = std::fs::read_link(e.path()).ok()?;
+            let link = link.to_string_lossy().into_owned();
+            link.starts_with(prefix).then_some((n, link))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Open another process's descriptor `fd` read-write, as any process with
+/// the right to read `/proc/PID/fd` can: the same file, not a copy.
+pub fn open_fd_of(pid: u32, fd: u32) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/fd/{fd}"))
+        .unwrap()
+}
+
+/// Whether `file` is sealed against shrinking and growing, with the seals
+/// sealed: what every memfd hostpool hands over carries.
+pub fn size_sealed(file: &std::fs::File) -> bool {
+    use rustix::fs::SealFlags;
+    rustix::fs::fcntl_get_seals(file)
+        .is_ok_and(|s| s.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL))
+}
+
+/// `ftruncate` of a sealed file to `len` must fail with `EPERM`.
+#[track_caller]
+pub fn assert_truncate_refused(file: &std::fs::File, len: u64, what: &str) {
+    let e = rustix::fs::ftruncate(file, len).expect_err(what);
+    assert_eq!(e, rustix::io::Errno::PERM, "{what}: {e}");
+}

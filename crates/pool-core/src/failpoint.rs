@@ -6,7 +6,10 @@
 //! process; `action` is an errno, as a number or a name (`EIO`, `ENOMEM`,
 //! `EINVAL`, `EPERM`, `EFAULT`), for [`check`], or `stall`, for [`stall`]:
 //! the process stops there until a signal ends it, so a test can kill it at
-//! that exact step. An unknown name is ignored. Without the variable every
+//! that exact step; or `stop`, also for [`stall`]: the process stops itself
+//! with `SIGSTOP` there, so a test that sees it stopped (its state in
+//! `/proc/PID/stat`) can change the world under it, then let it go on with
+//! `SIGCONT`. An unknown name is ignored. Without the variable every
 //! check is one relaxed load of a cached empty list.
 //!
 //! Only a build with the cargo feature `failpoints` reads the variable (the
@@ -55,6 +58,7 @@ pub const NAMES: [&str; 18] = [
 enum Action {
     Errno(i32),
     Stall,
+    Stop,
 }
 
 #[cfg(feature = "failpoints")]
@@ -70,6 +74,7 @@ fn parse(spec: &str) -> Vec<(String, Action)> {
             let (name, action) = item.trim().split_once('=')?;
             let action = match action.trim() {
                 "stall" => Action::Stall,
+                "stop" => Action::Stop,
                 "EIO" => Action::Errno(libc::EIO),
                 "ENOMEM" => Action::Errno(libc::ENOMEM),
                 "EINVAL" => Action::Errno(libc::EINVAL),
@@ -92,7 +97,7 @@ fn action(name: &str) -> Option<Action> {
 pub fn check(name: &str) -> Option<io::Error> {
     match action(name)? {
         Action::Errno(errno) => Some(io::Error::from_raw_os_error(errno)),
-        Action::Stall => None,
+        Action::Stall | Action::Stop => None,
     }
 }
 
@@ -104,14 +109,23 @@ pub fn check(_name: &str) -> Option<io::Error> {
 }
 
 /// Stop here for good when the failpoint `name` is armed with `stall`
-/// (the test then kills the process at this step).
+/// (the test then kills the process at this step), or until `SIGCONT` when
+/// it is armed with `stop` (the process stops itself with `SIGSTOP`).
 #[cfg(feature = "failpoints")]
 pub fn stall(name: &str) {
-    if action(name) == Some(Action::Stall) {
-        tracing::warn!("failpoint {name}: stalling until killed");
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
+    match action(name) {
+        Some(Action::Stall) => {
+            tracing::warn!("failpoint {name}: stalling until killed");
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
         }
+        Some(Action::Stop) => {
+            tracing::warn!("failpoint {name}: stopped until SIGCONT");
+            let me = rustix::process::getpid();
+            let _ = rustix::process::kill_process(me, rustix::process::Signal::STOP);
+        }
+        _ => {}
     }
 }
 
@@ -165,12 +179,14 @@ mod tests {
     fn specs_parse_names_and_numbers_and_skip_junk() {
         assert_eq!(
             parse(
-                "populate-write-probe=EIO, anon-mmap=12,bogus,x=EWHAT,shared-after-barrier=stall"
+                "populate-write-probe=EIO, anon-mmap=12,bogus,x=EWHAT,shared-after-barrier=stall,\
+                 keeper-attached=stop"
             ),
             vec![
                 ("populate-write-probe".to_string(), Action::Errno(libc::EIO)),
                 ("anon-mmap".to_string(), Action::Errno(12)),
                 ("shared-after-barrier".to_string(), Action::Stall),
+                ("keeper-attached".to_string(), Action::Stop),
             ]
         );
         assert!(parse("").is_empty());

@@ -165,15 +165,32 @@ pub fn create_private(dir: &Path, len: u64, page: PageSize) -> Result<OwnedFd> {
     Ok(fd)
 }
 
-/// A memfd (`memfd_create`) of `len` bytes; with `hugetlb`, backed by huge
-/// pages of that size (`MFD_HUGETLB | log2(page) << MFD_HUGE_SHIFT`), so no
-/// hugetlbfs mount is needed.
+/// The seals every memfd hostpool makes carries once it has its length: no
+/// process that holds it (a rank, an engine on a lease, or anyone who opened
+/// its `/proc/PID/fd/N`) can shrink it under the others, whose next touch of
+/// the lost range would be a SIGBUS, nor grow it, and no seal can be taken
+/// back (`F_SEAL_SEAL`).
+pub const SIZE_SEALS: rustix::fs::SealFlags = rustix::fs::SealFlags::SHRINK
+    .union(rustix::fs::SealFlags::GROW)
+    .union(rustix::fs::SealFlags::SEAL);
+
+/// Whether `fd`'s length is sealed ([`SIZE_SEALS`]): a memfd of ours.
+/// Files in a directory (tmpfs, hugetlbfs `O_TMPFILE`) cannot take seals;
+/// whoever maps them checks their lengths instead ([`map_files`]).
+pub fn size_sealed(fd: impl AsFd) -> bool {
+    rustix::fs::fcntl_get_seals(fd).is_ok_and(|s| s.contains(SIZE_SEALS))
+}
+
+/// A memfd (`memfd_create`) of `len` bytes, sealed against shrinking and
+/// growing ([`SIZE_SEALS`]); with `hugetlb`, backed by huge pages of that
+/// size (`MFD_HUGETLB | log2(page) << MFD_HUGE_SHIFT`), so no hugetlbfs
+/// mount is needed.
 ///
 /// # Errors
 /// [`Error::NotAvailable`] when the kernel has no huge pages of that size;
 /// [`Error::Os`] otherwise.
 pub fn create_memfd(name: &str, len: u64, page: PageSize, hugetlb: bool) -> Result<OwnedFd> {
-    let mut flags = rustix::fs::MemfdFlags::CLOEXEC;
+    let mut flags = rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING;
     if hugetlb {
         let log2 = page.get().trailing_zeros();
         flags |=
@@ -190,6 +207,16 @@ pub fn create_memfd(name: &str, len: u64, page: PageSize, hugetlb: bool) -> Resu
         }
     })?;
     set_len(&fd, Path::new("memfd"), len, page)?;
+    rustix::fs::fcntl_add_seals(&fd, SIZE_SEALS).map_err(|e| {
+        io_error(
+            "fcntl(F_ADD_SEALS)",
+            Some(Path::new("memfd")),
+            len,
+            page,
+            "the kernel must allow sealing memfds (Linux 3.17, 4.16 for hugetlb memfds)",
+            e.into(),
+        )
+    })?;
     Ok(fd)
 }
 
@@ -349,10 +376,13 @@ fn unique() -> u64 {
 }
 
 /// What to say when mapping a file fails.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct MapContext {
     /// The remedy for `ENOMEM` at `mmap` (for hugetlbfs: too few huge pages).
     pub enomem_remedy: String,
+    /// What to do about a file shorter than its extent, which another holder
+    /// of it truncated (empty: remove or recreate the pool).
+    pub truncated_remedy: String,
 }
 
 /// Map `files` contiguously into one range of `size.mapped()` bytes.
@@ -372,6 +402,7 @@ pub struct MapContext {
 pub fn map_files(files: Vec<PoolFile>, size: MappedSize, ctx: &MapContext) -> Result<FileMapping> {
     let page = size.page();
     let mut files = Files(files);
+    check_lengths(&files.0, page, ctx)?;
     let mut reservation = Reservation::new(size).map_err(|e| {
         Error::os(
             "mmap(PROT_NONE reservation)",
@@ -426,6 +457,52 @@ pub fn map_files(files: Vec<PoolFile>, size: MappedSize, ctx: &MapContext) -> Re
         }
     })?;
     Ok(FileMapping { mmap, files })
+}
+
+/// Refuse to map a file shorter than its extent: whoever holds it (a peer
+/// rank, a keeper's earlier lease, anyone who opened its `/proc/PID/fd/N`)
+/// truncated it, and every access past its new end would be a SIGBUS. The
+/// one length check of every path that maps files: a private pool's, a
+/// shared pool's creator and joiners (socket or file rendezvous), and an
+/// engine on a lease. A sealed memfd ([`SIZE_SEALS`]) cannot shrink after
+/// this; a file in a directory can, which nothing but its holders' good
+/// conduct prevents.
+fn check_lengths(files: &[PoolFile], page: PageSize, ctx: &MapContext) -> Result<()> {
+    let short = first_short(files.iter().map(|f| (f.fd.as_fd(), f.extent))).map_err(|e| {
+        Error::os(
+            "fstat",
+            e,
+            Context::new(0, page).remedy("a pool file handed to this process could not be read"),
+        )
+    })?;
+    let Some((i, has)) = short else {
+        return Ok(());
+    };
+    let file = &files[i];
+    let remedy = if ctx.truncated_remedy.is_empty() {
+        "recreate the pool"
+    } else {
+        ctx.truncated_remedy.as_str()
+    };
+    let path = file
+        .path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("(unlinked)"));
+    Err(Error::Conflict {
+        message: format!(
+            "file {i}{named} is {} long, shorter than its {} extent at offset {}: a process that \
+             held it truncated it, and the memory past its end is gone; nothing was mapped; {remedy}",
+            format_bytes(has),
+            format_bytes(file.extent.len),
+            file.extent.offset,
+            named = file
+                .path
+                .as_ref()
+                .map(|p| format!(" ({})", p.display()))
+                .unwrap_or_default(),
+        ),
+        path,
+    })
 }
 
 /// The files of a mapping; still-linked ones are unlinked (by inode) when
@@ -578,6 +655,7 @@ pub fn map_planned(plan: &FilePlan, size: MappedSize) -> Result<FileMapping> {
         size,
         &MapContext {
             enomem_remedy: plan.enomem_remedy.clone(),
+            ..MapContext::default()
         },
     )
 }
@@ -650,14 +728,7 @@ mod tests {
                 },
             });
         }
-        let m = map_files(
-            files,
-            size,
-            &MapContext {
-                enomem_remedy: String::new(),
-            },
-        )
-        .unwrap();
+        let m = map_files(files, size, &MapContext::default()).unwrap();
         for (i, b) in [1u8, 2, 3, 4].into_iter().enumerate() {
             assert!(m.region().write_byte((4 << 20) - 2 + i as u64, b));
         }
@@ -665,6 +736,95 @@ mod tests {
         rustix::io::pread(&m.pool_files()[1].fd, &mut b, 0).unwrap();
         assert_eq!(b, [3, 4]);
         assert!(m.release().is_empty());
+    }
+
+    /// A memfd is sealed against shrinking and growing, however it is
+    /// reached (its descriptor, or the file reopened through
+    /// `/proc/self/fd`), and its seals cannot be taken back; its bytes can
+    /// still be written.
+    #[test]
+    fn a_memfd_is_sealed_against_shrinking_and_growing() {
+        let fd = create_memfd("hostpool-sealed", 4 << 20, PageSize::BASE_4K, false).unwrap();
+        assert!(size_sealed(&fd));
+        let reopened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&fd)
+            ))
+            .unwrap();
+        for len in [0, 4096, 8 << 20] {
+            assert_eq!(
+                rustix::fs::ftruncate(&fd, len),
+                Err(rustix::io::Errno::PERM)
+            );
+            assert_eq!(
+                rustix::fs::ftruncate(&reopened, len),
+                Err(rustix::io::Errno::PERM)
+            );
+        }
+        assert_eq!(
+            rustix::fs::fcntl_add_seals(&fd, rustix::fs::SealFlags::WRITE),
+            Err(rustix::io::Errno::PERM),
+            "F_SEAL_SEAL: no seal can be added or taken back"
+        );
+        assert_eq!(rustix::io::pwrite(&fd, b"ok", (4 << 20) - 2), Ok(2));
+        assert_eq!(id_and_len(&fd).unwrap().1, 4 << 20);
+        // A file in a directory cannot take seals: it is not reported sealed.
+        let dir = tmpdir();
+        let private = create_private(&dir, 1 << 20, PageSize::BASE_4K).unwrap();
+        assert!(!size_sealed(&private));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file shorter than its extent (another holder truncated it) is
+    /// refused by the one mapping path, naming it, and nothing is mapped.
+    #[test]
+    fn a_file_shorter_than_its_extent_is_never_mapped() {
+        let dir = tmpdir();
+        let size = round_to_page(4 << 20, PageSize::BASE_4K).unwrap();
+        let mut files = Vec::new();
+        for i in 0..2u64 {
+            let fd = create_private(&dir, 2 << 20, PageSize::BASE_4K).unwrap();
+            let id = file_id(&fd).unwrap();
+            files.push(PoolFile {
+                fd,
+                path: Some(dir.join(format!("seg{i}"))),
+                id,
+                extent: Extent {
+                    offset: i * (2 << 20),
+                    len: 2 << 20,
+                },
+            });
+        }
+        rustix::fs::ftruncate(&files[1].fd, 1 << 20).unwrap();
+        let maps_before = std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .count();
+        let ctx = MapContext {
+            truncated_remedy: "start the pool again".into(),
+            ..MapContext::default()
+        };
+        let e = map_files(files, size, &ctx).expect_err("a short file is refused");
+        let text = e.to_string();
+        assert!(
+            matches!(&e, Error::Conflict { path, .. } if path.ends_with("seg1"))
+                && text.contains("file 1 (")
+                && text.contains("is 1 MiB long, shorter than its 2 MiB extent at offset 2097152")
+                && text.ends_with("nothing was mapped; start the pool again"),
+            "{text}"
+        );
+        let maps_after = std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .count();
+        assert!(
+            maps_after <= maps_before + 2,
+            "no reservation is left mapped"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn memfd_file(name: &str, offset: u64, len: u64) -> PoolFile {
@@ -687,9 +847,7 @@ mod tests {
     #[test]
     fn bad_extents_are_an_error_and_never_a_map() {
         let size = round_to_page(8 << 20, PageSize::BASE_4K).unwrap();
-        let ctx = MapContext {
-            enomem_remedy: String::new(),
-        };
+        let ctx = MapContext::default();
         let mib = 1u64 << 20;
         type Case = (&'static str, Vec<(u64, u64)>, &'static str);
         let cases: [Case; 6] = [

@@ -188,33 +188,22 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
     if size.mapped() != mapped {
         return Err(died("sent sizes that do not agree"));
     }
+    let files = fds
+        .into_iter()
+        .zip(extents)
+        .map(|(fd, (offset, len))| {
+            let id = file::file_id(&fd).map_err(|e| wire::os("fstat", e, "a leased pool file"))?;
+            Ok(PoolFile {
+                fd,
+                path: None,
+                id,
+                extent: Extent { offset, len },
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     // A file shorter than its extent (truncated by another holder) would
-    // make this process's accesses past its end a SIGBUS: map none of it.
-    let mut files = Vec::with_capacity(fds.len());
-    for (i, (fd, (offset, len))) in fds.into_iter().zip(extents).enumerate() {
-        let (id, has) =
-            file::id_and_len(&fd).map_err(|e| wire::os("fstat", e, "a leased pool file"))?;
-        if has < len {
-            return Err(keeper_error(
-                name,
-                format!(
-                    "kept pool `{name}`'s file {i} is {} long, shorter than its {} extent: a \
-                     process that held it truncated it, and the memory past its end is gone; \
-                     restart the keeper (pid {pid})",
-                    crate::layout::format_bytes(has),
-                    crate::layout::format_bytes(len)
-                ),
-                Some(pid),
-                false,
-            ));
-        }
-        files.push(PoolFile {
-            fd,
-            path: None,
-            id,
-            extent: Extent { offset, len },
-        });
-    }
+    // make this process's accesses past its end a SIGBUS: `map_files` maps
+    // none of it, and says so in the keeper's words.
     let inner = file::map_files(
         files,
         size,
@@ -222,8 +211,18 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
             enomem_remedy: "mapping the kept pool failed: raise the address-space limit \
                             (ulimit -v)"
                 .into(),
+            truncated_remedy: format!("restart the keeper (pid {pid})"),
         },
-    )?;
+    )
+    .map_err(|e| match e {
+        Error::Conflict { message, .. } => keeper_error(
+            name,
+            format!("kept pool `{name}`'s {message}"),
+            Some(pid),
+            false,
+        ),
+        e => e,
+    })?;
     crate::failpoint::stall("keeper-attached");
     let shard = match &sharing {
         Some(s) => crate::shared::shard(size, s)?,

@@ -244,6 +244,10 @@ fn map_files(plan: &PoolPlan, files: &FilePlan) -> Result<Box<dyn Mapping>> {
         create: &*files.create,
         map: crate::file::MapContext {
             enomem_remedy: files.enomem_remedy.clone(),
+            truncated_remedy:
+                "a rank, or a process that opened a rank's descriptor, truncated the \
+                               shared pool's file; stop every rank and start them again"
+                    .into(),
         },
     })
 }

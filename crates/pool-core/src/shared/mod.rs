@@ -291,6 +291,7 @@ mod tests {
             create: &|e| crate::file::create_private(&d.data, e.len, PageSize::BASE_4K),
             map: MapContext {
                 enomem_remedy: "x".into(),
+                ..MapContext::default()
             },
         })
     }

@@ -497,6 +497,7 @@ impl Backing for FileBacking {
                      smaller --size",
                     format_bytes(len)
                 ),
+                ..MapContext::default()
             },
         )?;
         Ok(Box::new(mapping))
