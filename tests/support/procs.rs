@@ -352,3 +352,24 @@ pub fn assert_truncate_refused(file: &std::fs::File, len: u64, what: &str) {
     let e = rustix::fs::ftruncate(file, len).expect_err(what);
     assert_eq!(e, rustix::io::Errno::PERM, "{what}: {e}");
 }
+
+/// Whether `pages` 1 GiB huge pages are free. Under `cargo xtask test`
+/// (which reserves two) a test that cannot get them fails, unless the
+/// kernel has no 1 GiB pages at all; elsewhere it says why it skips.
+pub fn free_1g_or_skip(pages: u64) -> bool {
+    let dir = "/sys/kernel/mm/hugepages/hugepages-1048576kB";
+    let free: u64 = std::fs::read_to_string(format!("{dir}/free_hugepages"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    if free >= pages {
+        return true;
+    }
+    let why = format!("needs {pages} free 1 GiB huge pages, the kernel has {free}");
+    assert!(
+        !(required() && std::path::Path::new(dir).is_dir()),
+        "{why}, and HOSTPOOL_REQUIRE_HUGEPAGES=1"
+    );
+    eprintln!("skip: {why}");
+    false
+}

@@ -352,10 +352,33 @@ mod tests {
         assert_eq!(l.path, t.0.join("a/b/hugetlb.2MB.max"));
     }
 
+    /// This process's own groups, read for real: the limits found are
+    /// those of the groups `/proc/self/cgroup` names, each as its file says,
+    /// and the tightest is the one with the least room of them.
     #[test]
-    fn this_process_can_be_read() {
-        // Whatever the host's cgroups hold, reading them does not fail.
-        eprintln!("memory limits here: {:?}", limits(&memory()));
-        eprintln!("tightest: {:?}", tightest(&memory()));
+    fn this_process_reads_the_limits_of_its_own_groups() {
+        let own = fs::read_to_string(SELF_CGROUP).expect("every Linux process has one");
+        let paths = |ls: &[CgroupLimit]| {
+            ls.iter()
+                .map(|l| (l.path.clone(), l.limit))
+                .collect::<Vec<_>>()
+        };
+        let all = limits(&memory());
+        assert_eq!(
+            paths(&all),
+            paths(&limits_in(&own, Path::new(ROOT), &memory())),
+            "{own}"
+        );
+        for l in &all {
+            assert!(l.path.starts_with(ROOT), "{l:?}");
+            let text = fs::read_to_string(&l.path).unwrap();
+            assert_eq!(text.trim().parse::<u64>().ok(), Some(l.limit), "{l:?}");
+            assert!(l.limit < UNLIMITED, "unlimited is not a limit: {l:?}");
+        }
+        let tight = tightest(&memory());
+        assert_eq!(tight.is_some(), !all.is_empty());
+        if let Some(t) = tight {
+            assert!(all.iter().any(|l| l.path == t.path), "{t:?} of {all:?}");
+        }
     }
 }
