@@ -402,9 +402,14 @@ fn attach_once(
             )
             .expect("populate-write plan");
             pf.threads = threads;
-            black_box(prefault::run(&region, &pf, &|done| {
-                black_box(done);
-            }))
+            black_box(prefault::run(
+                &region,
+                &pf,
+                &|done| {
+                    black_box(done);
+                },
+                &pool_core::interrupt::Cancel::new(),
+            ))
             .expect("engine prefault");
         }
     }

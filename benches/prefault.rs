@@ -159,9 +159,14 @@ fn prefault_once(method: support::Method, size: u64, threads: usize, thp: bool) 
     match method {
         support::Method::RawC => raw_populate(region, threads).expect("raw populate"),
         support::Method::Engine => {
-            black_box(prefault::run(region, &plan, &|done| {
-                black_box(done);
-            }))
+            black_box(prefault::run(
+                region,
+                &plan,
+                &|done| {
+                    black_box(done);
+                },
+                &pool_core::interrupt::Cancel::new(),
+            ))
             .expect("engine prefault");
         }
     }

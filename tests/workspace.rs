@@ -318,80 +318,197 @@ fn code_of(text: &str) -> String {
         .join("\n")
 }
 
-/// The top-level modules each top-level module of the crate in `src` uses,
-/// through every spelling: `crate::m::X`, `crate::{m, n}`, `super::` that
-/// reaches the crate root, and names the root re-exports (`crate::X` where
-/// the root says `pub use m::X`).
-fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+/// A module graph: for each module, the sibling modules it uses.
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// The top-level modules each top-level module of the crate in `src` uses
+/// ([`module_graphs`] at the crate root).
+fn module_graph(src: &Path) -> Graph {
+    module_graphs(src).remove(&Vec::new()).unwrap_or_default()
+}
+
+/// The paths a `use` tree names, from its text after `crate::`, `super::`
+/// or `self::`: `a::b::{c, d::{e, f as g}, *}` gives `[a, b, c]`,
+/// `[a, b, d, e]`, `[a, b, d, f]` and `[a, b]`.
+fn use_paths(tail: &str) -> Vec<Vec<String>> {
+    fn ident(s: &str) -> (String, &str) {
+        let s = s.trim_start();
+        let end = s
+            .char_indices()
+            .find(|(_, c)| !(c.is_alphanumeric() || *c == '_'))
+            .map_or(s.len(), |(i, _)| i);
+        (s[..end].to_string(), &s[end..])
+    }
+    fn tree(s: &str, prefix: &[String], out: &mut Vec<Vec<String>>) {
+        let mut path = prefix.to_vec();
+        let mut rest = s.trim_start();
+        loop {
+            if let Some(group) = rest.strip_prefix('{') {
+                let (mut depth, mut start) = (0usize, 0usize);
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => {
+                            tree(&group[start..i], &path, out);
+                            return;
+                        }
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            tree(&group[start..i], &path, out);
+                            start = i + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                return;
+            }
+            let (name, after) = ident(rest);
+            if name.is_empty() || name == "self" {
+                break;
+            }
+            path.push(name);
+            match after.strip_prefix("::") {
+                Some(more) => rest = more.trim_start(),
+                None => break,
+            }
+        }
+        if path.len() > prefix.len() || !path.is_empty() {
+            out.push(path);
+        }
+    }
+    let mut out = Vec::new();
+    tree(tail, &[], &mut out);
+    out
+}
+
+/// For each module of the crate in `src` (by its path from the crate root,
+/// the root being `[]`), the graph of its child modules: which child uses
+/// which, through every spelling at any depth: `crate::a::b::X`,
+/// `crate::{a, b::{c, d}}`, `super::` and `super::super::` from anywhere,
+/// and names a module re-exports (`crate::X` where the root says `pub use
+/// m::X`, `super::Y` where the parent says `pub use n::Y`, followed through
+/// every level). A use of `pool::report` from `pool::build` is an edge
+/// `build -> report` in the graph of `pool`; a use of `host` from
+/// `pool::plan` is an edge `pool -> host` in the root's.
+fn module_graphs(src: &Path) -> BTreeMap<Vec<String>, Graph> {
     let root_file = ["lib.rs", "main.rs"]
         .iter()
         .map(|f| src.join(f))
         .find(|p| p.exists())
         .expect("a crate root");
-    let root_text = std::fs::read_to_string(&root_file).unwrap();
-    let reexports = root_reexports(&root_text);
     let mut files = Vec::new();
     rust_files(src, &mut files);
-    let mut modules: Vec<(Vec<String>, String)> = Vec::new();
+    let mut modules: BTreeMap<Vec<String>, String> = BTreeMap::new();
     for file in files {
         let rel = file.strip_prefix(src).unwrap();
-        if rel.starts_with("bin") || file == root_file {
+        if rel.starts_with("bin") {
             continue;
         }
-        let mut path: Vec<String> = rel
-            .with_extension("")
-            .iter()
-            .map(|s| s.to_string_lossy().into_owned())
-            .collect();
+        let mut path: Vec<String> = if file == root_file {
+            Vec::new()
+        } else {
+            rel.with_extension("")
+                .iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect()
+        };
         if path.last().is_some_and(|l| l == "mod") {
             path.pop();
         }
-        modules.push((path, std::fs::read_to_string(&file).unwrap()));
+        modules.insert(path, code_of(&std::fs::read_to_string(&file).unwrap()));
     }
-    let tops: BTreeSet<String> = modules.iter().map(|(p, _)| p[0].clone()).collect();
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (path, text) in &modules {
-        let text = &code_of(text);
-        let top = &path[0];
-        let deps = graph.entry(top.clone()).or_default();
-        let mut rooted: Vec<&str> = Vec::new();
-        for (i, _) in text.match_indices("crate::") {
-            let before = text[..i].chars().next_back();
-            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
-                rooted.push(&text[i + 7..]);
-            }
-        }
-        for (i, _) in text.match_indices("super::") {
-            if text[..i].ends_with("super::") {
+    let child = |parent: &[String], name: &str| -> Option<Vec<String>> {
+        let mut p = parent.to_vec();
+        p.push(name.to_string());
+        modules.contains_key(&p).then_some(p)
+    };
+    // The child module a module's `pub use` re-exports `name` from.
+    let reexport = |module: &[String], name: &str| -> Option<Vec<String>> {
+        let text = modules.get(module)?;
+        root_reexports(text)
+            .into_iter()
+            .chain(root_reexports(&text.replace("pub(crate) use ", "pub use ")))
+            .find(|(item, _)| item == name)
+            .and_then(|(_, from)| child(module, &from))
+    };
+    let resolve = |base: &[String], segs: &[String]| -> Vec<String> {
+        let mut at = base.to_vec();
+        for seg in segs {
+            if let Some(next) = child(&at, seg) {
+                at = next;
                 continue;
             }
+            while let Some(next) = reexport(&at, seg) {
+                at = next;
+            }
+            break;
+        }
+        at
+    };
+    let mut graphs: BTreeMap<Vec<String>, Graph> = BTreeMap::new();
+    for path in modules.keys() {
+        if let Some((_, parent)) = path.split_last() {
+            graphs
+                .entry(parent.to_vec())
+                .or_default()
+                .entry(path[parent.len()].clone())
+                .or_default();
+        }
+    }
+    for (path, text) in &modules {
+        let mut uses: Vec<Vec<String>> = Vec::new();
+        let starts = |word: &str| -> Vec<usize> {
+            text.match_indices(word)
+                .map(|(i, _)| i)
+                .filter(|&i| {
+                    !text[..i]
+                        .chars()
+                        .next_back()
+                        .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$' || c == ':')
+                })
+                .collect()
+        };
+        for i in starts("crate::") {
+            for segs in use_paths(&text[i + 7..]) {
+                uses.push(resolve(&[], &segs));
+            }
+        }
+        for i in starts("self::") {
+            for segs in use_paths(&text[i + 6..]) {
+                uses.push(resolve(path, &segs));
+            }
+        }
+        for i in starts("super::") {
             let mut tail = &text[i..];
             let mut up = 0;
             while let Some(rest) = tail.strip_prefix("super::") {
                 up += 1;
                 tail = rest;
             }
-            if up >= path.len() {
-                rooted.push(tail);
+            if up > path.len() {
+                continue;
+            }
+            let base = &path[..path.len() - up];
+            for segs in use_paths(tail) {
+                uses.push(resolve(base, &segs));
             }
         }
-        for tail in rooted {
-            for seg in first_segments(tail) {
-                let dep = if tops.contains(&seg) {
-                    Some(seg)
-                } else {
-                    reexports
-                        .iter()
-                        .find(|(name, _)| *name == seg)
-                        .map(|(_, m)| m.clone())
-                };
-                if let Some(dep) = dep.filter(|d| d != top && tops.contains(d)) {
-                    deps.insert(dep);
-                }
+        for target in uses {
+            let common = path.iter().zip(&target).take_while(|(a, b)| a == b).count();
+            // A module's use of its own ancestor or descendant is no edge
+            // between siblings.
+            if common == path.len() || common == target.len() {
+                continue;
             }
+            graphs
+                .entry(path[..common].to_vec())
+                .or_default()
+                .entry(path[common].clone())
+                .or_default()
+                .insert(target[common].clone());
         }
     }
-    graph
+    graphs
 }
 
 /// A cycle in `graph`, if it has one.
@@ -484,18 +601,75 @@ fn the_module_reader_sees_braces_super_and_root_reexports() {
     assert!(cycle(&graph).is_some());
 }
 
+/// The reader sees a cycle between modules nested in a module, however
+/// it is spelled: `super::sibling`, `crate::parent::sibling` and a name
+/// the parent re-exports (the shape of the cycle `pool/` once had:
+/// `build -> report -> plan -> build`).
+#[test]
+fn the_module_reader_sees_cycles_at_any_depth() {
+    assert_eq!(
+        use_paths("a::b::{c, d::{e, f as g}, *}; x"),
+        [
+            vec!["a", "b", "c"],
+            vec!["a", "b", "d", "e"],
+            vec!["a", "b", "d", "f"],
+            vec!["a", "b"],
+        ]
+    );
+    let dir = std::env::temp_dir().join(format!("hostpool-nested-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("pool")).unwrap();
+    let files = [
+        ("lib.rs", "mod pool;\nmod host;\npub use pool::Plan;\n"),
+        ("host.rs", "pub fn facts() {}\n"),
+        (
+            "pool/mod.rs",
+            "mod build;\nmod plan;\nmod report;\npub use plan::Plan;\n",
+        ),
+        (
+            "pool/build.rs",
+            "use super::report::Report;\nuse crate::host::facts;\n",
+        ),
+        ("pool/report.rs", "pub struct Report(crate::Plan);\n"),
+        (
+            "pool/plan.rs",
+            "pub struct Plan;\nfn f() { super::super::pool::build::go() }\n",
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let graphs = module_graphs(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let pool = &graphs[&vec!["pool".to_string()]];
+    assert_eq!(pool["build"], BTreeSet::from(["report".to_string()]));
+    assert_eq!(pool["report"], BTreeSet::from(["plan".to_string()]));
+    assert_eq!(pool["plan"], BTreeSet::from(["build".to_string()]));
+    assert!(cycle(pool).is_some());
+    // At the root: pool uses host, nothing uses pool; no cycle there.
+    let top = &graphs[&Vec::new()];
+    assert_eq!(top["pool"], BTreeSet::from(["host".to_string()]));
+    assert!(cycle(top).is_none());
+}
+
 #[test]
 fn no_crate_has_a_module_cycle() {
     let mut checked = 0;
     let mut cycles = Vec::new();
     for src in crate_sources() {
-        let graph = module_graph(&src);
-        if let Some(c) = cycle(&graph) {
-            cycles.push(format!(
-                "{}: module cycle {}; graph: {graph:?}",
-                src.display(),
-                c.join(" -> ")
-            ));
+        for (parent, graph) in module_graphs(&src) {
+            if let Some(c) = cycle(&graph) {
+                cycles.push(format!(
+                    "{}: module cycle {} in {}; graph: {graph:?}",
+                    src.display(),
+                    c.join(" -> "),
+                    if parent.is_empty() {
+                        "the crate root".to_string()
+                    } else {
+                        parent.join("::")
+                    }
+                ));
+            }
         }
         checked += 1;
     }

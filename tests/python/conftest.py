@@ -118,3 +118,26 @@ def spawn_ranks(target, name: str, world: int, timeout: float = 90) -> list:
     for p in procs:
         p.join(timeout=timeout)
     return sorted((out.get(timeout=5) for _ in procs), key=lambda r: r[0])
+
+
+def socket_bound(name: str) -> bool:
+    """Whether some process holds shared pool `name`'s socket name (its creator)."""
+    sock = f"@hostpool/{os.geteuid()}/{name}"
+    with open("/proc/net/unix") as f:
+        return any(line.rstrip("\n").endswith(sock) for line in f)
+
+
+def shared_mapped(pid: int) -> int:
+    """Bytes process `pid` maps shared and writable (`rw-s`): a pool's files."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    total = 0
+    for line in lines:
+        fields = line.split()
+        if fields[1] == "rw-s":
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            total += hi - lo
+    return total

@@ -353,9 +353,14 @@ pub fn prefault_region(region: &Region<'_>, how: Populate, threads: usize) -> Re
             )?;
             plan.threads = threads;
             let start = Instant::now();
-            let outcome = prefault::run(region, &plan, &|done| {
-                black_box(done);
-            })?;
+            let outcome = prefault::run(
+                region,
+                &plan,
+                &|done| {
+                    black_box(done);
+                },
+                &pool_core::interrupt::Cancel::new(),
+            )?;
             Ok(Timed {
                 took: start.elapsed(),
                 threads: outcome.threads,

@@ -2,12 +2,14 @@
 //! the GIL: other Python threads run, the `progress` callable is called in
 //! the caller's thread, logs reach `logging`, and Ctrl-C (or an exception
 //! from `progress`) stops the build the way a signal stops `hostpool alloc`:
-//! through [`pool_core::interrupt`], tearing down what exists.
+//! through the build's own [`pool_core::interrupt::Cancel`], tearing down
+//! what exists; a build in another thread, with its own token, goes on.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use pool_core::interrupt::Cancel;
 use pool_core::{Error, Observer, Phase, Pool, PoolPlan};
 use pyo3::prelude::*;
 
@@ -138,15 +140,19 @@ pub fn build(py: Python<'_>, plan: PoolPlan, progress: Option<Bound<'_, PyAny>>)
 
 fn run(py: Python<'_>, plan: PoolPlan, progress: Option<Bound<'_, PyAny>>) -> PyResult<Built> {
     let watch = Arc::new(Watch::default());
+    // This build's own token: Ctrl-C in the thread that waits for it
+    // cancels it, and no other build of the process.
+    let cancel = Cancel::new();
     let (tx, rx) = mpsc::channel();
     // `detach` needs what it borrows to be `Sync`.
     let rx = Mutex::new(rx);
     let thread = {
         let watch = Arc::clone(&watch);
+        let cancel = cancel.clone();
         std::thread::Builder::new()
             .name("hostpool-build".into())
             .spawn(move || {
-                let pool = Pool::build(&plan, &*watch);
+                let pool = Pool::build_cancellable(&plan, &*watch, None, &cancel);
                 let _ = tx.send(pool);
             })
             .map_err(|e| {
@@ -179,7 +185,7 @@ fn run(py: Python<'_>, plan: PoolPlan, progress: Option<Bound<'_, PyAny>>) -> Py
                 .and_then(|()| py.check_signals());
             if let Err(e) = step {
                 // Stop the build as SIGINT stops `hostpool alloc`.
-                pool_core::interrupt::request(libc::SIGINT);
+                cancel.cancel(libc::SIGINT);
                 stopped = Some(e);
             }
         }
@@ -209,7 +215,6 @@ fn run(py: Python<'_>, plan: PoolPlan, progress: Option<Bound<'_, PyAny>>) -> Py
             let report = py.detach(|| pool.teardown());
             drop(report);
         }
-        pool_core::interrupt::clear();
         logs::flush(py);
         return Err(e);
     }

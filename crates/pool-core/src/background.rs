@@ -277,16 +277,20 @@ impl Background {
             .clone()
     }
 
-    /// Wait until the pin is no longer `pinning`, or `timeout` passes, or a
-    /// stop is requested (`interrupt`); returns the progress then.
-    pub(crate) fn wait(&self, timeout: Option<Duration>) -> PinProgress {
+    /// Wait until the pin is no longer `pinning`, or `timeout` passes, or
+    /// `cancel` is cancelled; returns the progress then.
+    pub(crate) fn wait(
+        &self,
+        timeout: Option<Duration>,
+        cancel: Option<&crate::interrupt::Cancel>,
+    ) -> PinProgress {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut p = self
             .shared
             .progress
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        while p.status == PinStatus::Pinning && crate::interrupt::requested().is_none() {
+        while p.status == PinStatus::Pinning && cancel.is_none_or(|c| c.requested().is_none()) {
             let slice = Duration::from_millis(50);
             let wait = match deadline {
                 Some(d) => {

@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::config::PrefaultChoice;
 use crate::error::{Context, Error, Result};
+use crate::interrupt::Cancel;
 use crate::layout::{Extent, PageSize, format_bytes, shards};
 use crate::sys;
 use crate::sys::Region;
@@ -337,14 +338,17 @@ fn thread_slices(
 
 /// Fault `plan.extent` of `region` in with `plan.threads` threads, calling
 /// `progress` with the total bytes done after each step (from any thread).
+/// Each thread checks `cancel` before each step.
 ///
 /// # Errors
 /// [`Error::Os`] naming the call, the failing range and the remedy; the first
-/// error stops the other threads at their next step.
+/// error stops the other threads at their next step;
+/// [`Error::Interrupted`] once `cancel` is cancelled.
 pub fn run(
     region: &Region<'_>,
     plan: &PrefaultPlan,
     progress: &(dyn Fn(u64) + Sync),
+    cancel: &Cancel,
 ) -> Result<PrefaultOutcome> {
     let page = region.page();
     // A shard extent that is not a page multiple (a rank's tail) keeps its
@@ -359,6 +363,7 @@ pub fn run(
         fell_back: AtomicBool::new(false),
         first_error: Mutex::new(None),
         progress,
+        cancel,
         start: Instant::now(),
         timings: Mutex::new(Vec::with_capacity(slices.len())),
     };
@@ -442,6 +447,7 @@ struct Worker<'a> {
     fell_back: AtomicBool,
     first_error: Mutex<Option<Error>>,
     progress: &'a (dyn Fn(u64) + Sync),
+    cancel: &'a Cancel,
     start: Instant,
     timings: Mutex<Vec<ThreadTiming>>,
 }
@@ -470,7 +476,7 @@ impl Worker<'_> {
         let mut method = self.method;
         let mut offset = slice.offset;
         while offset < slice.end() && !self.abort.load(Ordering::Relaxed) {
-            if let Err(e) = crate::interrupt::check() {
+            if let Err(e) = self.cancel.check() {
                 self.abort.store(true, Ordering::Relaxed);
                 let mut slot = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
                 slot.get_or_insert(e);
@@ -609,10 +615,15 @@ mod tests {
                 plan.threads = 3;
                 let calls = AtomicU64::new(0);
                 let last = AtomicU64::new(0);
-                let out = run(&region, &plan, &|done| {
-                    calls.fetch_add(1, Ordering::Relaxed);
-                    last.fetch_max(done, Ordering::Relaxed);
-                })
+                let out = run(
+                    &region,
+                    &plan,
+                    &|done| {
+                        calls.fetch_add(1, Ordering::Relaxed);
+                        last.fetch_max(done, Ordering::Relaxed);
+                    },
+                    &Cancel::new(),
+                )
                 .unwrap();
                 assert_eq!(out.bytes, 200 << 20);
                 assert_eq!(out.threads, 3);
@@ -653,7 +664,7 @@ mod tests {
                 len: (4 << 20) + 4096,
             };
             let plan = plan(PrefaultChoice::Auto, extent, region.page(), None).unwrap();
-            let out = run(&region, &plan, &|_| {}).unwrap();
+            let out = run(&region, &plan, &|_| {}, &Cancel::new()).unwrap();
             assert_eq!(resident(&region), ((4 << 20) + 4096) / 4096);
             let bytes: Vec<u64> = out.per_thread.iter().map(|t| t.bytes).collect();
             assert_eq!(bytes, [(4 << 20) + 4096], "one thread, the tail included");
@@ -686,6 +697,43 @@ mod tests {
         );
     }
 
+    /// A cancelled token stops its prefault at the next step with
+    /// `Interrupted`, having faulted at most a step per thread; a prefault
+    /// with another token in the same process runs to its end.
+    #[test]
+    fn a_cancelled_token_stops_its_prefault_and_no_other() {
+        // Two steps on one thread: the token is cancelled after the first.
+        let len = 2 * STEP_BYTES;
+        with_mapping(len as usize, |region| {
+            let extent = Extent { offset: 0, len };
+            let plan = plan(PrefaultChoice::Touch, extent, region.page(), nz(1)).unwrap();
+            let cancel = Cancel::new();
+            let other = Cancel::new();
+            let done = AtomicU64::new(0);
+            let e = run(
+                &region,
+                &plan,
+                &|d| {
+                    done.store(d, Ordering::Relaxed);
+                    cancel.cancel(libc::SIGINT);
+                },
+                &cancel,
+            )
+            .unwrap_err();
+            assert!(
+                matches!(e, Error::Interrupted { signal } if signal == libc::SIGINT),
+                "{e}"
+            );
+            assert_eq!(
+                done.load(Ordering::Relaxed),
+                STEP_BYTES,
+                "stopped after one step"
+            );
+            let out = run(&region, &plan, &|_| {}, &other).unwrap();
+            assert_eq!(out.bytes, len);
+        });
+    }
+
     #[test]
     fn none_faults_nothing() {
         with_mapping(8 << 20, |region| {
@@ -694,7 +742,7 @@ mod tests {
                 len: region.mapped_len(),
             };
             let plan = plan(PrefaultChoice::None, extent, region.page(), None).unwrap();
-            let out = run(&region, &plan, &|_| {}).unwrap();
+            let out = run(&region, &plan, &|_| {}, &Cancel::new()).unwrap();
             assert_eq!(out.method, "none");
             assert_eq!(resident(&region), 0);
         });
@@ -708,7 +756,7 @@ mod tests {
                 len: region.mapped_len(),
             };
             let plan = plan(PrefaultChoice::Auto, whole, region.page(), nz(3)).unwrap();
-            run(&region, &plan, &|_| {}).unwrap();
+            run(&region, &plan, &|_| {}, &Cancel::new()).unwrap();
             region.write_pattern(4093, 7);
             let before = resident(&region);
             assert!(zero(&region, &plan, &|| false).unwrap());
@@ -772,7 +820,7 @@ mod tests {
                 len: 2 << 20,
             };
             assert!(matches!(
-                run(&region, &plan, &|_| {}),
+                run(&region, &plan, &|_| {}, &Cancel::new()),
                 Err(Error::Config { .. })
             ));
             plan.extent = Extent {
@@ -780,7 +828,7 @@ mod tests {
                 len: 4096,
             };
             assert!(matches!(
-                run(&region, &plan, &|_| {}),
+                run(&region, &plan, &|_| {}, &Cancel::new()),
                 Err(Error::Config { .. })
             ));
         });
@@ -841,7 +889,7 @@ mod tests {
             nz(1),
         )
         .unwrap();
-        let e = run(&region, &plan, &|_| {}).unwrap_err();
+        let e = run(&region, &plan, &|_| {}, &Cancel::new()).unwrap_err();
         assert_eq!(e.errno(), Some(libc::EFAULT), "{e:?}");
         let msg = e.to_string();
         assert!(

@@ -84,8 +84,8 @@ pub(crate) enum Received<M> {
 }
 
 /// Wait for a message until `deadline`. Received descriptors are appended
-/// to `files`. `stoppable`: a stop request (see [`crate::interrupt`]) ends
-/// the wait with [`Error::Interrupted`].
+/// to `files`. With `cancel`, its request ends the wait with
+/// [`Error::Interrupted`].
 ///
 /// # Errors
 /// [`Error::Interrupted`]; [`Error::Os`] for a failed call;
@@ -94,12 +94,12 @@ pub(crate) fn recv<M: DeserializeOwned>(
     fd: impl AsFd,
     deadline: Instant,
     files: &mut Vec<OwnedFd>,
-    stoppable: bool,
+    cancel: Option<&crate::interrupt::Cancel>,
 ) -> Result<Received<M>> {
     let fd = fd.as_fd();
     loop {
-        if stoppable {
-            crate::interrupt::check()?;
+        if let Some(cancel) = cancel {
+            cancel.check()?;
         }
         if readable(fd, deadline)? {
             break;

@@ -38,7 +38,7 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
     // asks the build to stop: a signal ends the build within a fraction of a
     // second at any phase (prefault, the shared pool's waits and barrier),
     // tearing down what exists (exit 128 + signal), or releases a held pool.
-    forward_signals("alloc", |_| {})?;
+    let cancel = forward_signals("alloc", |_| {})?;
     let mut config = resolve_config(&args.pool)?;
     if args.hold {
         quiet_nixl_progress(&mut config);
@@ -66,13 +66,13 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
         check_metadata_out(path)?;
     }
     // From here on an early return drops `pool`, which tears it down.
-    let mut pool = Pool::build(&plan, &observer)?;
+    let mut pool = Pool::build_cancellable(&plan, &observer, None, &cancel)?;
     // Only a background pin is still pinning once the build returns.
     let background = pool.report().pin.status == pool_core::PinStatus::Pinning;
     if background && (!args.hold || args.verify_copy) {
         // Without --hold the report waits for the pin (and so does the copy check).
-        pool.wait_pinned(None)?;
-        pool_core::interrupt::check()?;
+        pool.wait_pinned_or_cancelled(None, Some(&cancel))?;
+        cancel.check()?;
     }
     // Removed when this function returns, after the teardown.
     let _metadata_file = match &args.nixl_metadata_out {
@@ -107,7 +107,7 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
         let agent = nixl_agent(pool.report());
         let mut pinning = background && !args.verify_copy;
         let sig = loop {
-            if let Some(sig) = pool_core::interrupt::requested() {
+            if let Some(sig) = cancel.requested() {
                 break sig;
             }
             if pinning {

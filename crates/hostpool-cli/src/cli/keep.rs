@@ -83,7 +83,7 @@ pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
             args.drain_timeout
         )));
     }
-    forward_signals("keep", count_stop)?;
+    let cancel = forward_signals("keep", count_stop)?;
     let configs = configs(&args)?;
     let observer = progress::Bars::new(false);
     let mut keepers: Vec<(Keeper, f64)> = Vec::new();
@@ -91,7 +91,7 @@ pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
         let t = Instant::now();
         // An error drops the keepers built so far, which tears them down:
         // none was said to be ready, since none served yet.
-        let keeper = Keeper::start(c, &observer)?;
+        let keeper = Keeper::start(c, &observer, &cancel)?;
         keepers.push((keeper, t.elapsed().as_secs_f64()));
     }
     for (keeper, seconds) in &keepers {

@@ -23,6 +23,7 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 use pool_core::Error;
+use pool_core::interrupt::Cancel;
 
 pub use alloc::AllocArgs;
 pub use args::{PoolArgs, resolve_config};
@@ -139,32 +140,35 @@ fn run(cli: Cli) -> Result<i32, Error> {
 }
 
 /// Block SIGINT, SIGTERM, SIGHUP and SIGQUIT (call before any thread
-/// exists, so that every thread inherits the mask) and hand each to
-/// [`pool_core::interrupt::request`] from a thread of its own, after
-/// `also(signal)` (`keep` counts them). `what` names the command in the
-/// error.
+/// exists, so that every thread inherits the mask) and, from a thread of its
+/// own, cancel the returned token with each, after `also(signal)` (`keep`
+/// counts them). The token is the command's: it goes to the build it runs
+/// ([`pool_core::Pool::build_cancellable`]) and to its waits. `what` names
+/// the command in the error.
 ///
 /// Returns once that thread runs. A new thread maps its malloc arena and its
 /// signal stack as it starts; each `mmap` takes the address space's lock for
 /// writing, so one that lands during prefault waits for a worker's
 /// `MADV_POPULATE_WRITE` step to end, and stalls the other workers behind it
 /// for as long (issue 13: a quarter of the prefault phase on two threads).
-pub(crate) fn forward_signals(what: &str, also: fn(i32)) -> Result<(), Error> {
+pub(crate) fn forward_signals(what: &str, also: fn(i32)) -> Result<Cancel, Error> {
     let signals = crate::sys::TerminationSignals::block().map_err(|e| Error::Plugin {
         what: what.into(),
         message: "cannot block SIGINT/SIGTERM/SIGHUP/SIGQUIT".into(),
         source: Some(Box::new(e)),
     })?;
+    let cancel = Cancel::new();
+    let token = cancel.clone();
     let (started, running) = std::sync::mpsc::sync_channel(0);
     std::thread::spawn(move || {
         let _ = started.send(());
         while let Ok(sig) = signals.wait() {
             also(sig);
-            pool_core::interrupt::request(sig);
+            token.cancel(sig);
         }
     });
     let _ = running.recv();
-    Ok(())
+    Ok(cancel)
 }
 
 /// A report as pretty JSON. Serializing our own report cannot fail on bad

@@ -31,13 +31,12 @@ Importing this module imports vLLM and torch.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import hostpool
-from hostpool.torch import HostPoolRegion, pool_name
+from hostpool._vllm_region import HostPoolRegion, install_pin_guard, pool_name
 
 from vllm.v1.kv_offload.cpu import gpu_worker as _gpu_worker
 from vllm.v1.kv_offload.cpu import spec as _cpu_spec
@@ -176,28 +175,5 @@ class HostPoolOffloadingSpec(CPUOffloadingSpec):
             raise
 
 
-def _install_pin_guard() -> None:
-    """Make vLLM's ``pin_mmap_region`` leave hostpool regions alone (hostpool pins them).
-
-    ``CPUOffloadingWorker`` calls the module's ``pin_mmap_region`` whenever
-    vLLM pins memory; on a region hostpool already pinned (or is pinning in
-    the background) a second ``cudaHostRegister`` of the same range fails.
-    Other regions go to vLLM's function unchanged. Idempotent.
-    """
-    original = _gpu_worker.pin_mmap_region
-    if getattr(original, "_hostpool_guard", False):
-        return
-
-    @functools.wraps(original)
-    def pin_mmap_region(region: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(region, HostPoolRegion):
-            _log.debug("vLLM's pin_mmap_region skipped: hostpool pins its own region")
-            return None
-        return original(region, *args, **kwargs)
-
-    pin_mmap_region._hostpool_guard = True  # type: ignore[attr-defined]
-    pin_mmap_region._hostpool_original = original  # type: ignore[attr-defined]
-    _gpu_worker.pin_mmap_region = pin_mmap_region
-
-
-_install_pin_guard()
+# vLLM's worker module is imported above: guard its pin_mmap_region now.
+install_pin_guard()

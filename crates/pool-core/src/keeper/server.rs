@@ -161,13 +161,18 @@ impl Keeper {
     /// # Errors
     /// [`Error::Config`] for a pool a keeper cannot keep; [`Error::Conflict`]
     /// when the socket name is taken (another keeper of that name, or any
-    /// other process); the build's errors.
-    pub fn start(config: KeptPoolConfig, observer: &dyn Observer) -> Result<Keeper> {
+    /// other process); the build's errors ([`Error::Interrupted`] once
+    /// `cancel` is cancelled).
+    pub fn start(
+        config: KeptPoolConfig,
+        observer: &dyn Observer,
+        cancel: &crate::interrupt::Cancel,
+    ) -> Result<Keeper> {
         config.validate()?;
         let plan = PoolPlan::new(config.plan_config())?;
         let listener = bind(&config.name)?;
         crate::failpoint::stall("keeper-before-build");
-        let (pool, files) = Pool::build_kept(&plan, observer)?;
+        let (pool, files) = Pool::build_kept(&plan, observer, cancel)?;
         let report = pool.report();
         let serving = Serving {
             listener,
@@ -340,7 +345,7 @@ fn bind(name: &str) -> Result<OwnedFd> {
                         &holder,
                         Instant::now() + Duration::from_secs(5),
                         &mut Vec::new(),
-                        false
+                        None
                     ),
                     Ok(Received::Msg(FromKeeper::Status(_)))
                 );
@@ -492,7 +497,7 @@ impl Serving {
             let Ok((uid, pid)) = wire::peer_cred(&conn) else {
                 continue;
             };
-            let msg = match wire::recv::<ToKeeper>(&conn, now + TICK, &mut Vec::new(), false) {
+            let msg = match wire::recv::<ToKeeper>(&conn, now + TICK, &mut Vec::new(), None) {
                 Ok(Received::Msg(msg)) => msg,
                 Ok(Received::Gone | Received::TimedOut) => continue,
                 // Too long, or not one of ours: say so, rather than leave the
@@ -778,7 +783,7 @@ impl Serving {
             if !wire::ready(fd) {
                 continue;
             }
-            match wire::recv::<ToKeeper>(fd, Instant::now() + TICK, &mut Vec::new(), false) {
+            match wire::recv::<ToKeeper>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
                 Ok(Received::Msg(ToKeeper::Arrived { error: None })) => r.arrived = true,
                 Ok(Received::Msg(ToKeeper::Arrived { error: Some(e) })) => {
                     r.arrived = true;

@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::{FromKeeper, LeaseInfo, ToKeeper, address, how_to_start, keeper_error, socket_name};
 use crate::error::{Error, Result, TeardownIssue};
 use crate::file::{self, FileMapping, MapContext, PoolFile};
+use crate::interrupt::Cancel;
 use crate::layout::{Extent, PageSize};
 use crate::plugin::{Mapping, RankBarrier};
 use crate::sys::Region;
@@ -58,7 +59,7 @@ pub(super) fn status(name: &str) -> Result<Value> {
         &sock,
         Instant::now() + Duration::from_secs(5),
         &mut Vec::new(),
-        false,
+        None,
     )? {
         Received::Msg(FromKeeper::Status(v)) => Ok(v),
         Received::Msg(FromKeeper::Refused { message, .. }) => {
@@ -91,7 +92,10 @@ pub(super) fn status(name: &str) -> Result<Value> {
 /// # Errors
 /// [`Error::Keeper`] (with `absent` when no keeper answers), a usage error
 /// when the keeper's pool is not the one asked for, mapping errors.
-pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mapping>> {
+pub(crate) fn attach(
+    config: &crate::config::PoolConfig,
+    cancel: &Cancel,
+) -> Result<Box<dyn Mapping>> {
     let Some(name) = config.keeper.as_deref() else {
         return Err(Error::config("no keeper named"));
     };
@@ -133,7 +137,7 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
     };
     let mut fds = Vec::new();
     let (info, logical, mapped, page, backing, mut extents, count) =
-        match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, true)? {
+        match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, Some(cancel))? {
             Received::Msg(FromKeeper::Lease {
                 info,
                 logical,
@@ -170,7 +174,7 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
             }
         };
     while fds.len() < count {
-        match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, true)? {
+        match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, Some(cancel))? {
             Received::Msg(FromKeeper::Files { extents: more }) => extents.extend(more),
             _ => return Err(died("died while handing over the pool")),
         }
@@ -240,6 +244,7 @@ pub(crate) fn attach(config: &crate::config::PoolConfig) -> Result<Box<dyn Mappi
         keeper_pid: pid,
         sharing,
         shard,
+        cancel: cancel.clone(),
     }))
 }
 
@@ -255,6 +260,8 @@ struct LeasedMapping {
     keeper_pid: u32,
     sharing: Option<crate::config::SharingConfig>,
     shard: Extent,
+    /// The build's token, which the barrier's wait checks.
+    cancel: Cancel,
 }
 
 impl LeasedMapping {
@@ -286,7 +293,7 @@ impl LeasedMapping {
             });
         }
         let deadline = Instant::now() + Duration::from_secs_f64(timeout) + Duration::from_secs(2);
-        match wire::recv::<FromKeeper>(conn, deadline, &mut Vec::new(), true)? {
+        match wire::recv::<FromKeeper>(conn, deadline, &mut Vec::new(), Some(&self.cancel))? {
             Received::Msg(FromKeeper::Go) => Ok(()),
             Received::Msg(FromKeeper::Failed {
                 message,
@@ -387,7 +394,7 @@ mod tests {
         let keeper = std::thread::spawn(move || {
             let conn = rustix::net::accept(&listener).unwrap();
             let deadline = Instant::now() + Duration::from_secs(10);
-            let hello = wire::recv::<ToKeeper>(&conn, deadline, &mut Vec::new(), false);
+            let hello = wire::recv::<ToKeeper>(&conn, deadline, &mut Vec::new(), None);
             assert!(matches!(hello, Ok(Received::Msg(ToKeeper::Hello { .. }))));
             let fd = rustix::fs::memfd_create("hostpool-short", rustix::fs::MemfdFlags::CLOEXEC)
                 .unwrap();
@@ -411,13 +418,13 @@ mod tests {
             };
             wire::send(&conn, &lease, &[fd.as_fd()]).unwrap();
             // Hold the connection until the engine hangs up.
-            let _ = wire::recv::<ToKeeper>(&conn, deadline, &mut Vec::new(), false);
+            let _ = wire::recv::<ToKeeper>(&conn, deadline, &mut Vec::new(), None);
         });
         let config = crate::config::PoolConfig {
             keeper: Some(name.clone()),
             ..crate::config::PoolConfig::default()
         };
-        let e = attach(&config).expect_err("a short file is not mapped");
+        let e = attach(&config, &Cancel::new()).expect_err("a short file is not mapped");
         let text = e.to_string();
         assert!(
             matches!(e, Error::Keeper { .. })

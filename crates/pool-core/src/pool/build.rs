@@ -4,7 +4,6 @@
 //! after `map` works on the [`Pool`] that owns what is built so far, so an
 //! early return tears it down (its `Drop`).
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use serde_json::Value;
@@ -13,9 +12,9 @@ use super::report::{Phases, PinReport, PoolReport, RegistrationReport, segment_r
 use super::{NUMA_SAMPLES, Observer, Phase, Pool, PoolPlan, gone, timed};
 use crate::background::{Background, MappingOwner, PinStatus};
 use crate::config::PinScope;
-use crate::config::SharingConfig;
 use crate::error::{Context, Result};
 use crate::host::capacity;
+use crate::interrupt::Cancel;
 use crate::layout::Extent;
 use crate::plugin::{FilePlan, Mapping, MemorySource, PinContext, RankBarrier};
 use crate::prefault::{self, PrefaultMethod, PrefaultOutcome};
@@ -44,14 +43,32 @@ impl Pool {
         observer: &dyn Observer,
         barrier: Option<&dyn RankBarrier>,
     ) -> Result<Pool> {
-        let mut pool = match map(plan, observer) {
+        Pool::build_cancellable(plan, observer, barrier, &Cancel::new())
+    }
+
+    /// As [`Pool::build_with`], stopped by `cancel`: once it is cancelled
+    /// (by the caller's signal handler, from another thread), the build
+    /// stops at its next step, whichever phase it is in (prefault, a shared
+    /// pool's waits and barrier, a lease's waits), tears down what it built
+    /// and returns [`crate::Error::Interrupted`]. Other builds in the
+    /// process, with tokens of their own, go on.
+    ///
+    /// # Errors
+    /// As for [`Pool::build_with`], and [`crate::Error::Interrupted`].
+    pub fn build_cancellable(
+        plan: &PoolPlan,
+        observer: &dyn Observer,
+        barrier: Option<&dyn RankBarrier>,
+        cancel: &Cancel,
+    ) -> Result<Pool> {
+        let mut pool = match map(plan, observer, cancel) {
             // A joiner whose `huge_pages = "prefer"` chose other pages than
             // the shared pool's creator: every rank takes the creator's.
             Err(crate::Error::PageSizeMismatch { creator_page, .. })
                 if plan.config.huge_pages == Some(crate::config::HugePages::Prefer) =>
             {
                 let creators = plan.with_creators_pages(creator_page)?;
-                return Pool::build_with(&creators, observer, barrier);
+                return Pool::build_cancellable(&creators, observer, barrier, cancel);
             }
             other => other?,
         };
@@ -68,7 +85,7 @@ impl Pool {
         let faulted = if leased {
             Ok(resident())
         } else {
-            prefault(&mut pool, plan, observer)
+            prefault(&mut pool, plan, observer, cancel)
         };
         // Every rank of a shared pool meets its peers, even after a failure,
         // so that they fail on its error instead of waiting for it.
@@ -80,9 +97,9 @@ impl Pool {
         met?;
         attach(&mut pool, plan, observer)?;
         check_placement(&mut pool, plan)?;
-        crate::interrupt::check()?;
+        cancel.check()?;
         pin(&mut pool, plan, observer)?;
-        crate::interrupt::check()?;
+        cancel.check()?;
         register(&mut pool, plan, observer)?;
         Ok(pool)
     }
@@ -99,6 +116,7 @@ impl Pool {
     pub(crate) fn build_kept(
         plan: &PoolPlan,
         observer: &dyn Observer,
+        cancel: &Cancel,
     ) -> Result<(Pool, Vec<(std::os::fd::OwnedFd, Extent)>)> {
         let bp = &plan.backing_plan;
         let MemorySource::Files(files) = &bp.source else {
@@ -130,7 +148,7 @@ impl Pool {
         report.sharing = None;
         let mut pool = Pool::of(Box::new(mapping), report);
         bind(&mut pool, plan, None)?;
-        let faulted = prefault(&mut pool, plan, observer);
+        let faulted = prefault(&mut pool, plan, observer, cancel);
         pool.report.prefault = Some(faulted?);
         check_placement(&mut pool, plan)?;
         Ok((pool, fds))
@@ -167,12 +185,12 @@ fn resident() -> PrefaultOutcome {
 /// The mapping of the backing's plan, in a [`Pool`] with its first report:
 /// the backing's own, or the files it planned, which the core creates, maps
 /// and (for a shared pool) shares.
-fn map(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
+fn map(plan: &PoolPlan, observer: &dyn Observer, cancel: &Cancel) -> Result<Pool> {
     let bp = &plan.backing_plan;
     let mut fallback = None;
     if plan.config.keeper.is_some() {
         let (leased, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
-            crate::lease::attach(&plan.config)
+            crate::lease::attach(&plan.config, cancel)
         });
         match leased {
             Ok(mapping) => {
@@ -200,7 +218,7 @@ fn map(plan: &PoolPlan, observer: &dyn Observer) -> Result<Pool> {
     let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
         match &bp.source {
             MemorySource::Own => plan.backing.map(bp),
-            MemorySource::Files(files) => map_files(plan, files),
+            MemorySource::Files(files) => map_files(plan, files, cancel),
         }
     });
     let mapping = mapping?;
@@ -226,12 +244,13 @@ impl Pool {
 
 /// A [`MemorySource::Files`] plan's mapping: private files stitched into one
 /// range, or a shared pool's rendezvous.
-fn map_files(plan: &PoolPlan, files: &FilePlan) -> Result<Box<dyn Mapping>> {
+fn map_files(plan: &PoolPlan, files: &FilePlan, cancel: &Cancel) -> Result<Box<dyn Mapping>> {
     let bp = &plan.backing_plan;
     let Some(sharing) = &plan.config.sharing else {
         return Ok(Box::new(crate::file::map_planned(files, bp.size)?));
     };
-    let names = shared_names(files, sharing);
+    // Named once, in the plan.
+    let names = plan.shared_files.clone();
     crate::shared::map_shared(crate::shared::SharedPoolSpec {
         sharing,
         size: bp.size,
@@ -249,23 +268,8 @@ fn map_files(plan: &PoolPlan, files: &FilePlan) -> Result<Box<dyn Mapping>> {
                                shared pool's file; stop every rank and start them again"
                     .into(),
         },
+        cancel: cancel.clone(),
     })
-}
-
-/// The names a shared pool's data files have with the file rendezvous, one
-/// per extent (empty paths for a pool with no directory, whose memory only
-/// the socket passes).
-pub(super) fn shared_names(files: &FilePlan, sharing: &SharingConfig) -> Vec<PathBuf> {
-    (0..files.extents.len())
-        .map(|i| match &files.dir {
-            Some(dir) => crate::gc::data_path(
-                dir,
-                &sharing.name,
-                (files.indexed_names || files.extents.len() > 1).then_some(i),
-            ),
-            None => PathBuf::new(),
-        })
-        .collect()
 }
 
 fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolReport {
@@ -382,7 +386,12 @@ fn own_range(region: &Region<'_>, plan: &PoolPlan) -> Extent {
 }
 
 /// Fault this rank's pages in (its shard of a shared pool).
-fn prefault(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<PrefaultOutcome> {
+fn prefault(
+    pool: &mut Pool,
+    plan: &PoolPlan,
+    observer: &dyn Observer,
+    cancel: &Cancel,
+) -> Result<PrefaultOutcome> {
     let mapping = held(&pool.mapping)?;
     let (outcome, secs) = timed(observer, Phase::Prefault, plan.prefault.extent.len, || {
         // Touching a page the backing cannot supply is SIGBUS: have the
@@ -390,9 +399,12 @@ fn prefault(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result
         if matches!(plan.prefault.method, PrefaultMethod::Touch(_)) {
             mapping.reserve_for_touch(plan.prefault.extent)?;
         }
-        prefault::run(&mapping.region(), &plan.prefault, &|done| {
-            observer.progress(Phase::Prefault, done)
-        })
+        prefault::run(
+            &mapping.region(),
+            &plan.prefault,
+            &|done| observer.progress(Phase::Prefault, done),
+            cancel,
+        )
     });
     pool.report.phases.prefault = Some(secs);
     outcome

@@ -24,9 +24,9 @@ use crate::plugin::{Pin, Registration};
 use crate::sys::Region;
 
 pub use numa::{GpuPlace, NumaPlan, NumaReport, ShardPlacement};
-pub use plan::{HugePagesReport, PoolPlan};
+pub use plan::PoolPlan;
 pub use report::{
-    Phases, PinPlanReport, PinReport, PlanReport, PoolReport, PrefaultPlanReport,
+    HugePagesReport, Phases, PinPlanReport, PinReport, PlanReport, PoolReport, PrefaultPlanReport,
     RegistrationReport, ThpReport,
 };
 

@@ -42,9 +42,22 @@ impl Pool {
     /// The error of a required background pin that failed (nothing stays
     /// pinned).
     pub fn wait_pinned(&self, timeout: Option<std::time::Duration>) -> Result<crate::PinProgress> {
+        self.wait_pinned_or_cancelled(timeout, None)
+    }
+
+    /// As [`Pool::wait_pinned`], returning early (with the progress then)
+    /// once `cancel` is cancelled: the CLI's wait, which its signals end.
+    ///
+    /// # Errors
+    /// As for [`Pool::wait_pinned`].
+    pub fn wait_pinned_or_cancelled(
+        &self,
+        timeout: Option<std::time::Duration>,
+        cancel: Option<&crate::interrupt::Cancel>,
+    ) -> Result<crate::PinProgress> {
         let progress = match &self.background {
             // A forked child has no pinning thread to wait for.
-            Some(bg) if self.inherited_from().is_none() => bg.wait(timeout),
+            Some(bg) if self.inherited_from().is_none() => bg.wait(timeout, cancel),
             _ => self.pin_status(),
         };
         if progress.status == PinStatus::Failed {

@@ -1,9 +1,11 @@
 //! [`PoolPlan`]: everything a build will do, resolved from the config
 //! without creating, mapping or reserving anything, and its report.
 
+use std::path::PathBuf;
+
 use serde_json::Value;
 
-use super::report::{PinPlanReport, PlanReport, PrefaultPlanReport};
+use super::report::{HugePagesReport, PinPlanReport, PlanReport, PrefaultPlanReport};
 use crate::config::PoolConfig;
 use crate::error::Result;
 use crate::host::capacity;
@@ -37,22 +39,10 @@ pub struct PoolPlan {
     /// What `numa_node` asked for and the node this process binds, when it
     /// asked.
     pub numa: Option<super::numa::NumaPlan>,
-}
-
-/// What `huge_pages` asked for, what the pool gets, and why (the report's
-/// and the plan's `huge_pages` object).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct HugePagesReport {
-    /// `required`, `prefer` or `off`.
-    pub asked: &'static str,
-    /// The page size the pool gets, as people write it (`2 MiB`, `4 KiB`).
-    pub got: String,
-    /// The same in bytes.
-    pub page_size: u64,
-    /// Why: the huge page pool holds it, or why it cannot.
-    pub reason: String,
-    /// Whether `prefer` fell back to base pages.
-    pub fell_back: bool,
+    /// A shared pool's file names, one per extent (empty paths for files
+    /// only the socket passes), decided here and used as they are by the
+    /// build; empty for a pool that is not shared.
+    pub(crate) shared_files: Vec<PathBuf>,
 }
 
 /// A backing, configured and planned.
@@ -267,8 +257,16 @@ impl PoolPlan {
             (&config.sharing, &backing_plan.source)
             && files.dir.is_some()
         {
-            backing_plan.files = super::build::shared_names(files, sharing);
+            backing_plan.files = shared_names(files, sharing);
         }
+        // Every shared pool of files: the names its ranks use (empty where
+        // the socket passes unnamed files), which the build takes as they are.
+        let shared_files = match (&config.sharing, &backing_plan.source) {
+            (Some(sharing), crate::plugin::MemorySource::Files(files)) => {
+                shared_names(files, sharing)
+            }
+            _ => Vec::new(),
+        };
         if let Some(block) = config.block_size {
             check_block(block.get(), backing_plan.size)?;
         }
@@ -322,6 +320,7 @@ impl PoolPlan {
             prefault,
             pinner,
             registrars,
+            shared_files,
             config,
         })
     }
@@ -594,6 +593,25 @@ fn check_block(block: u64, size: crate::layout::MappedSize) -> Result<()> {
             "more than 16 EiB (it overflows a 64-bit byte count)".into(),
         )),
     }
+}
+
+/// The names a shared pool's data files have with the file rendezvous, one
+/// per extent (empty paths for a pool with no directory, whose memory only
+/// the socket passes).
+fn shared_names(
+    files: &crate::plugin::FilePlan,
+    sharing: &crate::config::SharingConfig,
+) -> Vec<PathBuf> {
+    (0..files.extents.len())
+        .map(|i| match &files.dir {
+            Some(dir) => crate::gc::data_path(
+                dir,
+                &sharing.name,
+                (files.indexed_names || files.extents.len() > 1).then_some(i),
+            ),
+            None => PathBuf::new(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ pub struct PlanReport {
     pub predicted_seconds: crate::plugin::Predicted,
     /// What `huge_pages` asked for and what the pool gets, when it asked.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub huge_pages: Option<super::plan::HugePagesReport>,
+    pub huge_pages: Option<HugePagesReport>,
     /// What `numa_node` asked for and the node this process binds, when it
     /// asked.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -198,11 +198,27 @@ pub struct PoolReport {
     pub thp: Option<ThpReport>,
     /// What `huge_pages` asked for, what the pool got and why, when it asked.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub huge_pages: Option<super::plan::HugePagesReport>,
+    pub huge_pages: Option<HugePagesReport>,
     /// Why this pool was built rather than leased, when its keeper did not
     /// answer and `keeper_fallback = "build"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keeper_fallback: Option<String>,
     /// Steps teardown could not undo (empty when all went well).
     pub teardown_issues: Vec<TeardownIssue>,
+}
+
+/// What `huge_pages` asked for, what the pool gets, and why (the report's
+/// and the plan's `huge_pages` object).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HugePagesReport {
+    /// `required`, `prefer` or `off`.
+    pub asked: &'static str,
+    /// The page size the pool gets, as people write it (`2 MiB`, `4 KiB`).
+    pub got: String,
+    /// The same in bytes.
+    pub page_size: u64,
+    /// Why: the huge page pool holds it, or why it cannot.
+    pub reason: String,
+    /// Whether `prefer` fell back to base pages.
+    pub fell_back: bool,
 }

@@ -43,6 +43,7 @@ use crate::error::{Context, Error, Result, TeardownIssue};
 use crate::file::{self, FileId, FileMapping, PoolFile};
 use crate::gc::{DEFAULT_CONTROL_DIR, ctl_path};
 use crate::host::capacity;
+use crate::interrupt::Cancel;
 use crate::layout::{Extent, PageSize, format_bytes};
 use crate::plugin::Mapping;
 use crate::plugin::RankBarrier;
@@ -142,6 +143,8 @@ struct Session {
     view: SharedView<Ctl>,
     started: Instant,
     data: Vec<(PathBuf, FileId)>,
+    /// The build's token, which every wait checks.
+    cancel: Cancel,
 }
 
 fn control_dir(s: &SharingConfig) -> PathBuf {
@@ -162,7 +165,7 @@ impl Session {
         let started = Instant::now();
         let deadline = started + Duration::from_secs_f64(sharing.attach_timeout_secs);
         loop {
-            crate::interrupt::check()?;
+            spec.cancel.check()?;
             if let Some(s) = Self::try_create(sharing, spec, &dir, &path, started)? {
                 return Ok(s);
             }
@@ -254,6 +257,7 @@ impl Session {
             view,
             started,
             data: Vec::new(),
+            cancel: spec.cancel.clone(),
         }))
     }
 
@@ -333,6 +337,7 @@ impl Session {
             view,
             started,
             data: Vec::new(),
+            cancel: spec.cancel.clone(),
         };
         if s.ctl().header.magic.load(Ordering::Acquire) != MAGIC
             || s.ctl().header.version.load(Ordering::Relaxed) != VERSION
@@ -418,7 +423,7 @@ impl Session {
                     if dead { "died" } else { "removed it" }
                 )));
             }
-            crate::interrupt::check()?;
+            self.cancel.check()?;
             if Instant::now() >= deadline {
                 return Err(self.creator_peer(format!(
                     "shared pool `{}` was not ready after {:.0} s: its creator {} is still creating it \
@@ -738,7 +743,7 @@ impl Session {
         let ctl = self.ctl();
         let deadline = self.started + Duration::from_secs_f64(self.sharing.attach_timeout_secs);
         while Instant::now() < deadline
-            && crate::interrupt::requested().is_none()
+            && self.cancel.requested().is_none()
             && (0..self.sharing.world)
                 .any(|r| ctl.slots[r as usize].state.load(Ordering::Acquire) == SLOT_EMPTY)
         {
@@ -812,7 +817,7 @@ impl Session {
             if ctl.header.done.load(Ordering::Acquire) == 1 {
                 return Ok(());
             }
-            if let Err(e) = crate::interrupt::check() {
+            if let Err(e) = self.cancel.check() {
                 // Tell the peers at once, rather than let them wait for us.
                 self.fail(&format!("rank {me} was interrupted: {e}"), &[]);
                 return Err(e);

@@ -79,6 +79,9 @@ pub struct SharedPoolSpec<'a> {
     pub recheck: &'a (dyn Fn() -> Vec<CapacityCheck> + Sync),
     /// What to say when mapping fails.
     pub map: MapContext,
+    /// The build's token: a request on it ends every wait of the
+    /// rendezvous, the barrier's too.
+    pub cancel: crate::interrupt::Cancel,
 }
 
 impl std::fmt::Debug for SharedPoolSpec<'_> {
@@ -293,6 +296,7 @@ mod tests {
                 enomem_remedy: "x".into(),
                 ..MapContext::default()
             },
+            cancel: crate::interrupt::Cancel::new(),
         })
     }
 

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
 use crate::error::{Error, Result, TeardownIssue};
 use crate::file::{self, FileMapping, PoolFile};
+use crate::interrupt::Cancel;
 use crate::layout::{Extent, format_bytes};
 use crate::plugin::{Mapping, RankBarrier};
 use crate::sys::Region;
@@ -114,10 +115,15 @@ fn address(name: &str) -> Result<SocketAddrUnix> {
 /// What [`recv`] got.
 type Received = wire::Received<Msg>;
 
-/// Wait for a rank's message until `deadline` (a stop request ends the
+/// Wait for a rank's message until `deadline` (`cancel`'s request ends the
 /// wait); received descriptors are appended to `files`.
-fn recv(fd: impl AsFd, deadline: Instant, files: &mut Vec<OwnedFd>) -> Result<Received> {
-    wire::recv(fd, deadline, files, true)
+fn recv(
+    fd: impl AsFd,
+    deadline: Instant,
+    files: &mut Vec<OwnedFd>,
+    cancel: &Cancel,
+) -> Result<Received> {
+    wire::recv(fd, deadline, files, Some(cancel))
 }
 
 /// A connected peer: the creator's view of a joiner, or a joiner's of the
@@ -147,7 +153,7 @@ pub(super) fn map(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
     let addr = address(&sharing.name)?;
     crate::failpoint::stall("shared-before-connect");
     loop {
-        crate::interrupt::check()?;
+        spec.cancel.check()?;
         let sock = seqpacket()?;
         match rustix::net::bind(&sock, &addr) {
             Ok(()) => {
@@ -204,6 +210,7 @@ fn create(
                 &e,
                 sharing.world - 1,
                 attach_deadline,
+                &spec.cancel,
             );
             return Err(e);
         }
@@ -231,6 +238,7 @@ fn create(
             own.as_ref().unwrap_or(&e),
             sharing,
             attach_deadline,
+            &spec.cancel,
         );
         return Err(e);
     }
@@ -241,6 +249,7 @@ fn create(
         links,
         shard: shard(spec.size, sharing)?,
         sharing: sharing.clone(),
+        cancel: spec.cancel.clone(),
     }))
 }
 
@@ -273,9 +282,9 @@ fn accept_joiners(
                 None,
             ));
         }
-        crate::interrupt::check()?;
+        spec.cancel.check()?;
         // A joiner that is already attached may die, or arrive, meanwhile.
-        if let Some(e) = watch(links, sharing) {
+        if let Some(e) = watch(links, sharing, &spec.cancel) {
             return Err(e);
         }
         if !readable(listener.as_fd(), attach_deadline)? {
@@ -351,6 +360,7 @@ fn welcome(
         &conn,
         Instant::now() + Duration::from_secs(10),
         &mut Vec::new(),
+        &spec.cancel,
     );
     let Ok(Received::Msg(Msg::Hello {
         rank,
@@ -485,11 +495,18 @@ fn refusal(why: &Error) -> Msg {
 /// (an engine, which outlives the error `Pool()` raised at once). Ranks
 /// already waiting in the backlog are answered first, the same way.
 /// Without a thread, with nobody left to tell, or when this process was
-/// asked to stop ([`crate::interrupt::requested`]: whoever stopped the
+/// asked to stop (`cancel` was cancelled: whoever stopped the
 /// creator stops the run, and leaves nothing answering for it behind), the
 /// backlog is answered at once and the socket closed ([`refuse_pending`]).
-fn keep_refusing(pool: &str, listener: OwnedFd, why: &Error, untold: u32, deadline: Instant) {
-    if untold == 0 || Instant::now() >= deadline || crate::interrupt::requested().is_some() {
+fn keep_refusing(
+    pool: &str,
+    listener: OwnedFd,
+    why: &Error,
+    untold: u32,
+    deadline: Instant,
+    cancel: &Cancel,
+) {
+    if untold == 0 || Instant::now() >= deadline || cancel.requested().is_some() {
         refuse_pending(&listener, why);
         return;
     }
@@ -675,12 +692,16 @@ impl Refusal {
 
 /// Read what attached joiners said without waiting: an arrival is noted, an
 /// EOF is a death. The peer error naming the joiner, if one died or failed.
-fn watch(links: &mut [Link], sharing: &crate::config::SharingConfig) -> Option<Error> {
+fn watch(
+    links: &mut [Link],
+    sharing: &crate::config::SharingConfig,
+    cancel: &Cancel,
+) -> Option<Error> {
     for l in links.iter_mut() {
         if !wire::ready(&l.fd) {
             continue;
         }
-        match recv(&l.fd, Instant::now() + TICK, &mut Vec::new()) {
+        match recv(&l.fd, Instant::now() + TICK, &mut Vec::new(), cancel) {
             Ok(Received::Msg(Msg::Arrived { error })) => {
                 if let Some(e) = &error {
                     return Some(peer(
@@ -720,6 +741,7 @@ fn fail_creation(
     why: &Error,
     sharing: &crate::config::SharingConfig,
     deadline: Instant,
+    cancel: &Cancel,
 ) {
     fail_all(links, why);
     let told = u32::try_from(links.len()).unwrap_or(u32::MAX);
@@ -729,6 +751,7 @@ fn fail_creation(
         why,
         (sharing.world - 1).saturating_sub(told),
         deadline,
+        cancel,
     );
 }
 
@@ -779,7 +802,7 @@ fn join(
         }
     }
     let mut fds = Vec::new();
-    let (creator_rank, count) = match recv(&conn, attach_deadline, &mut fds)? {
+    let (creator_rank, count) = match recv(&conn, attach_deadline, &mut fds, &spec.cancel)? {
         Received::Msg(Msg::Welcome {
             creator_rank,
             files,
@@ -854,7 +877,7 @@ fn join(
         }
     };
     while fds.len() < count {
-        match recv(&conn, attach_deadline, &mut fds)? {
+        match recv(&conn, attach_deadline, &mut fds, &spec.cancel)? {
             Received::Msg(Msg::Files) => {}
             _ => {
                 return Err(peer(
@@ -907,6 +930,7 @@ fn join(
         }],
         shard: shard(spec.size, sharing)?,
         sharing: sharing.clone(),
+        cancel: spec.cancel.clone(),
     }))
 }
 
@@ -919,6 +943,8 @@ struct SocketMapping {
     links: Vec<Link>,
     shard: Extent,
     sharing: crate::config::SharingConfig,
+    /// The build's token, which the barrier's waits check.
+    cancel: Cancel,
 }
 
 impl SocketMapping {
@@ -942,7 +968,12 @@ impl SocketMapping {
                     Some(std::process::id()),
                 ));
             }
-            return match recv(&link.fd, deadline + Duration::from_secs(2), &mut Vec::new())? {
+            return match recv(
+                &link.fd,
+                deadline + Duration::from_secs(2),
+                &mut Vec::new(),
+                &self.cancel,
+            )? {
                 Received::Msg(Msg::Go) => Ok(()),
                 Received::Msg(Msg::Failed {
                     message,
@@ -984,7 +1015,7 @@ impl SocketMapping {
             return Err(e);
         }
         while self.links.iter().any(|l| l.arrived.is_none()) {
-            if let Err(e) = crate::interrupt::check() {
+            if let Err(e) = self.cancel.check() {
                 let why = peer(
                     format!("rank {} was interrupted: {e}", s.rank),
                     vec![s.rank],
@@ -993,7 +1024,7 @@ impl SocketMapping {
                 fail_all(&mut self.links, &why);
                 return Err(e);
             }
-            if let Some(e) = watch(&mut self.links, s) {
+            if let Some(e) = watch(&mut self.links, s, &self.cancel) {
                 fail_all(&mut self.links, &e);
                 return Err(e);
             }
@@ -1101,7 +1132,14 @@ mod tests {
     }
 
     fn message_of(fd: &OwnedFd) -> Msg {
-        match recv(fd, Instant::now() + Duration::from_secs(5), &mut Vec::new()).unwrap() {
+        match recv(
+            fd,
+            Instant::now() + Duration::from_secs(5),
+            &mut Vec::new(),
+            &Cancel::new(),
+        )
+        .unwrap()
+        {
             Received::Msg(m) => m,
             other => panic!("expected a message, got {other:?}"),
         }
@@ -1149,6 +1187,7 @@ mod tests {
             &peer(why.into(), vec![2], Some(7)),
             &sharing,
             started + Duration::from_secs(20),
+            &Cancel::new(),
         );
         match message_of(&waiting) {
             Msg::Refused {

@@ -99,7 +99,7 @@ impl Bench<'_> {
             allow_uids: Vec::new(),
             pool: config.clone(),
         };
-        let mut keeper = Keeper::start(kept, &Quiet)?;
+        let mut keeper = Keeper::start(kept, &Quiet, &pool_core::interrupt::Cancel::new())?;
         let threads = keeper.report().prefault.as_ref().map(|p| p.threads);
         self.rows[clear].threads_used = threads;
         let stops = StopRequests::new(0);
