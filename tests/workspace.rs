@@ -211,8 +211,14 @@ fn linked_packages(package: &str, features: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// What only the CLI links.
-const CLI_ONLY: [&str; 4] = ["clap", "indicatif", "bench-support", "hostpool-cli"];
+/// What only the CLI links (the keeper, a daemon, among them).
+const CLI_ONLY: [&str; 5] = [
+    "clap",
+    "indicatif",
+    "bench-support",
+    "hostpool-keeper",
+    "hostpool-cli",
+];
 
 #[test]
 fn the_python_extension_and_the_library_link_no_cli_code() {
@@ -231,9 +237,138 @@ fn the_python_extension_and_the_library_link_no_cli_code() {
     }
     // The check can fail: the CLI itself links all of them.
     let cli = linked_packages("hostpool-cli", &[]);
-    for dep in ["clap", "indicatif", "bench-support"] {
+    for dep in ["clap", "indicatif", "bench-support", "hostpool-keeper"] {
         assert!(cli.iter().any(|p| p == dep), "hostpool-cli: {cli:?}");
     }
+}
+
+/// The workspace crates each crate of the workspace depends on (its
+/// `[dependencies]`, not its dev-dependencies), by package name.
+fn crate_edges() -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    for parent in ["crates", "tests/out-of-tree"] {
+        for entry in std::fs::read_dir(root().join(parent)).unwrap().flatten() {
+            let manifest = entry.path().join("Cargo.toml");
+            if manifest.exists() {
+                files.push(manifest);
+            }
+        }
+    }
+    files.push(root().join("xtask/Cargo.toml"));
+    let parsed: Vec<(String, Vec<String>)> = files
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let mut name = String::new();
+            let mut deps = Vec::new();
+            let mut section = String::new();
+            for line in text.lines().map(str::trim) {
+                if line.starts_with('[') {
+                    section = line.to_string();
+                    continue;
+                }
+                let key: String = line
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                    .collect();
+                if section == "[package]" && key == "name" {
+                    name = line.split('"').nth(1).unwrap_or_default().to_string();
+                } else if section == "[dependencies]" && !key.is_empty() {
+                    deps.push(key);
+                }
+            }
+            (name, deps)
+        })
+        .collect();
+    let members: BTreeSet<String> = parsed.iter().map(|(n, _)| n.clone()).collect();
+    parsed
+        .into_iter()
+        .map(|(name, deps)| {
+            let deps = deps.into_iter().filter(|d| members.contains(d)).collect();
+            (name, deps)
+        })
+        .collect()
+}
+
+/// The edges `docs/design.md` allows, from its `crate-edges` block:
+/// `crate: dep dep ...`, one crate a line.
+fn allowed_edges(design: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let block = design
+        .split("```crate-edges\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("docs/design.md has a crate-edges block");
+    block
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(name, deps)| {
+            let deps = deps.split_whitespace().map(str::to_string).collect();
+            (name.trim().to_string(), deps)
+        })
+        .collect()
+}
+
+/// Every edge of `actual` that `allowed` does not allow, and every crate it
+/// does not list.
+fn edges_not_allowed(
+    actual: &BTreeMap<String, BTreeSet<String>>,
+    allowed: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (name, deps) in actual {
+        let Some(may) = allowed.get(name) else {
+            wrong.push(format!(
+                "{name} is not in docs/design.md's crate-edges table"
+            ));
+            continue;
+        };
+        for d in deps.difference(may) {
+            wrong.push(format!("{name} -> {d}"));
+        }
+    }
+    wrong
+}
+
+#[test]
+fn every_crate_depends_only_on_what_the_design_allows() {
+    let design = std::fs::read_to_string(root().join("docs/design.md")).unwrap();
+    let allowed = allowed_edges(&design);
+    let actual = crate_edges();
+    assert!(actual.len() >= 19, "every crate is read: {actual:?}");
+    let wrong = edges_not_allowed(&actual, &allowed);
+    assert!(
+        wrong.is_empty(),
+        "edges docs/design.md does not allow: {wrong:?}"
+    );
+    // The core depends on no crate of the workspace; the keeper, a daemon,
+    // is linked by the CLI alone.
+    assert!(allowed["pool-core"].is_empty());
+    let keeper_users: Vec<&String> = allowed
+        .iter()
+        .filter(|(_, deps)| deps.contains("hostpool-keeper"))
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(keeper_users, ["hostpool-cli"]);
+    // The check can fail: the core naming the handoff, or a plugin the
+    // keeper, is caught.
+    let mut planted = actual.clone();
+    planted
+        .get_mut("pool-core")
+        .unwrap()
+        .insert("hostpool-handoff".into());
+    planted
+        .get_mut("backing-anon")
+        .unwrap()
+        .insert("hostpool-keeper".into());
+    planted.insert("hostpool-new".into(), BTreeSet::new());
+    assert_eq!(
+        edges_not_allowed(&planted, &allowed),
+        [
+            "backing-anon -> hostpool-keeper",
+            "hostpool-new is not in docs/design.md's crate-edges table",
+            "pool-core -> hostpool-handoff",
+        ]
+    );
 }
 
 /// The first segment of each path in `tail`, the text right after a `::`:

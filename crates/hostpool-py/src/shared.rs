@@ -67,7 +67,7 @@ impl PyShared {
             let world = u32::try_from(world).map_err(|_| {
                 Error::config(format!(
                     "world {world} must be between 1 and {}",
-                    pool_core::shared::MAX_WORLD
+                    pool_core::MAX_WORLD
                 ))
             })?;
             let rank = u32::try_from(rank).map_err(|_| {

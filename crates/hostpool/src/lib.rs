@@ -20,6 +20,11 @@
 
 pub use pool_core;
 
+/// Memory handed between processes: shared pools' rendezvous and leases of
+/// kept pools (the keeper itself, a daemon, is `hostpool-keeper`, which only
+/// the CLI links).
+pub use hostpool_handoff;
+
 // A plugin crate that is never named is not linked and its records vanish
 // silently: name every built-in. `tests/cli.rs` asserts the exact set.
 use backing_anon as _;

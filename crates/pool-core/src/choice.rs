@@ -60,11 +60,14 @@ impl fmt::Display for ChoiceError {
 
 impl std::error::Error for ChoiceError {}
 
-/// Implements [`Choice`], `FromStr`, `Display`, serde and (feature `clap`)
-/// `ValueEnum` for an enum from one table of `Variant => "name", "help"`.
+/// Implements [`Choice`], `FromStr`, `Display`, serde and (feature `clap`
+/// of the crate that calls it) `ValueEnum` for an enum from one table of
+/// `Variant => "name", "help"`. Exported, so that a crate of its own (the
+/// keeper's `content`) spells its choices the one way.
+#[macro_export]
 macro_rules! choice {
     ($ty:ident, $what:literal, { $($variant:ident => $name:literal, $help:literal),+ $(,)? }) => {
-        impl $crate::choice::Choice for $ty {
+        impl $crate::Choice for $ty {
             const WHAT: &'static str = $what;
             const ALL: &'static [(Self, &'static str, &'static str)] =
                 &[$(($ty::$variant, $name, $help)),+];
@@ -77,29 +80,29 @@ macro_rules! choice {
         }
 
         impl ::std::str::FromStr for $ty {
-            type Err = $crate::choice::ChoiceError;
+            type Err = $crate::ChoiceError;
 
             fn from_str(text: &str) -> ::std::result::Result<Self, Self::Err> {
-                <$ty as $crate::choice::Choice>::parse(text)
+                <$ty as $crate::Choice>::parse(text)
             }
         }
 
         impl ::std::fmt::Display for $ty {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
-                f.write_str($crate::choice::Choice::name(*self))
+                f.write_str($crate::Choice::name(*self))
             }
         }
 
         impl ::serde::Serialize for $ty {
             fn serialize<S: ::serde::Serializer>(&self, s: S) -> ::std::result::Result<S::Ok, S::Error> {
-                s.serialize_str($crate::choice::Choice::name(*self))
+                s.serialize_str($crate::Choice::name(*self))
             }
         }
 
         impl<'de> ::serde::Deserialize<'de> for $ty {
             fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> ::std::result::Result<Self, D::Error> {
                 let text = <::std::borrow::Cow<'de, str> as ::serde::Deserialize>::deserialize(d)?;
-                <$ty as $crate::choice::Choice>::parse(&text).map_err(::serde::de::Error::custom)
+                <$ty as $crate::Choice>::parse(&text).map_err(::serde::de::Error::custom)
             }
         }
 
@@ -110,7 +113,7 @@ macro_rules! choice {
             }
 
             fn to_possible_value(&self) -> Option<::clap::builder::PossibleValue> {
-                let &(_, name, help) = <$ty as $crate::choice::Choice>::ALL
+                let &(_, name, help) = <$ty as $crate::Choice>::ALL
                     .iter()
                     .find(|(v, _, _)| v == self)?;
                 Some(::clap::builder::PossibleValue::new(name).help(help))
@@ -118,8 +121,6 @@ macro_rules! choice {
         }
     };
 }
-
-pub(crate) use choice;
 
 #[cfg(test)]
 mod tests {

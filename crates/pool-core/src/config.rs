@@ -62,7 +62,7 @@ pub enum PrefaultChoice {
     None,
 }
 
-crate::choice::choice!(PrefaultChoice, "prefault method", {
+crate::choice!(PrefaultChoice, "prefault method", {
     Auto => "auto", "populate-write where the kernel has it, else touch",
     PopulateWrite => "populate-write", "madvise(MADV_POPULATE_WRITE): the kernel's own path",
     Touch => "touch", "one read-modify-write per page",
@@ -107,7 +107,7 @@ pub enum PinScope {
     Shard,
 }
 
-crate::choice::choice!(PinScope, "pin scope", {
+crate::choice!(PinScope, "pin scope", {
     Pool => "pool", "the whole pool",
     Shard => "shard", "this rank's shard of a shared pool",
 });
@@ -193,7 +193,7 @@ pub struct SharingConfig {
 ///
 /// # Errors
 /// [`Error::Config`] saying what a name may be.
-pub(crate) fn check_name(what: &str, n: &str) -> Result<()> {
+pub fn check_name(what: &str, n: &str) -> Result<()> {
     let fine = !n.is_empty()
         && n.len() <= 64
         && !n.starts_with('.')
@@ -209,6 +209,11 @@ pub(crate) fn check_name(what: &str, n: &str) -> Result<()> {
 
 /// The longest tag an engine may store with its lease (`keeper_tag`): a
 /// hash or a short description of what its offloaded bytes are for.
+/// Most ranks one shared pool can have.
+pub const MAX_WORLD: u32 = 256;
+/// Most files (segments) one shared pool can have.
+pub const MAX_FILES: usize = 1024;
+
 pub const MAX_KEEPER_TAG_BYTES: usize = 16 << 10;
 
 impl PoolConfig {
@@ -284,7 +289,7 @@ pub enum Rendezvous {
     File,
 }
 
-crate::choice::choice!(Rendezvous, "rendezvous", {
+crate::choice!(Rendezvous, "rendezvous", {
     Socket => "socket", "a unix socket in the abstract namespace (ranks of one network namespace)",
     File => "file", "a control file in the control directory (ranks that share a directory)",
 });
@@ -304,11 +309,10 @@ impl SharingConfig {
     /// [`Error::Config`] saying which and how to fix it.
     pub fn validate(&self) -> Result<()> {
         check_name("shared pool", &self.name)?;
-        if self.world == 0 || self.world > crate::sys::control::MAX_WORLD {
+        if self.world == 0 || self.world > MAX_WORLD {
             return Err(Error::config(format!(
                 "world {} must be between 1 and {}",
-                self.world,
-                crate::sys::control::MAX_WORLD
+                self.world, MAX_WORLD
             )));
         }
         if self.rank >= self.world {
@@ -437,7 +441,7 @@ pub enum HugePages {
     Off,
 }
 
-crate::choice::choice!(HugePages, "huge page policy", {
+crate::choice!(HugePages, "huge page policy", {
     Required => "required", "huge pages or nothing: a shortage is the capacity error",
     Prefer => "prefer", "huge pages while they last, else 4 KiB pages (said in the report)",
     Off => "off", "never huge pages",
@@ -564,7 +568,7 @@ pub enum KeeperFallback {
     Build,
 }
 
-crate::choice::choice!(KeeperFallback, "keeper fallback", {
+crate::choice!(KeeperFallback, "keeper fallback", {
     Fail => "fail", "fail, naming the keeper's socket and how to start it",
     Build => "build", "build a pool of this process's own, as without a keeper",
 });

@@ -23,6 +23,10 @@ use crate::layout::{Extent, MappedSize, PageSize, format_bytes};
 use crate::plugin::{FilePlan, Mapping};
 use crate::sys::{FixedMapError, Mmap, Region, Reservation};
 
+/// A shared control file's view and its open-file-description locks: what
+/// a rendezvous over a control file (`hostpool-handoff`'s) builds on.
+pub use crate::sys::{AtomicsOnly, SharedView, ofd_byte_locked, ofd_lock_byte};
+
 /// `(st_dev, st_ino)`: what a path named when we opened it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FileId {
@@ -44,7 +48,7 @@ pub fn file_id(fd: impl AsFd) -> io::Result<FileId> {
 ///
 /// # Errors
 /// The `fstat` errno.
-pub(crate) fn id_and_len(fd: impl AsFd) -> io::Result<(FileId, u64)> {
+pub fn id_and_len(fd: impl AsFd) -> io::Result<(FileId, u64)> {
     let st = rustix::fs::fstat(fd)?;
     let id = FileId {
         dev: st.st_dev,
@@ -60,7 +64,7 @@ pub(crate) fn id_and_len(fd: impl AsFd) -> io::Result<(FileId, u64)> {
 ///
 /// # Errors
 /// The `fstat` errno.
-pub(crate) fn first_short<'a>(
+pub fn first_short<'a>(
     files: impl IntoIterator<Item = (BorrowedFd<'a>, Extent)>,
 ) -> io::Result<Option<(usize, u64)>> {
     for (i, (fd, extent)) in files.into_iter().enumerate() {

@@ -41,22 +41,20 @@ pub mod file;
 pub mod gc;
 pub mod host;
 pub mod interrupt;
-pub mod keeper;
 mod layout;
-mod lease;
 pub mod plugin;
 pub mod prefault;
 pub mod shared;
 mod sys;
 mod time;
-mod wire;
 
 pub use background::{DEFAULT_CHUNK as DEFAULT_BACKGROUND_CHUNK, PinProgress, PinStatus};
 pub use choice::{Choice, ChoiceError};
 pub use config::{
     DEFAULT_ATTACH_TIMEOUT_SECS, DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS, HugePages,
-    KeeperFallback, MAX_ATTACH_TIMEOUT_SECS, NumaNode, PIN_OFF, POOL_KEYS, PinConfig, PinScope,
-    PoolConfig, PrefaultChoice, Rendezvous, SharingConfig, pin_kind_from,
+    KeeperFallback, MAX_ATTACH_TIMEOUT_SECS, MAX_FILES, MAX_KEEPER_TAG_BYTES, MAX_WORLD, NumaNode,
+    PIN_OFF, POOL_KEYS, PinConfig, PinScope, PoolConfig, PrefaultChoice, Rendezvous, SharingConfig,
+    check_name, pin_kind_from,
 };
 pub use error::{Context, Error, Result, TeardownIssue};
 pub use layout::{

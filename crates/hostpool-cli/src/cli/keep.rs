@@ -1,11 +1,11 @@
 //! `hostpool keep`: build pools once and keep them, serving leases to
-//! engines that restart (see `pool_core::keeper`); `hostpool keep status`.
+//! engines that restart (see `hostpool_keeper`); `hostpool keep status`.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use pool_core::keeper::{Content, Keeper, KeptPoolConfig, StopRequests};
+use hostpool_keeper::{Content, Keeper, KeptPoolConfig, StopRequests};
 use pool_core::{Error, format_bytes};
 use serde_json::Value;
 
@@ -158,7 +158,7 @@ fn configs(args: &KeepArgs) -> Result<Vec<KeptPoolConfig>, Error> {
             path.display()
         )));
     }
-    pool_core::keeper::read_config(path)
+    hostpool_keeper::read_config(path)
 }
 
 /// Say that a kept pool is ready.
@@ -191,11 +191,11 @@ fn ready(keeper: &Keeper, seconds: f64, json: bool) -> Result<(), Error> {
 fn status(args: &StatusArgs) -> Result<i32, Error> {
     let names = match &args.name {
         Some(n) => vec![n.clone()],
-        None => pool_core::keeper::list(),
+        None => hostpool_keeper::list(),
     };
     let mut all = Vec::new();
     for n in &names {
-        match pool_core::keeper::status(n) {
+        match hostpool_keeper::status(n) {
             Ok(v) => all.push(v),
             // Asked for by name: that it does not answer is the answer.
             Err(e) if args.name.is_some() => return Err(e),

@@ -40,8 +40,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::Args;
+use hostpool::hostpool_handoff::{Refusal, RefusalTerms};
 use pool_core::Error;
-use pool_core::shared::{Refusal, RefusalTerms};
 
 /// The helper's subcommand, as [`spawn_helper`] runs it.
 const SUBCOMMAND: &str = "serve-refusal";
@@ -72,7 +72,7 @@ pub struct ServeRefusalArgs {
 /// Call at the start of `main`.
 pub(super) fn install() {
     // The CLI sets it once; nothing else in the process does.
-    let _ = pool_core::shared::set_refusal_handler(hand_over);
+    let _ = hostpool::hostpool_handoff::set_refusal_handler(hand_over);
 }
 
 /// Start the helper with `refusal`; if it cannot start, answer the ranks

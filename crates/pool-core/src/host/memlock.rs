@@ -30,7 +30,7 @@ pub enum MemlockPolicy {
     Ignore,
 }
 
-crate::choice::choice!(MemlockPolicy, "memlock bound policy", {
+crate::choice!(MemlockPolicy, "memlock bound policy", {
     Check => "check", "compare the pool with the memlock bound before pinning",
     Ignore => "ignore", "do not",
 });

@@ -113,7 +113,7 @@ impl Pool {
     /// # Errors
     /// [`crate::Error::Config`] for a backing that maps memory of its own;
     /// the steps' errors, after what was built is torn down.
-    pub(crate) fn build_kept(
+    pub fn build_kept(
         plan: &PoolPlan,
         observer: &dyn Observer,
         cancel: &Cancel,
@@ -190,7 +190,7 @@ fn map(plan: &PoolPlan, observer: &dyn Observer, cancel: &Cancel) -> Result<Pool
     let mut fallback = None;
     if plan.config.keeper.is_some() {
         let (leased, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
-            crate::lease::attach(&plan.config, cancel)
+            crate::shared::handoff("a kept pool").and_then(|h| h.lease(&plan.config, cancel))
         });
         match leased {
             Ok(mapping) => {

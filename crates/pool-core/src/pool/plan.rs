@@ -248,8 +248,13 @@ impl PoolPlan {
             selection.reason = format!(
                 "leased from keeper `{keeper}` ({}): its backing; this process maps, pins and \
                  registers it",
-                crate::lease::socket_name(keeper)
+                crate::shared::handoff("a kept pool")?.keeper_socket(keeper)
             );
+        }
+        // Memory that crosses processes needs the handoff: say so now, not
+        // at map time.
+        if config.sharing.is_some() {
+            crate::shared::handoff("a shared pool")?;
         }
         // A shared pool of files names them in the plan (the file
         // rendezvous's data files).

@@ -3,35 +3,23 @@
 //!
 //! This module is the API every rendezvous ([`crate::Rendezvous`]) shares:
 //! the shard of each rank ([`shard`]), what the ranks must agree on
-//! ([`SharedPoolSpec`]), the files' names (from [`crate::gc::data_path`] and [`crate::gc::ctl_path`], which `gc` recognises) and
-//! the report ([`SharingReport`]); [`map_shared`] hands the spec to one of
-//! two rendezvous. The default, `socket`, is in `socket.rs`: the ranks meet
-//! on an abstract unix socket and the creator passes its unlinked files'
-//! descriptors, so nothing is ever in a directory; a creator that fails
-//! goes on refusing the ranks that come later with its cause
-//! ([`Refusal`], [`set_refusal_handler`]). The other, `file`, is in
-//! `file.rs`, for ranks that share only a directory: they meet in a control
-//! file beside the data files (`<control_dir>/hostpool-<name>.ctl`, default
-//! `/dev/shm`, and `<dir>/hostpool-<name>.pool` or `.pool.<NNNN>` per
-//! segment, all `0600`), which every rank unlinks after the barrier.
+//! ([`SharedPoolSpec`]), the files' names (from [`crate::gc::data_path`] and
+//! [`crate::gc::ctl_path`], which `gc` recognises) and the report
+//! ([`SharingReport`]). The rendezvous themselves, which hand memory from
+//! one process to another, are not the core's: [`map_shared`] hands the spec
+//! to the [`Handoff`] linked in (`hostpool-handoff`).
 
+use std::fmt;
 use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::config::SharingConfig;
+use crate::config::{PoolConfig, SharingConfig};
 use crate::error::{Error, Result};
 use crate::file::MapContext;
 use crate::host::capacity::CapacityCheck;
 use crate::layout::{Extent, MappedSize};
 use crate::plugin::Mapping;
-
-mod file;
-mod socket;
-
-pub use crate::sys::control::{MAX_FILES, MAX_WORLD};
-pub use file::SharedMapping;
-pub use socket::{Refusal, RefusalTerms, set_refusal_handler};
 
 /// This rank's prefault shard: page-aligned, disjoint from every other
 /// rank's, the shards together covering the pool.
@@ -95,42 +83,15 @@ impl std::fmt::Debug for SharedPoolSpec<'_> {
     }
 }
 
-/// An [`Error::Peer`]: `message` blames `ranks` (in the order it names
-/// them), the first of them, or the one peer it names only by pid, being
-/// process `pid`.
-fn peer(message: String, ranks: Vec<u32>, pid: Option<u32>) -> Error {
-    Error::Peer {
-        message,
-        ranks,
-        pid,
-    }
-}
-
-/// A pid as the control file and `SO_PEERCRED` give it: 0 means unknown.
-fn known(pid: u32) -> Option<u32> {
-    (pid != 0).then_some(pid)
-}
-
 /// Create or join a shared pool and map all of it, over the rendezvous
-/// `spec.sharing` names. The creator checks capacity, creates and sizes the
-/// files and maps them before letting the joiners in; joiners verify they
-/// attach to exactly those files.
+/// `spec.sharing` names, through the linked [`Handoff`].
 ///
 /// # Errors
-/// Capacity, mapping, mismatch or peer errors. On error the peers are told
-/// and no file is left behind.
+/// [`Error::Config`] when no handoff is linked; the rendezvous' capacity,
+/// mapping, mismatch or peer errors (on error the peers are told and no file
+/// is left behind).
 pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
-    let sharing = spec.sharing;
-    sharing.validate()?;
-    if spec.files.len() > MAX_FILES {
-        return Err(Error::config(format!(
-            "a shared pool has at most {MAX_FILES} files; use fewer segments"
-        )));
-    }
-    if sharing.rendezvous == crate::config::Rendezvous::Socket {
-        return socket::map(spec);
-    }
-    file::map(spec)
+    handoff("a shared pool")?.share(spec)
 }
 
 /// The `sharing` object of a report.
@@ -156,7 +117,7 @@ pub struct SharingReport {
 impl SharingReport {
     /// The report's `sharing` object; `control_file` empty for the socket
     /// rendezvous.
-    pub(crate) fn of(
+    pub fn of(
         sharing: &SharingConfig,
         role: Role,
         shard: Extent,
@@ -176,7 +137,7 @@ impl SharingReport {
 
     /// The `sharing` object of a rank that leased its pool from a keeper:
     /// every rank joins the keeper's pool.
-    pub(crate) fn of_lease(sharing: &SharingConfig, shard: Extent) -> Option<serde_json::Value> {
+    pub fn of_lease(sharing: &SharingConfig, shard: Extent) -> Option<serde_json::Value> {
         serde_json::to_value(SharingReport {
             name: sharing.name.clone(),
             world: sharing.world,
@@ -190,200 +151,105 @@ impl SharingReport {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::sync::Barrier;
-    use std::time::Instant;
+/// Memory handed from one process to another: the rendezvous of a shared
+/// pool's ranks and an engine's lease of a keeper's pool. The core names no
+/// implementation: the crate that speaks the handoff (`hostpool-handoff`)
+/// submits a [`HandoffPlugin`], and a build that shares or leases a pool asks
+/// for it ([`handoff`]); a private pool needs none.
+pub trait Handoff: Sync + fmt::Debug {
+    /// Create or join the shared pool `spec` describes and map all of it.
+    ///
+    /// # Errors
+    /// Capacity, mapping, mismatch or peer errors; on error the peers are
+    /// told and no file is left behind.
+    fn share(&self, spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>>;
 
-    use super::*;
-    use crate::gc::data_path;
-    use crate::layout::{PageSize, round_to_page};
+    /// Lease the pool `config.keeper` names and map it, waiting at most
+    /// its attach timeout (`cancel` ends every wait).
+    ///
+    /// # Errors
+    /// [`Error::Keeper`] (with `absent` when no keeper answers), a usage
+    /// error when the keeper's pool is not the one asked for, mapping errors.
+    fn lease(
+        &self,
+        config: &PoolConfig,
+        cancel: &crate::interrupt::Cancel,
+    ) -> Result<Box<dyn Mapping>>;
 
-    /// A scratch control dir on /dev/shm and data dir, removed on drop.
-    pub(super) struct Dirs {
-        pub(super) ctl: PathBuf,
-        pub(super) data: PathBuf,
-    }
+    /// Where the keeper of kept pool `name` answers, as `ss -x` shows it.
+    fn keeper_socket(&self, name: &str) -> String;
+}
 
-    impl Dirs {
-        pub(super) fn new(tag: &str) -> Dirs {
-            let id = format!("{}-{tag}-{:?}", std::process::id(), Instant::now());
-            let id: String = id
-                .chars()
-                .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
-                .collect();
-            let ctl = PathBuf::from(format!("/dev/shm/hostpool-unit-ctl-{id}"));
-            let data = std::env::temp_dir().join(format!("hostpool-unit-data-{id}"));
-            std::fs::create_dir_all(&ctl).unwrap();
-            std::fs::create_dir_all(&data).unwrap();
-            Dirs { ctl, data }
-        }
+/// The record of the [`Handoff`] a build shares and leases pools through.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct HandoffPlugin {
+    /// Its name.
+    pub name: &'static str,
+    /// One line for `hostpool plugins`.
+    pub summary: &'static str,
+    /// The crate that submitted it.
+    pub origin: &'static str,
+    /// The handoff.
+    pub handoff: &'static dyn Handoff,
+}
 
-        pub(super) fn left(&self) -> Vec<String> {
-            let mut v = Vec::new();
-            for d in [&self.ctl, &self.data] {
-                for e in std::fs::read_dir(d).unwrap() {
-                    v.push(e.unwrap().path().display().to_string());
-                }
-            }
-            v
-        }
-    }
-
-    impl Drop for Dirs {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.ctl);
-            let _ = std::fs::remove_dir_all(&self.data);
-        }
-    }
-
-    pub(super) fn sharing(d: &Dirs, world: u32, rank: u32, timeout: f64) -> SharingConfig {
-        SharingConfig {
-            name: "unit".into(),
-            world,
-            rank,
-            attach_timeout_secs: timeout,
-            barrier_timeout_secs: 600.0,
-            rendezvous: crate::config::Rendezvous::File,
-            control_dir: Some(d.ctl.clone()),
-        }
-    }
-
-    /// As [`sharing`], over the socket rendezvous: the socket's name is
-    /// per user and name, so each test names its pool `unit-<tag>-<pid>`.
-    pub(super) fn socket_sharing(tag: &str, world: u32, rank: u32, timeout: f64) -> SharingConfig {
-        SharingConfig {
-            name: format!("unit-{tag}-{}", std::process::id()),
-            world,
-            rank,
-            attach_timeout_secs: timeout,
-            barrier_timeout_secs: 600.0,
-            rendezvous: crate::config::Rendezvous::Socket,
-            control_dir: None,
+impl HandoffPlugin {
+    /// A record.
+    pub const fn new(
+        name: &'static str,
+        summary: &'static str,
+        origin: &'static str,
+        handoff: &'static dyn Handoff,
+    ) -> HandoffPlugin {
+        HandoffPlugin {
+            name,
+            summary,
+            origin,
+            handoff,
         }
     }
+}
 
-    /// The fields of a peer error; panics, saying what it got, for any
-    /// other error.
-    pub(super) fn blamed(e: &Error) -> (Vec<u32>, Option<u32>) {
-        match e {
-            Error::Peer { ranks, pid, .. } => (ranks.clone(), *pid),
-            other => panic!("expected a peer error, got {other:?}"),
-        }
+inventory::collect!(HandoffPlugin);
+
+impl crate::plugin::PluginRecord for HandoffPlugin {
+    const KIND: &'static str = "handoff";
+    fn name(&self) -> &'static str {
+        self.name
     }
-
-    pub(super) fn attach(
-        d: &Dirs,
-        s: &SharingConfig,
-        mib: u64,
-        capacity: &[CapacityCheck],
-    ) -> Result<Box<dyn Mapping>> {
-        let size = round_to_page(mib << 20, PageSize::BASE_4K).unwrap();
-        map_shared(SharedPoolSpec {
-            sharing: s,
-            size,
-            files: vec![(
-                data_path(&d.data, &s.name, None),
-                Extent {
-                    offset: 0,
-                    len: size.mapped(),
-                },
-            )],
-            capacity,
-            recheck: &|| capacity.to_vec(),
-            create: &|e| crate::file::create_private(&d.data, e.len, PageSize::BASE_4K),
-            map: MapContext {
-                enomem_remedy: "x".into(),
-                ..MapContext::default()
-            },
-            cancel: crate::interrupt::Cancel::new(),
-        })
+    fn origin(&self) -> &'static str {
+        self.origin
     }
-
-    /// `f(rank)` for ranks `0..n`, each on a thread of its own, all started
-    /// together behind a barrier; the results in rank order.
-    pub(super) fn on_ranks<T: Send>(n: u32, f: impl Fn(u32) -> T + Sync) -> Vec<T> {
-        let start = Barrier::new(n as usize);
-        std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..n)
-                .map(|r| {
-                    let (f, start) = (&f, &start);
-                    sc.spawn(move || {
-                        start.wait();
-                        f(r)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        })
+    fn summary(&self) -> &'static str {
+        self.summary
     }
-
-    pub(super) fn role(m: &dyn Mapping) -> String {
-        m.sharing().unwrap()["role"].as_str().unwrap().to_string()
+    fn doctor(&self) -> Option<crate::plugin::DoctorFn> {
+        None
     }
+    fn all() -> Vec<&'static Self> {
+        inventory::iter::<HandoffPlugin>.into_iter().collect()
+    }
+}
 
-    /// A rank that vanishes after attaching (its mapping dropped: its
-    /// locks, or its socket, go as when it is killed) is named by its
-    /// peers with its rank and pid. Over the socket the creator sees it go
-    /// and relays that to the other joiner, fields and all.
-    #[test]
-    fn a_rank_that_dies_is_named_by_its_peers_with_its_rank_and_pid() {
-        for socket in [false, true] {
-            let d = Dirs::new(if socket { "died-socket" } else { "died" });
-            // Two ranks over the file rendezvous: with a third, it could
-            // read the other survivor's slot first, which blames that one
-            // before the victim.
-            let world = if socket { 3 } else { 2 };
-            let config = |r| {
-                if socket {
-                    socket_sharing("died", world, r, 10.0)
-                } else {
-                    sharing(&d, world, r, 10.0)
-                }
-            };
-            let roles = std::sync::Mutex::new(Vec::new());
-            let (attached, gone) = (Barrier::new(world as usize), Barrier::new(world as usize));
-            let errs: Vec<Option<(u32, Error)>> = on_ranks(world, |r| {
-                let mut m = attach(&d, &config(r), 4, &[]).unwrap();
-                roles.lock().unwrap().push((r, role(&*m)));
-                attached.wait();
-                // The victim: the lowest joiner, so that over the socket the
-                // creator relays its death to the other joiner.
-                let victim = roles
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|(_, role)| role == "joiner")
-                    .map(|(r, _)| *r)
-                    .min()
-                    .unwrap();
-                if r == victim {
-                    drop(m);
-                    gone.wait();
-                    return None;
-                }
-                gone.wait();
-                let e = m.rendezvous(Ok(()), None).unwrap_err();
-                m.teardown();
-                Some((victim, e))
-            });
-            let mut named = 0;
-            for (victim, e) in errs.iter().flatten() {
-                let text = e.to_string();
-                assert!(
-                    text.contains(&format!("rank {victim} (pid {})", std::process::id()))
-                        && text.contains("died before the barrier completed"),
-                    "socket {socket}: {text}"
-                );
-                assert_eq!(
-                    blamed(e),
-                    (vec![*victim], Some(std::process::id())),
-                    "socket {socket}: {text}"
-                );
-                named += 1;
-            }
-            assert_eq!(named, world - 1, "every survivor fails");
-            assert!(d.left().is_empty(), "{:?}", d.left());
-        }
+/// The one [`Handoff`] linked, for `what` (a shared pool, a lease).
+///
+/// # Errors
+/// [`Error::Config`] when none is linked (a program on `pool-core` alone
+/// that asks for a shared pool or a lease), or several are.
+pub fn handoff(what: &str) -> Result<&'static dyn Handoff> {
+    let reg = crate::plugin::registry::<HandoffPlugin>()?;
+    let mut all = reg.values();
+    match (all.next(), all.next()) {
+        (Some(p), None) => Ok(p.handoff),
+        (None, _) => Err(Error::config(format!(
+            "{what} needs memory handed between processes, and this program links no handoff: \
+             link the crate hostpool-handoff (`use hostpool_handoff as _;`), as the hostpool \
+             library, its CLI and its Python package do"
+        ))),
+        (Some(_), Some(_)) => Err(Error::config(format!(
+            "several handoffs are linked ({}); link one",
+            reg.keys().copied().collect::<Vec<_>>().join(", ")
+        ))),
     }
 }

@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use rustix::mm::{Advice, MapFlags, ProtFlags};
 
-pub(crate) mod control;
 pub mod numa;
 mod region;
 mod worker;

@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bench_support::benchkit::Memory;
-use pool_core::keeper::{Content, Keeper, KeptPoolConfig, StopRequests};
+use hostpool_keeper::{Content, Keeper, KeptPoolConfig, StopRequests};
 use pool_core::{Error, Pool, PoolConfig, PoolPlan, PrefaultChoice, Quiet};
 
 use super::rows::{Row, Status};
@@ -152,7 +152,7 @@ fn timed_build(config: &PoolConfig) -> Result<Duration, Error> {
 fn cleared(name: &str) -> Result<f64, Error> {
     let end = Instant::now() + Duration::from_secs(600);
     loop {
-        let s = pool_core::keeper::status(name)?;
+        let s = hostpool_keeper::status(name)?;
         if s["state"] == "idle"
             && s["lease"].is_null()
             && let Some(secs) = s["last_clear_seconds"].as_f64()

@@ -9,9 +9,9 @@ use super::Finding;
 
 /// One finding per kept pool; none when no keeper runs.
 pub(super) fn findings() -> Vec<Finding> {
-    pool_core::keeper::list()
+    hostpool_keeper::list()
         .into_iter()
-        .map(|name| match pool_core::keeper::status(&name) {
+        .map(|name| match hostpool_keeper::status(&name) {
             Ok(s) => {
                 let lease = match s["lease"].as_object() {
                     Some(l) => format!(

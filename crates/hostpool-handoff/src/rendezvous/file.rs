@@ -38,17 +38,18 @@ use std::time::{Duration, Instant};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
-use crate::config::SharingConfig;
-use crate::error::{Context, Error, Result, TeardownIssue};
-use crate::file::{self, FileId, FileMapping, PoolFile};
-use crate::gc::{DEFAULT_CONTROL_DIR, ctl_path};
-use crate::host::capacity;
-use crate::interrupt::Cancel;
-use crate::layout::{Extent, PageSize, format_bytes};
-use crate::plugin::Mapping;
-use crate::plugin::RankBarrier;
-use crate::sys::control::{Blamed, Ctl, MAX_BLAMED};
-use crate::sys::{self, Region, SharedView};
+use crate::sys::{Blamed, Ctl, MAX_BLAMED};
+use pool_core::Region;
+use pool_core::SharingConfig;
+use pool_core::file::{self, FileId, FileMapping, PoolFile};
+use pool_core::file::{SharedView, ofd_byte_locked, ofd_lock_byte};
+use pool_core::gc::{DEFAULT_CONTROL_DIR, ctl_path};
+use pool_core::host::capacity;
+use pool_core::interrupt::Cancel;
+use pool_core::plugin::Mapping;
+use pool_core::plugin::RankBarrier;
+use pool_core::{Context, Error, Result, TeardownIssue};
+use pool_core::{Extent, PageSize, format_bytes};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"HOSTPOOL");
 /// 2: each slot, and the header's creator failure, records whom it blamed.
@@ -218,7 +219,7 @@ impl Session {
         rustix::fs::ftruncate(&fd, len).map_err(|e| cfg_err("ftruncate", e.into()))?;
         rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared)
             .map_err(|e| cfg_err("flock(LOCK_SH)", e.into()))?;
-        sys::ofd_lock_byte(fd.as_fd(), LOCK_BASE + i64::from(sharing.rank))
+        ofd_lock_byte(fd.as_fd(), LOCK_BASE + i64::from(sharing.rank))
             .map_err(|e| cfg_err("fcntl(F_OFD_SETLK)", e))?;
         let view =
             SharedView::<Ctl>::map(fd.as_fd()).map_err(|e| cfg_err("mmap(MAP_SHARED)", e))?;
@@ -409,8 +410,7 @@ impl Session {
                 .map(|st| st.st_nlink == 0)
                 .unwrap_or(true);
             let creator = i64::from(h.creator_rank.load(Ordering::Relaxed));
-            let dead =
-                !sys::ofd_byte_locked(self.ctl_fd.as_fd(), LOCK_BASE + creator).unwrap_or(false);
+            let dead = !ofd_byte_locked(self.ctl_fd.as_fd(), LOCK_BASE + creator).unwrap_or(false);
             if gone || dead {
                 if dead {
                     self.remove_orphans(spec);
@@ -431,7 +431,7 @@ impl Session {
                     self.sharing.name,
                     self.sharing.attach_timeout_secs,
                     self.creator_desc(),
-                    crate::host::process::why_late(self.creator_pid())
+                    pool_core::host::process::why_late(self.creator_pid())
                 )));
             }
             std::thread::sleep(POLL);
@@ -521,7 +521,7 @@ impl Session {
     fn claim_slot(&self) -> Result<()> {
         let rank = self.sharing.rank;
         let slot = &self.ctl().slots[rank as usize];
-        if let Err(e) = sys::ofd_lock_byte(self.ctl_fd.as_fd(), LOCK_BASE + i64::from(rank)) {
+        if let Err(e) = ofd_lock_byte(self.ctl_fd.as_fd(), LOCK_BASE + i64::from(rank)) {
             return Err(Error::config(format!(
                 "rank {rank} of shared pool `{}` is already attached by pid {} ({e}); give each process its own --rank",
                 self.sharing.name,
@@ -842,7 +842,7 @@ impl Session {
                         None,
                     )),
                     SLOT_ATTACHED | SLOT_ARRIVED
-                        if !sys::ofd_byte_locked(self.ctl_fd.as_fd(), LOCK_BASE + i64::from(r))
+                        if !ofd_byte_locked(self.ctl_fd.as_fd(), LOCK_BASE + i64::from(r))
                             .unwrap_or(true) =>
                     {
                         Some((
@@ -856,7 +856,7 @@ impl Session {
                             "rank {r} (pid {pid}: {}) attached but did not reach the barrier within \
                              {:.0} s; check the process, or raise --barrier-timeout for very large \
                              pools (a rank prefaulting a very large shard)",
-                            crate::host::process::why_late(pid),
+                            pool_core::host::process::why_late(pid),
                             self.sharing.barrier_timeout_secs
                         ),
                         vec![r],
@@ -918,7 +918,7 @@ pub(super) fn map(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
     match attempt {
         Ok(mapping) => {
             if session.role == Role::Creator {
-                crate::failpoint::stall("shared-before-ready");
+                pool_core::failpoint::stall("shared-before-ready");
                 session.publish();
             }
             let shard = shard(spec.size, sharing)?;
@@ -956,11 +956,11 @@ fn with_gc_hint(e: Error, spec: &SharedPoolSpec<'_>) -> Error {
         .filter_map(|(p, _)| p.parent().map(Path::to_path_buf))
         .collect();
     dirs.dedup();
-    let found = crate::gc::scan(&dirs);
-    let stale: Vec<&crate::gc::Scanned> = found
+    let found = pool_core::gc::scan(&dirs);
+    let stale: Vec<&pool_core::gc::Scanned> = found
         .files
         .iter()
-        .filter(|f| matches!(f.liveness, crate::gc::Liveness::Stale { .. }))
+        .filter(|f| matches!(f.liveness, pool_core::gc::Liveness::Stale { .. }))
         .collect();
     let remedy = if stale.is_empty() {
         remedy
@@ -1068,7 +1068,7 @@ impl Mapping for SharedMapping {
         };
         if result.is_ok() {
             self.session.passed.store(true, Ordering::Release);
-            crate::failpoint::stall("shared-after-barrier");
+            pool_core::failpoint::stall("shared-after-barrier");
             // Every rank unlinks (by inode, so a newer pool's files are
             // spared): whichever rank dies after the barrier, the others
             // leave nothing behind.
@@ -1093,12 +1093,12 @@ impl Mapping for SharedMapping {
 
 #[cfg(test)]
 mod tests {
-    use crate::gc::data_path;
+    use pool_core::gc::data_path;
     use std::sync::Barrier;
 
     use super::super::tests::{Dirs, attach, blamed, on_ranks, role, sharing};
     use super::*;
-    use crate::host::capacity::CapacityCheck;
+    use pool_core::host::capacity::CapacityCheck;
 
     #[test]
     fn four_ranks_elect_one_creator_share_memory_and_leave_no_file() {

@@ -7,20 +7,20 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::{FromKeeper, LeaseInfo, ToKeeper, address, how_to_start, keeper_error, socket_name};
-use crate::error::{Error, Result, TeardownIssue};
-use crate::file::{self, FileMapping, MapContext, PoolFile};
-use crate::interrupt::Cancel;
-use crate::layout::{Extent, PageSize};
-use crate::plugin::{Mapping, RankBarrier};
-use crate::sys::Region;
 use crate::wire::{self, Received};
+use pool_core::Region;
+use pool_core::file::{self, FileMapping, MapContext, PoolFile};
+use pool_core::interrupt::Cancel;
+use pool_core::plugin::{Mapping, RankBarrier};
+use pool_core::{Error, Result, TeardownIssue};
+use pool_core::{Extent, PageSize};
 
 /// Connect to the keeper of `name`, checking that it runs as this user or
 /// root (memory from anyone else's process is refused).
 fn connect(name: &str) -> Result<(OwnedFd, u32)> {
     let addr = address(name)?;
     let sock = wire::seqpacket()?;
-    crate::failpoint::stall("keeper-before-connect");
+    pool_core::failpoint::stall("keeper-before-connect");
     if let Err(e) = rustix::net::connect(&sock, &addr) {
         return Err(keeper_error(
             name,
@@ -69,7 +69,7 @@ pub(super) fn status(name: &str) -> Result<Value> {
             name,
             format!(
                 "the keeper of `{name}` (pid {pid}: {}) did not answer a status request within 5 s",
-                crate::host::process::why_late(pid)
+                pool_core::host::process::why_late(pid)
             ),
             Some(pid),
             false,
@@ -92,10 +92,7 @@ pub(super) fn status(name: &str) -> Result<Value> {
 /// # Errors
 /// [`Error::Keeper`] (with `absent` when no keeper answers), a usage error
 /// when the keeper's pool is not the one asked for, mapping errors.
-pub(crate) fn attach(
-    config: &crate::config::PoolConfig,
-    cancel: &Cancel,
-) -> Result<Box<dyn Mapping>> {
+pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn Mapping>> {
     let Some(name) = config.keeper.as_deref() else {
         return Err(Error::config("no keeper named"));
     };
@@ -107,7 +104,7 @@ pub(crate) fn attach(
     let attach_timeout = config.keeper_attach_timeout();
     let barrier_timeout = sharing
         .as_ref()
-        .map_or(crate::config::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
+        .map_or(pool_core::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
             s.barrier_timeout_secs
         });
     let (sock, pid) = connect(name)?;
@@ -166,7 +163,7 @@ pub(crate) fn attach(
                          within {attach_timeout} s (it may be clearing it after the previous \
                          lease); check the keeper, or raise --attach-timeout \
                          (`keeper_attach_timeout_secs`)",
-                        crate::host::process::why_late(pid)
+                        pool_core::host::process::why_late(pid)
                     ),
                     Some(pid),
                     false,
@@ -179,7 +176,7 @@ pub(crate) fn attach(
             _ => return Err(died("died while handing over the pool")),
         }
     }
-    crate::failpoint::stall("keeper-passing-fds");
+    pool_core::failpoint::stall("keeper-passing-fds");
     if fds.len() != extents.len() {
         return Err(died(&format!(
             "handed over {} file(s) for {} extent(s)",
@@ -188,7 +185,7 @@ pub(crate) fn attach(
         )));
     }
     let page = PageSize::new(page)?;
-    let size = crate::layout::round_to_page(logical, page)?;
+    let size = pool_core::round_to_page(logical, page)?;
     if size.mapped() != mapped {
         return Err(died("sent sizes that do not agree"));
     }
@@ -227,9 +224,9 @@ pub(crate) fn attach(
         ),
         e => e,
     })?;
-    crate::failpoint::stall("keeper-attached");
+    pool_core::failpoint::stall("keeper-attached");
     let shard = match &sharing {
-        Some(s) => crate::shared::shard(size, s)?,
+        Some(s) => pool_core::shared::shard(size, s)?,
         None => Extent {
             offset: 0,
             len: size.mapped(),
@@ -258,7 +255,7 @@ struct LeasedMapping {
     backing: String,
     attach_seconds: f64,
     keeper_pid: u32,
-    sharing: Option<crate::config::SharingConfig>,
+    sharing: Option<pool_core::SharingConfig>,
     shard: Extent,
     /// The build's token, which the barrier's wait checks.
     cancel: Cancel,
@@ -273,7 +270,7 @@ impl LeasedMapping {
         let timeout = self
             .sharing
             .as_ref()
-            .map_or(crate::config::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
+            .map_or(pool_core::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
                 s.barrier_timeout_secs
             });
         let mine = outcome.as_ref().err().cloned();
@@ -337,7 +334,7 @@ impl Mapping for LeasedMapping {
 
     fn sharing(&self) -> Option<Value> {
         let s = self.sharing.as_ref()?;
-        crate::shared::SharingReport::of_lease(s, self.shard)
+        pool_core::shared::SharingReport::of_lease(s, self.shard)
     }
 
     fn leased(&self) -> Option<Value> {
@@ -367,7 +364,7 @@ impl Mapping for LeasedMapping {
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
         let LeasedMapping { inner, conn, .. } = *self;
         let issues = Box::new(inner).teardown();
-        crate::failpoint::stall("keeper-release");
+        pool_core::failpoint::stall("keeper-release");
         if let Some(conn) = conn {
             // Unmapped first: the keeper may clear the pool once it reads this.
             let _ = wire::send(&conn, &ToKeeper::Release, &[]);
@@ -420,9 +417,9 @@ mod tests {
             // Hold the connection until the engine hangs up.
             let _ = wire::recv::<ToKeeper>(&conn, deadline, &mut Vec::new(), None);
         });
-        let config = crate::config::PoolConfig {
+        let config = pool_core::PoolConfig {
             keeper: Some(name.clone()),
-            ..crate::config::PoolConfig::default()
+            ..pool_core::PoolConfig::default()
         };
         let e = attach(&config, &Cancel::new()).expect_err("a short file is not mapped");
         let text = e.to_string();

@@ -1,14 +1,14 @@
-//! The control block of a shared pool as every rank maps it: made of atomics
-//! only, so it may live in a file that other processes write.
+//! The only `unsafe` of the handoff: the control block of a shared pool
+//! as every rank of the file rendezvous maps it, made of atomics only, so
+//! that it may live in a file other processes write
+//! ([`pool_core::file::SharedView`] maps it).
+
+#![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64};
 
-use super::AtomicsOnly;
-
-/// Most ranks one shared pool can have.
-pub const MAX_WORLD: u32 = 256;
-/// Most files (segments) one shared pool can have.
-pub const MAX_FILES: usize = 1024;
+use pool_core::file::AtomicsOnly;
+use pool_core::{MAX_FILES, MAX_WORLD};
 /// Most ranks one recorded failure blames besides the rank that recorded it:
 /// a rank that fails because of its peers records whom it blamed, the first
 /// `MAX_BLAMED` of them when it blamed more.

@@ -32,13 +32,13 @@ use rustix::net::{SocketAddrUnix, SocketFlags, SocketType};
 use serde::{Deserialize, Serialize};
 
 use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
-use crate::error::{Error, Result, TeardownIssue};
-use crate::file::{self, FileMapping, PoolFile};
-use crate::interrupt::Cancel;
-use crate::layout::{Extent, format_bytes};
-use crate::plugin::{Mapping, RankBarrier};
-use crate::sys::Region;
 use crate::wire::{self, FDS_PER_MSG, TICK, os, readable, send, seqpacket};
+use pool_core::Region;
+use pool_core::file::{self, FileMapping, PoolFile};
+use pool_core::interrupt::Cancel;
+use pool_core::plugin::{Mapping, RankBarrier};
+use pool_core::{Error, Result, TeardownIssue};
+use pool_core::{Extent, format_bytes};
 
 /// What the ranks say to each other.
 #[derive(Debug, Serialize, Deserialize)]
@@ -151,7 +151,7 @@ pub(super) fn map(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
     let started = Instant::now();
     let attach_deadline = started + Duration::from_secs_f64(sharing.attach_timeout_secs);
     let addr = address(&sharing.name)?;
-    crate::failpoint::stall("shared-before-connect");
+    pool_core::failpoint::stall("shared-before-connect");
     loop {
         spec.cancel.check()?;
         let sock = seqpacket()?;
@@ -184,8 +184,8 @@ fn create(
     let sharing = spec.sharing;
     let mut links: Vec<Link> = Vec::new();
     let built = (|| -> Result<FileMapping> {
-        crate::host::capacity::require(spec.capacity)?;
-        if let Some(e) = crate::failpoint::check("shared-creator-map") {
+        pool_core::host::capacity::require(spec.capacity)?;
+        if let Some(e) = pool_core::failpoint::check("shared-creator-map") {
             return Err(os("mmap", e, "mapping the pool's files failed"));
         }
         let mut files = Vec::with_capacity(spec.files.len());
@@ -427,7 +427,7 @@ fn welcome(
         );
         return Ok(None);
     }
-    crate::failpoint::stall("shared-passing-fds");
+    pool_core::failpoint::stall("shared-passing-fds");
     let mut chunks = fds.chunks(FDS_PER_MSG);
     let first = chunks.next().unwrap_or(&[]);
     let sent = send(
@@ -616,15 +616,15 @@ impl Refusal {
     /// socket, `terms.message` is not a refusal of this hostpool version
     /// (give back what [`Refusal::terms`] gave, from the same binary), or
     /// `terms.remaining` is longer than any attach timeout
-    /// ([`crate::MAX_ATTACH_TIMEOUT_SECS`]).
+    /// ([`pool_core::MAX_ATTACH_TIMEOUT_SECS`]).
     pub fn resume(listener: OwnedFd, terms: RefusalTerms) -> Result<Refusal> {
-        if terms.remaining.as_secs_f64() > crate::MAX_ATTACH_TIMEOUT_SECS {
+        if terms.remaining.as_secs_f64() > pool_core::MAX_ATTACH_TIMEOUT_SECS {
             return Err(Error::config(format!(
                 "the refusal of shared pool `{}` would hold for {:.0} s, longer than any attach \
                  timeout ({:.0} s at most)",
                 terms.pool,
                 terms.remaining.as_secs_f64(),
-                crate::MAX_ATTACH_TIMEOUT_SECS
+                pool_core::MAX_ATTACH_TIMEOUT_SECS
             )));
         }
         let listening = rustix::net::sockopt::socket_acceptconn(&listener).unwrap_or(false);
@@ -692,11 +692,7 @@ impl Refusal {
 
 /// Read what attached joiners said without waiting: an arrival is noted, an
 /// EOF is a death. The peer error naming the joiner, if one died or failed.
-fn watch(
-    links: &mut [Link],
-    sharing: &crate::config::SharingConfig,
-    cancel: &Cancel,
-) -> Option<Error> {
+fn watch(links: &mut [Link], sharing: &pool_core::SharingConfig, cancel: &Cancel) -> Option<Error> {
     for l in links.iter_mut() {
         if !wire::ready(&l.fd) {
             continue;
@@ -739,7 +735,7 @@ fn fail_creation(
     listener: OwnedFd,
     links: &mut [Link],
     why: &Error,
-    sharing: &crate::config::SharingConfig,
+    sharing: &pool_core::SharingConfig,
     deadline: Instant,
     cancel: &Cancel,
 ) {
@@ -869,7 +865,7 @@ fn join(
                      still creating it ({}); raise --attach-timeout for very large pools",
                     sharing.name,
                     sharing.attach_timeout_secs,
-                    crate::host::process::why_late(pid)
+                    pool_core::host::process::why_late(pid)
                 ),
                 Vec::new(),
                 known(pid),
@@ -892,7 +888,7 @@ fn join(
             }
         }
     }
-    crate::failpoint::stall("shared-passing-fds");
+    pool_core::failpoint::stall("shared-passing-fds");
     if fds.len() != spec.files.len() {
         return Err(peer(
             format!(
@@ -942,7 +938,7 @@ struct SocketMapping {
     /// The joiners (creator), or the creator (joiner).
     links: Vec<Link>,
     shard: Extent,
-    sharing: crate::config::SharingConfig,
+    sharing: pool_core::SharingConfig,
     /// The build's token, which the barrier's waits check.
     cancel: Cancel,
 }
@@ -997,7 +993,7 @@ impl SocketMapping {
                         s.name,
                         link.rank,
                         link.pid,
-                        crate::host::process::why_late(link.pid),
+                        pool_core::host::process::why_late(link.pid),
                         s.barrier_timeout_secs
                     ),
                     vec![link.rank],
@@ -1037,7 +1033,7 @@ impl SocketMapping {
                             "rank {} (pid {}: {})",
                             l.rank,
                             l.pid,
-                            crate::host::process::why_late(l.pid)
+                            pool_core::host::process::why_late(l.pid)
                         )
                     })
                     .collect();
@@ -1096,10 +1092,10 @@ impl Mapping for SocketMapping {
                 r
             }
             None => {
-                crate::failpoint::stall("shared-before-barrier");
+                pool_core::failpoint::stall("shared-before-barrier");
                 let r = self.barrier(outcome);
                 if r.is_ok() {
-                    crate::failpoint::stall("shared-after-barrier");
+                    pool_core::failpoint::stall("shared-after-barrier");
                 }
                 r
             }
@@ -1171,13 +1167,13 @@ mod tests {
             arrived: None,
         }];
         let why = "shared pool `unit`: rank 2 (pid 7) died before the barrier completed";
-        let sharing = crate::config::SharingConfig {
+        let sharing = pool_core::SharingConfig {
             name: "unit".into(),
             world: 4,
             rank: 0,
             attach_timeout_secs: 20.0,
             barrier_timeout_secs: 600.0,
-            rendezvous: crate::config::Rendezvous::Socket,
+            rendezvous: pool_core::Rendezvous::Socket,
             control_dir: None,
         };
         let started = Instant::now();

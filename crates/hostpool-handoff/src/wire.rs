@@ -16,26 +16,26 @@ use rustix::net::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::{Context, Error, Result};
+use pool_core::{Context, Error, Result};
 
 /// Largest message (JSON) in bytes.
-pub(crate) const MSG_BYTES: usize = 64 << 10;
+pub const MSG_BYTES: usize = 64 << 10;
 /// File descriptors per message (the kernel takes at most 253).
-pub(crate) const FDS_PER_MSG: usize = 200;
+pub const FDS_PER_MSG: usize = 200;
 /// The longest one `poll` waits, so deadlines and stop requests are seen.
-pub(crate) const TICK: Duration = Duration::from_millis(20);
+pub const TICK: Duration = Duration::from_millis(20);
 
 /// A failed call on the socket, with what to do about it.
-pub(crate) fn os(op: &'static str, e: impl Into<std::io::Error>, remedy: &str) -> Error {
+pub fn os(op: &'static str, e: impl Into<std::io::Error>, remedy: &str) -> Error {
     Error::os(
         op,
         e,
-        Context::new(0, crate::layout::PageSize::BASE_4K).remedy(remedy),
+        Context::new(0, pool_core::PageSize::BASE_4K).remedy(remedy),
     )
 }
 
 /// A new `SOCK_SEQPACKET` unix socket, close-on-exec.
-pub(crate) fn seqpacket() -> Result<OwnedFd> {
+pub fn seqpacket() -> Result<OwnedFd> {
     rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -52,11 +52,7 @@ pub(crate) fn seqpacket() -> Result<OwnedFd> {
 }
 
 /// Send `msg`, with `files` (at most [`FDS_PER_MSG`]).
-pub(crate) fn send<M: Serialize>(
-    fd: impl AsFd,
-    msg: &M,
-    files: &[BorrowedFd<'_>],
-) -> std::io::Result<()> {
+pub fn send<M: Serialize>(fd: impl AsFd, msg: &M, files: &[BorrowedFd<'_>]) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MSG))];
     let mut control = SendAncillaryBuffer::new(&mut space);
@@ -74,7 +70,7 @@ pub(crate) fn send<M: Serialize>(
 
 /// What [`recv`] got.
 #[derive(Debug)]
-pub(crate) enum Received<M> {
+pub enum Received<M> {
     /// A message.
     Msg(M),
     /// End of file: the peer is gone (closed, or died).
@@ -90,11 +86,11 @@ pub(crate) enum Received<M> {
 /// # Errors
 /// [`Error::Interrupted`]; [`Error::Os`] for a failed call;
 /// [`Error::Plugin`] for a message this version cannot read.
-pub(crate) fn recv<M: DeserializeOwned>(
+pub fn recv<M: DeserializeOwned>(
     fd: impl AsFd,
     deadline: Instant,
     files: &mut Vec<OwnedFd>,
-    cancel: Option<&crate::interrupt::Cancel>,
+    cancel: Option<&pool_core::interrupt::Cancel>,
 ) -> Result<Received<M>> {
     let fd = fd.as_fd();
     loop {
@@ -171,7 +167,7 @@ pub(crate) fn recv<M: DeserializeOwned>(
 }
 
 /// Whether `fd` has something to read (or hung up) within one tick.
-pub(crate) fn readable(fd: BorrowedFd<'_>, deadline: Instant) -> Result<bool> {
+pub fn readable(fd: BorrowedFd<'_>, deadline: Instant) -> Result<bool> {
     let wait = deadline.saturating_duration_since(Instant::now()).min(TICK);
     let timeout = Timespec {
         tv_sec: 0,
@@ -186,7 +182,7 @@ pub(crate) fn readable(fd: BorrowedFd<'_>, deadline: Instant) -> Result<bool> {
 }
 
 /// Whether `fd` has something to read (or hung up) right now.
-pub(crate) fn ready(fd: impl AsFd) -> bool {
+pub fn ready(fd: impl AsFd) -> bool {
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     poll(
         &mut fds,
@@ -200,7 +196,7 @@ pub(crate) fn ready(fd: impl AsFd) -> bool {
 }
 
 /// Whether the peer of `fd` has hung up (closed its end, or died).
-pub(crate) fn hung_up(fd: impl AsFd) -> bool {
+pub fn hung_up(fd: impl AsFd) -> bool {
     let mut fds = [PollFd::new(&fd, PollFlags::IN | PollFlags::RDHUP)];
     let zero = Timespec {
         tv_sec: 0,
@@ -214,7 +210,7 @@ pub(crate) fn hung_up(fd: impl AsFd) -> bool {
 
 /// Wait up to `wait` (below a second) until any of `fds` has something to
 /// read or hung up.
-pub(crate) fn wait_any(fds: &[BorrowedFd<'_>], wait: Duration) {
+pub fn wait_any(fds: &[BorrowedFd<'_>], wait: Duration) {
     let mut polled: Vec<PollFd<'_>> = fds
         .iter()
         .map(|fd| PollFd::new(fd, PollFlags::IN))
@@ -227,7 +223,7 @@ pub(crate) fn wait_any(fds: &[BorrowedFd<'_>], wait: Duration) {
 }
 
 /// The peer's uid and pid (`SO_PEERCRED`; pid 0 when unknown).
-pub(crate) fn peer_cred(fd: impl AsFd) -> Result<(u32, u32)> {
+pub fn peer_cred(fd: impl AsFd) -> Result<(u32, u32)> {
     let cred = rustix::net::sockopt::socket_peercred(fd)
         .map_err(|e| os("getsockopt(SO_PEERCRED)", e, "the unix socket failed"))?;
     Ok((

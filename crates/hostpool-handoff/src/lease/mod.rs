@@ -1,16 +1,16 @@
 //! Leasing a kept pool: what an engine's process does (`keeper = "NAME"`
-//! in its config) and the protocol it speaks with the keeper
-//! ([`crate::keeper`], which serves it). Apart from the keeper, so that a
+//! in its config) and the protocol it speaks with the keeper (the crate
+//! `hostpool-keeper`, which serves it). Apart from the keeper, so that a
 //! pool's build can lease without knowing how pools are kept.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::{Error, Result};
+use pool_core::{Error, Result};
 
 mod client;
 
-pub(crate) use client::attach;
+pub use client::attach;
 
 /// The prefix of every keeper's abstract socket name.
 pub const SOCKET_PREFIX: &str = "hostpool-keep/";
@@ -21,7 +21,7 @@ pub fn socket_name(name: &str) -> String {
     format!("@{SOCKET_PREFIX}{name}")
 }
 
-pub(crate) fn address(name: &str) -> Result<rustix::net::SocketAddrUnix> {
+pub fn address(name: &str) -> Result<rustix::net::SocketAddrUnix> {
     rustix::net::SocketAddrUnix::new_abstract_name(format!("{SOCKET_PREFIX}{name}").as_bytes())
         .map_err(|e| {
             crate::wire::os(
@@ -77,7 +77,7 @@ pub struct LeaseInfo {
 
 /// Engine → keeper.
 #[derive(Debug, Serialize, Deserialize)]
-pub(crate) enum ToKeeper {
+pub enum ToKeeper {
     /// Lease the pool, as rank `rank` of `world` of the engine `engine`.
     Hello {
         world: u32,
@@ -99,7 +99,7 @@ pub(crate) enum ToKeeper {
 
 /// Keeper → engine.
 #[derive(Debug, Serialize, Deserialize)]
-pub(crate) enum FromKeeper {
+pub enum FromKeeper {
     /// The lease: the pool's files follow, `files` in all, in this and the
     /// following [`FromKeeper::Files`] messages, each with the extents of
     /// the descriptors it carries (so that a message stays small however
@@ -158,7 +158,7 @@ pub fn status(name: &str) -> Result<Value> {
 }
 
 /// The keeper error for `name`: `message`, blaming `pid` when known.
-pub(crate) fn keeper_error(name: &str, message: String, pid: Option<u32>, absent: bool) -> Error {
+pub fn keeper_error(name: &str, message: String, pid: Option<u32>, absent: bool) -> Error {
     Error::Keeper {
         name: name.to_string(),
         message,
@@ -168,7 +168,7 @@ pub(crate) fn keeper_error(name: &str, message: String, pid: Option<u32>, absent
 }
 
 /// Where a kept pool's socket is, for messages.
-pub(crate) fn how_to_start(name: &str) -> String {
+pub fn how_to_start(name: &str) -> String {
     format!(
         "start it (`hostpool keep --name {name} --size SIZE`, or `systemctl start \
          hostpool-keep@{name}`) in this network namespace (a Kubernetes pod shares one), or set \

@@ -40,12 +40,12 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::config::PoolConfig;
-use crate::error::{Error, Result};
+use pool_core::PoolConfig;
+use pool_core::{Error, Result};
 
 mod server;
 
-pub use crate::lease::{
+pub use hostpool_handoff::lease::{
     LeaseEnd, LeaseInfo, PreviousLease, SOCKET_PREFIX, list, socket_name, status,
 };
 pub use server::{Keeper, StopRequests};
@@ -60,7 +60,7 @@ pub enum Content {
     Keep,
 }
 
-crate::choice::choice!(Content, "content policy", {
+pool_core::choice!(Content, "content policy", {
     Zero => "zero", "clear the pool between leases (no engine sees another's bytes)",
     Keep => "keep", "keep the bytes for the next lease (a restarted engine reuses its KV cache)",
 });
@@ -90,7 +90,7 @@ impl KeptPoolConfig {
     /// # Errors
     /// [`Error::Config`] saying what to change.
     pub fn validate(&self) -> Result<()> {
-        crate::config::check_name("kept pool", &self.name)?;
+        pool_core::check_name("kept pool", &self.name)?;
         let n = &self.name;
         let p = &self.pool;
         if p.sharing.is_some() {
@@ -111,7 +111,7 @@ impl KeptPoolConfig {
                  them to the engine (`hostpool alloc --keeper {n} --pin cuda`)"
             )));
         }
-        if p.prefault == crate::config::PrefaultChoice::None {
+        if p.prefault == pool_core::PrefaultChoice::None {
             return Err(Error::config(format!(
                 "kept pool `{n}` has prefault = \"none\": a keeper hands engines resident memory \
                  (their leases skip the prefault), and its clearing would allocate pages it never \
@@ -131,13 +131,13 @@ impl KeptPoolConfig {
     /// that backings (and `auto`) plan memory another process can map.
     pub(crate) fn plan_config(&self) -> PoolConfig {
         let mut c = self.pool.clone();
-        c.sharing = Some(crate::config::SharingConfig {
+        c.sharing = Some(pool_core::SharingConfig {
             name: format!("keep-{}", self.name),
             world: 1,
             rank: 0,
-            attach_timeout_secs: crate::config::DEFAULT_ATTACH_TIMEOUT_SECS,
-            barrier_timeout_secs: crate::config::DEFAULT_BARRIER_TIMEOUT_SECS,
-            rendezvous: crate::config::Rendezvous::Socket,
+            attach_timeout_secs: pool_core::DEFAULT_ATTACH_TIMEOUT_SECS,
+            barrier_timeout_secs: pool_core::DEFAULT_BARRIER_TIMEOUT_SECS,
+            rendezvous: pool_core::Rendezvous::Socket,
             control_dir: None,
         });
         c
@@ -169,7 +169,7 @@ impl KeptPoolConfig {
         let content = match map.remove("content") {
             None => Content::Zero,
             Some(Value::String(s)) => {
-                crate::choice::Choice::parse(&s).map_err(|e| Error::config(e.to_string()))?
+                pool_core::Choice::parse(&s).map_err(|e| Error::config(e.to_string()))?
             }
             Some(other) => {
                 return Err(Error::config(format!(

@@ -9,16 +9,16 @@ use rustix::net::SocketFlags;
 use serde_json::{Value, json};
 
 use super::{Content, KeptPoolConfig};
-use crate::choice::Choice;
-use crate::error::{Error, Result};
-use crate::layout::{Extent, format_bytes, round_to_page};
-use crate::lease::{
+use hostpool_handoff::lease::{
     FromKeeper, LeaseEnd, LeaseInfo, PreviousLease, ToKeeper, address, socket_name,
 };
-use crate::pool::{Observer, Pool, PoolPlan, PoolReport};
-use crate::prefault::PrefaultPlan;
-use crate::sys::Region;
-use crate::wire::{self, FDS_PER_MSG, Received, TICK};
+use hostpool_handoff::wire::{self, FDS_PER_MSG, Received, TICK};
+use pool_core::Choice;
+use pool_core::Region;
+use pool_core::prefault::PrefaultPlan;
+use pool_core::{Error, Result};
+use pool_core::{Extent, format_bytes, round_to_page};
+use pool_core::{Observer, Pool, PoolPlan, PoolReport};
 
 /// The number of stop requests a keeper has been given (SIGTERMs): the
 /// first drains its leases, the second ends it at once.
@@ -43,7 +43,7 @@ impl Memory {
     /// touching it, or handing it over, would be a SIGBUS.
     fn truncated(&self) -> Option<String> {
         let files = self.files.iter().map(|(fd, e)| (fd.as_fd(), *e));
-        match crate::file::first_short(files) {
+        match pool_core::file::first_short(files) {
             Ok(None) => None,
             Ok(Some((i, len))) => Some(format!(
                 "its file {i} was truncated to {} (its extent is {}) by a process that held its \
@@ -166,12 +166,12 @@ impl Keeper {
     pub fn start(
         config: KeptPoolConfig,
         observer: &dyn Observer,
-        cancel: &crate::interrupt::Cancel,
+        cancel: &pool_core::interrupt::Cancel,
     ) -> Result<Keeper> {
         config.validate()?;
         let plan = PoolPlan::new(config.plan_config())?;
         let listener = bind(&config.name)?;
-        crate::failpoint::stall("keeper-before-build");
+        pool_core::failpoint::stall("keeper-before-build");
         let (pool, files) = Pool::build_kept(&plan, observer, cancel)?;
         let report = pool.report();
         let serving = Serving {
@@ -387,7 +387,7 @@ fn seconds(secs: f64) -> Duration {
     let secs = if secs.is_finite() {
         secs
     } else {
-        crate::config::DEFAULT_ATTACH_TIMEOUT_SECS
+        pool_core::DEFAULT_ATTACH_TIMEOUT_SECS
     };
     Duration::from_secs_f64(secs.clamp(0.1, 86_400.0))
 }
@@ -425,18 +425,18 @@ fn clear(name: &str, region: Region<'_>, memory: &Memory, abort: &AtomicBool) ->
             absent: false,
         });
     }
-    if let Some(e) = crate::failpoint::check("keeper-clear") {
+    if let Some(e) = pool_core::failpoint::check("keeper-clear") {
         return Err(Error::os(
             "zeroing",
             e,
-            crate::error::Context::new(0, region.page())
+            pool_core::Context::new(0, region.page())
                 .remedy(format!("clearing kept pool `{name}` between leases failed")),
         ));
     }
-    crate::failpoint::stall("keeper-zeroing");
+    pool_core::failpoint::stall("keeper-zeroing");
     // A keeper that stops serving (a second stop request, or the drain
     // timeout) stops the zeroing too, at its next step.
-    crate::prefault::zero(&region, &memory.prefault, &|| abort.load(Ordering::SeqCst))?;
+    pool_core::prefault::zero(&region, &memory.prefault, &|| abort.load(Ordering::SeqCst))?;
     Ok(t.elapsed().as_secs_f64())
 }
 
@@ -512,7 +512,7 @@ impl Serving {
                              keeper_tag of at most {} bytes)",
                             self.config.name,
                             e.chain_message(),
-                            crate::config::MAX_KEEPER_TAG_BYTES
+                            pool_core::MAX_KEEPER_TAG_BYTES
                         ),
                         None,
                     );
@@ -562,7 +562,7 @@ impl Serving {
         else {
             return;
         };
-        crate::failpoint::stall("keeper-hello");
+        pool_core::failpoint::stall("keeper-hello");
         let name = self.config.name.clone();
         // A client that gave up before it was served (its attach timeout
         // passed while the keeper was stopped or busy) gets no lease: it
@@ -633,7 +633,7 @@ impl Serving {
                 let message = format!(
                     "kept pool `{name}` is leased by pid {holder} since {} ({}{}); one lease at a \
                      time: stop that engine first{}",
-                    crate::time::rfc3339(lease.since),
+                    pool_core::rfc3339(lease.since),
                     ranks.join(", "),
                     if lease.engine.is_empty() {
                         String::new()
@@ -692,7 +692,7 @@ impl Serving {
             tag: self.tag.clone(),
             keeper_pid: std::process::id(),
         };
-        crate::failpoint::stall("keeper-passing-fds");
+        pool_core::failpoint::stall("keeper-passing-fds");
         let sent = send_lease(&conn, memory, info, self);
         let Some(lease) = self.lease.as_mut() else {
             return;
@@ -714,7 +714,7 @@ impl Serving {
         if lease.world == 1 && sent.is_ok() {
             lease.live = true;
         }
-        crate::failpoint::stall("keeper-leased");
+        pool_core::failpoint::stall("keeper-leased");
     }
 
     /// Why an engine's size, page size, world or rank do not fit the pool.
@@ -726,11 +726,11 @@ impl Serving {
         rank: u32,
     ) -> Option<String> {
         let name = &self.config.name;
-        if world == 0 || world > crate::sys::control::MAX_WORLD || rank >= world {
+        if world == 0 || world > pool_core::MAX_WORLD || rank >= world {
             return Some(format!(
                 "rank {rank} of world {world} cannot lease kept pool `{name}`: world must be 1 to \
                  {} and rank below it",
-                crate::sys::control::MAX_WORLD
+                pool_core::MAX_WORLD
             ));
         }
         if let Some(p) = page
@@ -745,7 +745,7 @@ impl Serving {
             ));
         }
         if let Some(s) = size {
-            let fits = crate::layout::PageSize::new(self.page)
+            let fits = pool_core::PageSize::new(self.page)
                 .ok()
                 .and_then(|pg| round_to_page(s, pg).ok())
                 .is_some_and(|m| m.mapped() == self.mapped);
@@ -895,7 +895,7 @@ impl Serving {
         let Some(lease) = self.lease.take() else {
             return false;
         };
-        crate::failpoint::stall("keeper-lease-end");
+        pool_core::failpoint::stall("keeper-lease-end");
         let how = if lease.died.is_some() {
             LeaseEnd::Died
         } else {
@@ -918,7 +918,7 @@ impl Serving {
         self.previous = Some(PreviousLease {
             pid,
             how,
-            ended_at: crate::time::rfc3339(SystemTime::now()),
+            ended_at: pool_core::rfc3339(SystemTime::now()),
         });
         self.tag = lease.tag;
         true
@@ -996,7 +996,7 @@ impl Serving {
             json!({
                 "pid": l.ranks.first().map(|r| r.pid),
                 "uid": l.ranks.first().map(|r| r.uid),
-                "since": crate::time::rfc3339(l.since),
+                "since": pool_core::rfc3339(l.since),
                 "engine": l.engine,
                 "world": l.world,
                 "generation": l.generation,
@@ -1010,7 +1010,7 @@ impl Serving {
             "pid": std::process::id(),
             "uid": self.uid,
             "instance": self.instance,
-            "started_at": crate::time::rfc3339(self.started_at),
+            "started_at": pool_core::rfc3339(self.started_at),
             "state": state,
             "broken": match &self.state { State::Broken(why) => Some(why.clone()), _ => None },
             "backing": self.backing,
