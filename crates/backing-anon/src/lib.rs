@@ -95,15 +95,6 @@ impl Backing for AnonBacking {
                 dir.display()
             )));
         }
-        if let Some(sharing) = &config.sharing {
-            return Err(Error::config(format!(
-                "backing anon cannot be shared between processes (shared pool `{}`): its memory \
-                 has no name another rank could open, and each rank would get a private pool of \
-                 its own; drop --backing anon (auto then picks segmented files in /dev/shm), or \
-                 give --dir /dev/shm or a hugetlbfs mount",
-                sharing.name
-            )));
-        }
         let base = PageSize::new(pool_core::base_page_size() as u64)?;
         if let Some(asked) = config.page_size
             && asked.get() != base.get()
@@ -294,7 +285,7 @@ mod tests {
     #[test]
     fn auto_without_dir_selects_anon() {
         let plan = PoolPlan::new(PoolConfig::default()).unwrap();
-        assert_eq!(plan.backing_plan.backing, NAME);
+        assert_eq!(plan.backing_plan().backing, NAME);
         assert!(plan.report().explain[0].contains("no dir"));
     }
 

@@ -227,7 +227,7 @@ impl Memory {
             }
         }
         match self.plan(size) {
-            Ok(plan) => pool_core::host::capacity::require(&plan.backing_plan.capacity)
+            Ok(plan) => pool_core::host::capacity::require(&plan.backing_plan().capacity)
                 .err()
                 .map(|e| e.to_string()),
             Err(e) => Some(e.to_string()),

@@ -15,8 +15,8 @@
 //! which refuses one shorter than its extent; memfds come sealed against
 //! shrinking and growing ([`pool_core::file::create_memfd`]).
 
+use pool_core::file::Attachment;
 use pool_core::interrupt::Cancel;
-use pool_core::plugin::Mapping;
 use pool_core::shared::{Handoff, HandoffPlugin, SharedPoolSpec};
 use pool_core::{PoolConfig, Result};
 
@@ -32,11 +32,11 @@ pub use rendezvous::{Refusal, RefusalTerms, set_refusal_handler};
 struct Handoffs;
 
 impl Handoff for Handoffs {
-    fn share(&self, spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
+    fn share(&self, spec: SharedPoolSpec<'_>) -> Result<Box<dyn Attachment>> {
         rendezvous::map_shared(spec)
     }
 
-    fn lease(&self, config: &PoolConfig, cancel: &Cancel) -> Result<Box<dyn Mapping>> {
+    fn lease(&self, config: &PoolConfig, cancel: &Cancel) -> Result<Box<dyn Attachment>> {
         lease::attach(config, cancel)
     }
 

@@ -193,14 +193,14 @@ impl Keeper {
             mapped: report.mapped_bytes,
             page: report.page_size,
             backing: report.backing.clone(),
-            numa_node: plan.numa.as_ref().and_then(|n| n.node),
+            numa_node: plan.numa().as_ref().and_then(|n| n.node),
             config,
         };
         Ok(Keeper {
             memory: Memory {
                 pool,
                 files,
-                prefault: plan.prefault.clone(),
+                prefault: plan.prefault().clone(),
             },
             serving,
         })

@@ -72,8 +72,8 @@ impl PyPool {
         plan: PoolPlan,
         progress: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<PyPool>> {
-        let shard = plan.prefault.extent;
-        let block_size = plan.config.block_size.map(pool_core::ByteSize::get);
+        let shard = plan.prefault().extent;
+        let block_size = plan.config().block_size.map(pool_core::ByteSize::get);
         let pool = build::build(py, plan, progress)?;
         let report = pool.report();
         let info = Info {

@@ -19,14 +19,15 @@ use serde::Serialize;
 
 use crate::config::PoolConfig;
 use crate::error::{Error, Result, TeardownIssue};
+use crate::file::Attachment;
 use crate::layout::{self, Extent, format_bytes};
-use crate::plugin::{Mapping, Pin, PinContext, Pinner};
+use crate::plugin::{Pin, PinContext, Pinner};
 use crate::sys::Region;
 
 /// A pool's mapping and the background pin's thread, which runs on its
 /// memory and returns the pins it made: the owner joins the thread before
 /// the mapping goes.
-pub(crate) type MappingOwner = crate::sys::Owner<Box<dyn Mapping>, Vec<Box<dyn Pin>>>;
+pub(crate) type MappingOwner = crate::sys::Owner<Box<dyn Attachment>, Vec<Box<dyn Pin>>>;
 
 /// The default chunk of a background pin.
 pub const DEFAULT_CHUNK: u64 = 256 << 20;

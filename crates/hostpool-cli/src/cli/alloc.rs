@@ -46,14 +46,14 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
     let plan = PoolPlan::new(config)?;
     let show_progress = !args.json && std::io::stderr().is_terminal();
     let observer = progress::Bars::new(show_progress);
-    if args.verify_copy && plan.config.pin.kind.as_deref() != Some("cuda") {
+    if args.verify_copy && plan.config().pin.kind.as_deref() != Some("cuda") {
         return Err(Error::config(
             "--verify-copy needs --pin cuda: it copies through the GPU from the pinned pool",
         ));
     }
     if args.nixl_metadata_out.is_some()
         && !plan
-            .config
+            .config()
             .register
             .iter()
             .any(|r| r == registrar_nixl::NAME)
@@ -333,7 +333,7 @@ fn verify_copy(pool: &mut Pool, plan: &PoolPlan) -> Result<Option<pinner_cuda::C
         .and_then(|d| u32::try_from(d).ok())
         .unwrap_or(0);
     // A shared pool's rank copies only through its own shard.
-    let extent = plan.prefault.extent;
+    let extent = plan.prefault().extent;
     if extent.len == 0 {
         return Ok(None);
     }

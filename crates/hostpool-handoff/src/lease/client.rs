@@ -9,9 +9,10 @@ use serde_json::Value;
 use super::{FromKeeper, LeaseInfo, ToKeeper, address, how_to_start, keeper_error, socket_name};
 use crate::wire::{self, Received};
 use pool_core::Region;
+use pool_core::file::Attachment;
 use pool_core::file::{self, FileMapping, MapContext, PoolFile};
 use pool_core::interrupt::Cancel;
-use pool_core::plugin::{Mapping, RankBarrier};
+use pool_core::plugin::RankBarrier;
 use pool_core::{Error, Result, TeardownIssue};
 use pool_core::{Extent, PageSize};
 
@@ -92,7 +93,7 @@ pub(super) fn status(name: &str) -> Result<Value> {
 /// # Errors
 /// [`Error::Keeper`] (with `absent` when no keeper answers), a usage error
 /// when the keeper's pool is not the one asked for, mapping errors.
-pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn Mapping>> {
+pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn Attachment>> {
     let Some(name) = config.keeper.as_deref() else {
         return Err(Error::config("no keeper named"));
     };
@@ -323,7 +324,7 @@ impl LeasedMapping {
     }
 }
 
-impl Mapping for LeasedMapping {
+impl Attachment for LeasedMapping {
     fn region(&self) -> Region<'_> {
         self.inner.region()
     }

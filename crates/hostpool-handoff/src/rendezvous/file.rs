@@ -41,12 +41,12 @@ use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
 use crate::sys::{Blamed, Ctl, MAX_BLAMED};
 use pool_core::Region;
 use pool_core::SharingConfig;
+use pool_core::file::Attachment;
 use pool_core::file::{self, FileId, FileMapping, PoolFile};
 use pool_core::file::{SharedView, ofd_byte_locked, ofd_lock_byte};
 use pool_core::gc::{DEFAULT_CONTROL_DIR, ctl_path};
 use pool_core::host::capacity;
 use pool_core::interrupt::Cancel;
-use pool_core::plugin::Mapping;
 use pool_core::plugin::RankBarrier;
 use pool_core::{Context, Error, Result, TeardownIssue};
 use pool_core::{Extent, PageSize, format_bytes};
@@ -886,7 +886,7 @@ impl Session {
 /// # Errors
 /// Capacity, mapping, mismatch or peer errors. On error the peers are told
 /// and no file is left behind.
-pub(super) fn map(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
+pub(super) fn map(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Attachment>> {
     let sharing = spec.sharing;
     let mut session = Session::elect(sharing, &spec)?;
     let page = spec.size.page();
@@ -1020,7 +1020,7 @@ impl Drop for Unpassed {
     }
 }
 
-impl Mapping for SharedMapping {
+impl Attachment for SharedMapping {
     fn region(&self) -> Region<'_> {
         self.inner.region()
     }

@@ -11,7 +11,7 @@
 //! which every rank unlinks after the barrier.
 
 use pool_core::MAX_FILES;
-use pool_core::plugin::Mapping;
+use pool_core::file::Attachment;
 use pool_core::shared::{Role, SharedPoolSpec, SharingReport, shard};
 use pool_core::{Error, Result};
 
@@ -44,7 +44,7 @@ fn known(pid: u32) -> Option<u32> {
 /// # Errors
 /// Capacity, mapping, mismatch or peer errors. On error the peers are told
 /// and no file is left behind.
-pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
+pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Attachment>> {
     let sharing = spec.sharing;
     sharing.validate()?;
     if spec.files.len() > MAX_FILES {
@@ -148,7 +148,7 @@ mod tests {
         s: &SharingConfig,
         mib: u64,
         capacity: &[CapacityCheck],
-    ) -> Result<Box<dyn Mapping>> {
+    ) -> Result<Box<dyn Attachment>> {
         let size = round_to_page(mib << 20, PageSize::BASE_4K).unwrap();
         map_shared(SharedPoolSpec {
             sharing: s,
@@ -189,7 +189,7 @@ mod tests {
         })
     }
 
-    pub(super) fn role(m: &dyn Mapping) -> String {
+    pub(super) fn role(m: &dyn Attachment) -> String {
         m.sharing().unwrap()["role"].as_str().unwrap().to_string()
     }
 

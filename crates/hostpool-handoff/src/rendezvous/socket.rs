@@ -34,9 +34,10 @@ use serde::{Deserialize, Serialize};
 use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
 use crate::wire::{self, FDS_PER_MSG, TICK, os, readable, send, seqpacket};
 use pool_core::Region;
+use pool_core::file::Attachment;
 use pool_core::file::{self, FileMapping, PoolFile};
 use pool_core::interrupt::Cancel;
-use pool_core::plugin::{Mapping, RankBarrier};
+use pool_core::plugin::RankBarrier;
 use pool_core::{Error, Result, TeardownIssue};
 use pool_core::{Extent, format_bytes};
 
@@ -146,7 +147,7 @@ fn peer_pid(fd: impl AsFd) -> Result<(u32, u32)> {
 /// # Errors
 /// Capacity, mapping, mismatch and peer errors; an [`Error::Conflict`] when
 /// another user's process holds the pool's socket name.
-pub(super) fn map(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
+pub(super) fn map(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Attachment>> {
     let sharing = spec.sharing;
     let started = Instant::now();
     let attach_deadline = started + Duration::from_secs_f64(sharing.attach_timeout_secs);
@@ -180,7 +181,7 @@ fn create(
     spec: SharedPoolSpec<'_>,
     listener: OwnedFd,
     attach_deadline: Instant,
-) -> Result<Box<dyn Mapping>> {
+) -> Result<Box<dyn Attachment>> {
     let sharing = spec.sharing;
     let mut links: Vec<Link> = Vec::new();
     let built = (|| -> Result<FileMapping> {
@@ -772,7 +773,7 @@ fn join(
     spec: SharedPoolSpec<'_>,
     conn: OwnedFd,
     attach_deadline: Instant,
-) -> Result<Box<dyn Mapping>> {
+) -> Result<Box<dyn Attachment>> {
     let sharing = spec.sharing;
     let (uid, pid) = peer_pid(&conn)?;
     let me = rustix::process::geteuid().as_raw();
@@ -1061,7 +1062,7 @@ impl SocketMapping {
     }
 }
 
-impl Mapping for SocketMapping {
+impl Attachment for SocketMapping {
     fn region(&self) -> Region<'_> {
         self.inner.region()
     }

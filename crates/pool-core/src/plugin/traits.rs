@@ -195,15 +195,11 @@ pub trait Backing: Send + Sync + fmt::Debug {
     }
 }
 
-/// A pool's mapping keeps its region mapped for as long as it lives, so the
-/// core's owner of it may run the background pin on it.
-impl crate::sys::Holds for Box<dyn Mapping> {
-    fn held(&self) -> Region<'_> {
-        self.region()
-    }
-}
-
-/// A live mapping made by a backing; its owner.
+/// A live mapping made by a backing ([`Backing::map`], for memory of its
+/// own): its region, the files it keeps alive, how to reserve pages before
+/// a touch, and its teardown. What the core's own kinds of mapping need
+/// besides (a rendezvous, a shared pool's or a lease's report) is the
+/// core's ([`crate::file::Attachment`]).
 pub trait Mapping: Send + Sync + fmt::Debug {
     /// The mapped memory.
     fn region(&self) -> Region<'_>;
@@ -213,28 +209,11 @@ pub trait Mapping: Send + Sync + fmt::Debug {
         Vec::new()
     }
 
-    /// Called once after prefault with its outcome: a shared mapping meets its
-    /// peers here (through `barrier`, or its built-in one) and the owner
-    /// unlinks the files. Private mappings have nothing to do.
-    ///
-    /// # Errors
-    /// [`crate::Error::Peer`] naming a rank that failed, died or never came.
-    fn rendezvous(
-        &mut self,
-        outcome: std::result::Result<(), String>,
-        barrier: Option<&dyn RankBarrier>,
-    ) -> Result<()> {
-        let _ = (outcome, barrier);
-        Ok(())
-    }
-
     /// Make sure every page of `extent` can be supplied before it is touched
     /// one byte at a time (the prefault fallback on kernels without
-    /// `MADV_POPULATE_WRITE`): a file backing allocates the range
-    /// (`fallocate`), which fails with `ENOSPC` where a touch would die of
-    /// SIGBUS (a full tmpfs, a hugetlbfs mount or hugetlb cgroup out of
-    /// pages). Anonymous memory has nothing to do (it is refused by the OOM
-    /// killer, never with SIGBUS).
+    /// `MADV_POPULATE_WRITE`): a file allocates the range (`fallocate`),
+    /// which fails with `ENOSPC` where a touch would die of SIGBUS.
+    /// Anonymous memory has nothing to do.
     ///
     /// # Errors
     /// [`crate::Error::Os`] naming the file, the range and the remedy.
@@ -243,30 +222,11 @@ pub trait Mapping: Send + Sync + fmt::Debug {
         Ok(())
     }
 
-    /// Whether this process ran the plan's capacity checks. A shared pool's
-    /// joiners do not (the creator did, and once it has reserved the pages
-    /// the figures look short to everyone else): their report lists none.
-    fn checked_capacity(&self) -> bool {
-        true
-    }
-
-    /// The `sharing` object of the report, for shared mappings.
-    fn sharing(&self) -> Option<Value> {
-        None
-    }
-
-    /// The report's `keeper` object, for memory leased from a keeper
-    /// (which came resident: the build skips its prefault).
-    fn leased(&self) -> Option<Value> {
-        None
-    }
-
-    /// Unmap, close, unlink. Never panics; returns what could not be undone.
+    /// Unmap and release. Never panics; returns what could not be undone.
     ///
     /// It also runs in a child that inherited the pool through `fork` (the
-    /// pins and registrations are then skipped, being the parent's): once the
-    /// pool is built it must hold no named file, so that teardown gives back
-    /// only the calling process's view.
+    /// pins and registrations are then skipped, being the parent's), so it
+    /// gives back only the calling process's view.
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue>;
 }
 

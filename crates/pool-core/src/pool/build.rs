@@ -8,15 +8,18 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use super::plan::{Origin, SharedOrigin};
 use super::report::{Phases, PinReport, PoolReport, RegistrationReport, segment_reports};
 use super::{NUMA_SAMPLES, Observer, Phase, Pool, PoolPlan, gone, timed};
 use crate::background::{Background, MappingOwner, PinStatus};
 use crate::config::PinScope;
 use crate::error::{Context, Result};
+use crate::file::Attachment;
 use crate::host::capacity;
 use crate::interrupt::Cancel;
 use crate::layout::Extent;
-use crate::plugin::{FilePlan, Mapping, MemorySource, PinContext, RankBarrier};
+use crate::plugin::Mapping;
+use crate::plugin::{FilePlan, MemorySource, PinContext, RankBarrier};
 use crate::prefault::{self, PrefaultMethod, PrefaultOutcome};
 use crate::sys::Region;
 
@@ -65,7 +68,7 @@ impl Pool {
             // A joiner whose `huge_pages = "prefer"` chose other pages than
             // the shared pool's creator: every rank takes the creator's.
             Err(crate::Error::PageSizeMismatch { creator_page, .. })
-                if plan.config.huge_pages == Some(crate::config::HugePages::Prefer) =>
+                if takes_creators_pages(&plan.origin) =>
             {
                 let creators = plan.with_creators_pages(creator_page)?;
                 return Pool::build_cancellable(&creators, observer, barrier, cancel);
@@ -155,6 +158,16 @@ impl Pool {
     }
 }
 
+/// Whether a joiner of the shared pool `origin` builds (itself, or when no
+/// keeper answers) takes its creator's page size when it differs.
+fn takes_creators_pages(origin: &Origin) -> bool {
+    match origin {
+        Origin::Shared(s) => s.take_creators_pages,
+        Origin::Leased(l) => l.fallback.as_deref().is_some_and(takes_creators_pages),
+        Origin::Own => false,
+    }
+}
+
 /// How much of the pool transparent huge pages back, from smaps.
 fn thp_backed(pool: &Pool) -> Option<super::report::ThpReport> {
     let region = pool.region()?;
@@ -182,43 +195,59 @@ fn resident() -> PrefaultOutcome {
     }
 }
 
-/// The mapping of the backing's plan, in a [`Pool`] with its first report:
-/// the backing's own, or the files it planned, which the core creates, maps
-/// and (for a shared pool) shares.
+/// The mapping of the backing's plan, in a [`Pool`] with its first report,
+/// from where the plan says the memory comes: a keeper's lease (or, when no
+/// keeper answers and the plan says so, what this process builds instead),
+/// the backing's own memory, or the files it planned, which the core
+/// creates, maps and (for a shared pool) shares.
 fn map(plan: &PoolPlan, observer: &dyn Observer, cancel: &Cancel) -> Result<Pool> {
     let bp = &plan.backing_plan;
-    let mut fallback = None;
-    if plan.config.keeper.is_some() {
-        let (leased, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
-            crate::shared::handoff("a kept pool").and_then(|h| h.lease(&plan.config, cancel))
-        });
-        match leased {
-            Ok(mapping) => {
-                let report = first_report(plan, mapping.as_ref(), map_secs);
-                return Ok(Pool::of(mapping, report));
+    let (origin, fallback) = match &plan.origin {
+        Origin::Leased(lease) => {
+            let (leased, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
+                crate::shared::handoff("a kept pool").and_then(|h| h.lease(&plan.config, cancel))
+            });
+            match (leased, lease.fallback.as_deref()) {
+                (Ok(mapping), _) => {
+                    let report = first_report(plan, mapping.as_ref(), map_secs);
+                    return Ok(Pool::of(mapping, report));
+                }
+                (
+                    Err(crate::Error::Keeper {
+                        absent: true,
+                        message,
+                        ..
+                    }),
+                    Some(build),
+                ) => {
+                    tracing::warn!(
+                        "{message}; building a pool of this process's own (keeper_fallback = \"build\")"
+                    );
+                    (build, Some(message))
+                }
+                (Err(e), _) => return Err(e),
             }
-            Err(crate::Error::Keeper {
-                absent: true,
-                message,
-                ..
-            }) if plan.config.keeper_fallback == crate::config::KeeperFallback::Build => {
-                tracing::warn!(
-                    "{message}; building a pool of this process's own (keeper_fallback = \"build\")"
-                );
-                fallback = Some(message);
-            }
-            Err(e) => return Err(e),
         }
-    }
+        own_or_shared => (own_or_shared, None),
+    };
     // A shared pool's creator checks capacity itself: once it has reserved
     // the pages, the counts look too low to joiners.
-    if plan.config.sharing.is_none() {
+    if !matches!(origin, Origin::Shared(_)) {
         capacity::require(&bp.capacity)?;
     }
     let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
-        match &bp.source {
-            MemorySource::Own => plan.backing.map(bp),
-            MemorySource::Files(files) => map_files(plan, files, cancel),
+        match (&bp.source, origin) {
+            (MemorySource::Files(files), Origin::Shared(shared)) => {
+                share(plan, files, shared, cancel)
+            }
+            (MemorySource::Files(files), _) => {
+                Ok(Box::new(crate::file::map_planned(files, bp.size)?) as Box<dyn Attachment>)
+            }
+            // The plan refuses to share memory of a backing's own.
+            (MemorySource::Own, _) => plan
+                .backing
+                .map(bp)
+                .map(|m| Box::new(OwnMapping(m)) as Box<dyn Attachment>),
         }
     });
     let mapping = mapping?;
@@ -229,7 +258,7 @@ fn map(plan: &PoolPlan, observer: &dyn Observer, cancel: &Cancel) -> Result<Pool
 
 impl Pool {
     /// A pool of `mapping`, with its first report, nothing pinned yet.
-    fn of(mapping: Box<dyn Mapping>, report: PoolReport) -> Pool {
+    fn of(mapping: Box<dyn Attachment>, report: PoolReport) -> Pool {
         Pool {
             mapping: Some(crate::sys::Owner::new(mapping)),
             pin: None,
@@ -242,20 +271,22 @@ impl Pool {
     }
 }
 
-/// A [`MemorySource::Files`] plan's mapping: private files stitched into one
-/// range, or a shared pool's rendezvous.
-fn map_files(plan: &PoolPlan, files: &FilePlan, cancel: &Cancel) -> Result<Box<dyn Mapping>> {
+/// A shared pool's mapping, over the rendezvous its plan names, of the
+/// files its plan named.
+fn share(
+    plan: &PoolPlan,
+    files: &FilePlan,
+    shared: &SharedOrigin,
+    cancel: &Cancel,
+) -> Result<Box<dyn Attachment>> {
     let bp = &plan.backing_plan;
-    let Some(sharing) = &plan.config.sharing else {
-        return Ok(Box::new(crate::file::map_planned(files, bp.size)?));
-    };
-    // Named once, in the plan.
-    let names = plan.shared_files.clone();
     crate::shared::map_shared(crate::shared::SharedPoolSpec {
-        sharing,
+        sharing: &shared.sharing,
         size: bp.size,
-        files: names
-            .into_iter()
+        files: shared
+            .files
+            .iter()
+            .cloned()
             .zip(files.extents.iter().copied())
             .collect(),
         capacity: &bp.capacity,
@@ -272,7 +303,7 @@ fn map_files(plan: &PoolPlan, files: &FilePlan, cancel: &Cancel) -> Result<Box<d
     })
 }
 
-fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolReport {
+fn first_report(plan: &PoolPlan, mapping: &dyn Attachment, map_secs: f64) -> PoolReport {
     let bp = &plan.backing_plan;
     let region = mapping.region();
     let leased = mapping.leased();
@@ -326,13 +357,13 @@ fn first_report(plan: &PoolPlan, mapping: &dyn Mapping, map_secs: f64) -> PoolRe
 
 /// The pool's mapping, for a step that reads it (its owner is a field
 /// borrowed alone, so the step may write the report meanwhile).
-fn held(owner: &Option<MappingOwner>) -> Result<&dyn Mapping> {
+fn held(owner: &Option<MappingOwner>) -> Result<&dyn Attachment> {
     owner.as_ref().map(|o| &**o.get()).ok_or_else(gone)
 }
 
 /// The pool's mapping to change (its rendezvous), before any background
 /// pin runs on it.
-fn held_mut(owner: &mut Option<MappingOwner>) -> Result<&mut (dyn Mapping + 'static)> {
+fn held_mut(owner: &mut Option<MappingOwner>) -> Result<&mut (dyn Attachment + 'static)> {
     owner
         .as_mut()
         .and_then(MappingOwner::get_mut)
@@ -361,7 +392,7 @@ fn bind(pool: &mut Pool, plan: &PoolPlan, barrier: Option<&dyn RankBarrier>) -> 
         None => Ok(()),
     };
     if let Err(e) = bound {
-        if plan.config.sharing.is_some() {
+        if plan.ranks().is_some() {
             let _ = mapping.rendezvous(Err(e.to_string()), barrier);
         }
         return Err(e);
@@ -375,7 +406,7 @@ fn bind(pool: &mut Pool, plan: &PoolPlan, barrier: Option<&dyn RankBarrier>) -> 
 /// The range this process binds and faults: its shard of a shared pool,
 /// else the whole pool.
 fn own_range(region: &Region<'_>, plan: &PoolPlan) -> Extent {
-    if plan.config.sharing.is_some() {
+    if plan.ranks().is_some() {
         plan.prefault.extent
     } else {
         Extent {
@@ -417,7 +448,7 @@ fn rendezvous(
     faulted: &Result<PrefaultOutcome>,
     barrier: Option<&dyn RankBarrier>,
 ) -> Result<()> {
-    if plan.config.sharing.is_none() {
+    if plan.ranks().is_none() {
         return Ok(());
     }
     let mapping = held_mut(&mut pool.mapping)?;
@@ -435,7 +466,7 @@ fn rendezvous(
 /// time under its lock.
 fn attach(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> {
     let leased = pool.report.keeper.is_some();
-    if (plan.config.sharing.is_none() && !leased)
+    if (plan.ranks().is_none() && !leased)
         || plan.pinner.is_none()
         || plan.config.pin.scope != PinScope::Pool
     {
@@ -490,7 +521,7 @@ fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
     report.sampled = placement.sampled;
     report.on_node = placement.on_node;
     report.elsewhere = placement.elsewhere.clone();
-    if let Some(s) = plan.config.sharing.as_ref().filter(|_| !leased) {
+    if let Some(s) = plan.ranks().filter(|_| !leased) {
         let shards = crate::layout::shards(region.mapped_len(), region.page(), s.world)?;
         let per_shard = (NUMA_SAMPLES / shards.len().max(1)).max(8);
         report.shards = super::numa::sample_shards(&region, &shards, numa, s.rank, per_shard)?;
@@ -515,7 +546,7 @@ fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> 
         return Ok(());
     };
     let mapped = pool.report.mapped_bytes;
-    let pin_extent = match (&plan.config.sharing, plan.config.pin.scope) {
+    let pin_extent = match (plan.ranks(), plan.config.pin.scope) {
         // A leased pool's shard is of the keeper's size, not the plan's.
         (Some(s), PinScope::Shard) if pool.report.keeper.is_some() => {
             let region = held(&pool.mapping)?.region();
@@ -623,4 +654,27 @@ fn attach_peers(region: &Region<'_>, own: Extent) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// A backing's own mapping, as the build holds it: a region and a
+/// teardown, and nothing else to do.
+#[derive(Debug)]
+struct OwnMapping(Box<dyn Mapping>);
+
+impl Attachment for OwnMapping {
+    fn region(&self) -> Region<'_> {
+        self.0.region()
+    }
+
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        self.0.files()
+    }
+
+    fn reserve_for_touch(&self, extent: Extent) -> Result<()> {
+        self.0.reserve_for_touch(extent)
+    }
+
+    fn teardown(self: Box<Self>) -> Vec<crate::TeardownIssue> {
+        self.0.teardown()
+    }
 }

@@ -24,7 +24,7 @@ use crate::plugin::{Pin, Registration};
 use crate::sys::Region;
 
 pub use numa::{GpuPlace, NumaPlan, NumaReport, ShardPlacement};
-pub use plan::PoolPlan;
+pub use plan::{LeasedOrigin, Origin, PoolPlan, SharedOrigin};
 pub use report::{
     HugePagesReport, Phases, PinPlanReport, PinReport, PlanReport, PoolReport, PrefaultPlanReport,
     RegistrationReport, ThpReport,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::report::{HugePagesReport, PinPlanReport, PlanReport, PrefaultPlanReport};
-use crate::config::PoolConfig;
+use crate::config::{PoolConfig, SharingConfig};
 use crate::error::Result;
 use crate::host::capacity;
 use crate::layout::{Extent, MAX_POOL_BYTES, format_bytes};
@@ -17,32 +17,75 @@ use crate::plugin::{
 use crate::prefault::{self, FaultIn, PrefaultPlan};
 
 /// Everything a build will do, resolved from the config. Making a plan
-/// creates, maps and reserves nothing.
+/// creates, maps and reserves nothing, and a plan cannot change once made:
+/// its parts are read through its methods, and the build reads nothing of
+/// the config that the plan resolved (where the memory comes from, the
+/// shared files' names, the page size a joiner takes).
 #[derive(Debug)]
 pub struct PoolPlan {
-    /// The config the plan was made from.
-    pub config: PoolConfig,
-    /// Why this backing.
-    pub backing_reason: String,
-    /// The configured backing.
-    pub backing: Box<dyn Backing>,
-    /// What the backing will map.
-    pub backing_plan: BackingPlan,
-    /// How it will be prefaulted.
-    pub prefault: PrefaultPlan,
-    /// The pinner, when one is asked for (shared with a background pin).
-    pub pinner: Option<std::sync::Arc<dyn Pinner>>,
-    /// The registrars, in order.
-    pub registrars: Vec<Box<dyn Registrar>>,
-    /// What `huge_pages` asked for and what the pool gets, when it asked.
-    pub huge_pages: Option<HugePagesReport>,
-    /// What `numa_node` asked for and the node this process binds, when it
-    /// asked.
-    pub numa: Option<super::numa::NumaPlan>,
-    /// A shared pool's file names, one per extent (empty paths for files
-    /// only the socket passes), decided here and used as they are by the
-    /// build; empty for a pool that is not shared.
-    pub(crate) shared_files: Vec<PathBuf>,
+    pub(crate) config: PoolConfig,
+    pub(crate) backing_reason: String,
+    pub(crate) backing: Box<dyn Backing>,
+    pub(crate) backing_plan: BackingPlan,
+    pub(crate) prefault: PrefaultPlan,
+    pub(crate) pinner: Option<std::sync::Arc<dyn Pinner>>,
+    pub(crate) registrars: Vec<Box<dyn Registrar>>,
+    pub(crate) huge_pages: Option<HugePagesReport>,
+    pub(crate) numa: Option<super::numa::NumaPlan>,
+    pub(crate) origin: Origin,
+}
+
+/// Where a pool's memory comes from: decided by the plan, for every
+/// backing alike, and consumed by the build.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Origin {
+    /// This process maps it alone: the backing's own memory, or the files it
+    /// planned.
+    Own,
+    /// The ranks of one engine share it over a rendezvous.
+    Shared(SharedOrigin),
+    /// A keeper leases it.
+    Leased(LeasedOrigin),
+}
+
+/// A shared pool, as the plan decided it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct SharedOrigin {
+    /// The ranks, this one, the rendezvous and its timeouts.
+    pub sharing: SharingConfig,
+    /// The data files' names, one per extent (empty paths for files only
+    /// the socket passes).
+    pub files: Vec<PathBuf>,
+    /// Whether a joiner takes its creator's page size when it differs
+    /// (`huge_pages = "prefer"`), instead of failing.
+    pub take_creators_pages: bool,
+}
+
+/// A leased pool, as the plan decided it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct LeasedOrigin {
+    /// The kept pool's name.
+    pub keeper: String,
+    /// The ranks of the engine that share the lease, when it has several.
+    pub ranks: Option<SharingConfig>,
+    /// What this process builds when no keeper answers
+    /// (`keeper_fallback = "build"`); `None`: the build fails instead.
+    pub fallback: Option<Box<Origin>>,
+}
+
+impl Origin {
+    /// The ranks this process is one of: a shared pool's, or those sharing
+    /// a lease.
+    pub fn ranks(&self) -> Option<&SharingConfig> {
+        match self {
+            Origin::Own => None,
+            Origin::Shared(s) => Some(&s.sharing),
+            Origin::Leased(l) => l.ranks.as_ref(),
+        }
+    }
 }
 
 /// A backing, configured and planned.
@@ -198,6 +241,65 @@ fn choose_backing(config: &PoolConfig, backing_config: PoolConfig) -> Result<Cho
 }
 
 impl PoolPlan {
+    /// The config the plan was made from.
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// Why this backing.
+    pub fn backing_reason(&self) -> &str {
+        &self.backing_reason
+    }
+
+    /// The configured backing.
+    pub fn backing(&self) -> &dyn Backing {
+        &*self.backing
+    }
+
+    /// What the backing will map.
+    pub fn backing_plan(&self) -> &BackingPlan {
+        &self.backing_plan
+    }
+
+    /// How the pool will be prefaulted (this rank's shard of a shared pool).
+    pub fn prefault(&self) -> &PrefaultPlan {
+        &self.prefault
+    }
+
+    /// The pinner, when one is asked for.
+    pub fn pinner(&self) -> Option<&dyn Pinner> {
+        self.pinner.as_deref()
+    }
+
+    /// The registrars, in order.
+    pub fn registrars(&self) -> &[Box<dyn Registrar>] {
+        &self.registrars
+    }
+
+    /// What `huge_pages` asked for and what the pool gets, when it asked.
+    pub fn huge_pages(&self) -> Option<&HugePagesReport> {
+        self.huge_pages.as_ref()
+    }
+
+    /// What `numa_node` asked for and the node this process binds, when it
+    /// asked.
+    pub fn numa(&self) -> Option<&super::numa::NumaPlan> {
+        self.numa.as_ref()
+    }
+
+    /// Where the memory comes from.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// The ranks this process is one of (a shared pool's, or those sharing
+    /// a lease).
+    pub fn ranks(&self) -> Option<&SharingConfig> {
+        self.origin.ranks()
+    }
+}
+
+impl PoolPlan {
     /// Resolve a config: plugins, sizes, capacity checks and prefault.
     ///
     /// # Errors
@@ -264,14 +366,7 @@ impl PoolPlan {
         {
             backing_plan.files = shared_names(files, sharing);
         }
-        // Every shared pool of files: the names its ranks use (empty where
-        // the socket passes unnamed files), which the build takes as they are.
-        let shared_files = match (&config.sharing, &backing_plan.source) {
-            (Some(sharing), crate::plugin::MemorySource::Files(files)) => {
-                shared_names(files, sharing)
-            }
-            _ => Vec::new(),
-        };
+        let origin = origin(&config, &backing_plan, leases_only)?;
         if let Some(block) = config.block_size {
             check_block(block.get(), backing_plan.size)?;
         }
@@ -325,7 +420,7 @@ impl PoolPlan {
             prefault,
             pinner,
             registrars,
-            shared_files,
+            origin,
             config,
         })
     }
@@ -600,6 +695,45 @@ fn check_block(block: u64, size: crate::layout::MappedSize) -> Result<()> {
     }
 }
 
+/// Where the memory of `config`'s pool comes from. Whether a backing can
+/// be shared is decided here, once, for every backing: memory of its own
+/// ([`MemorySource::Own`](crate::plugin::MemorySource)) has no name another
+/// process could open.
+///
+/// # Errors
+/// [`crate::Error::Config`] for a shared pool of a backing that maps memory
+/// of its own.
+fn origin(config: &PoolConfig, backing_plan: &BackingPlan, leases_only: bool) -> Result<Origin> {
+    let build = match (&config.sharing, &backing_plan.source) {
+        (None, _) => Origin::Own,
+        (Some(sharing), crate::plugin::MemorySource::Files(files)) => {
+            Origin::Shared(SharedOrigin {
+                sharing: sharing.clone(),
+                files: shared_names(files, sharing),
+                take_creators_pages: config.huge_pages == Some(crate::config::HugePages::Prefer),
+            })
+        }
+        (Some(sharing), crate::plugin::MemorySource::Own) if !leases_only => {
+            return Err(crate::Error::config(format!(
+                "backing {} cannot be shared between processes (shared pool `{}`): its memory \
+                 has no name another rank could open, and each rank would get a private pool \
+                 of its own; drop --backing {} (auto then picks segmented files in /dev/shm), \
+                 or give --dir /dev/shm or a hugetlbfs mount",
+                backing_plan.backing, sharing.name, backing_plan.backing
+            )));
+        }
+        (Some(_), crate::plugin::MemorySource::Own) => Origin::Own,
+    };
+    Ok(match &config.keeper {
+        None => build,
+        Some(keeper) => Origin::Leased(LeasedOrigin {
+            keeper: keeper.clone(),
+            ranks: config.sharing.clone(),
+            fallback: (!leases_only).then(|| Box::new(build)),
+        }),
+    })
+}
+
 /// The names a shared pool's data files have with the file rendezvous, one
 /// per extent (empty paths for a pool with no directory, whose memory only
 /// the socket passes).
@@ -624,6 +758,78 @@ mod tests {
     use super::*;
     use crate::layout::{PageSize, round_to_page};
     use crate::size::ByteSize;
+
+    /// Where memory comes from is decided by the plan, for every backing:
+    /// memory of a backing's own is never shared (each rank would map a
+    /// private pool without a word), a shared pool of files gets its
+    /// names, and a lease carries what to build when no keeper answers.
+    #[test]
+    fn the_plan_decides_where_memory_comes_from_for_every_backing() {
+        let size = round_to_page(8 << 20, PageSize::BASE_4K).unwrap();
+        let own = BackingPlan::new("anyown", size);
+        let mut files = BackingPlan::new("anyfiles", size);
+        files.source = crate::plugin::MemorySource::Files(
+            crate::plugin::FilePlan::new(
+                vec![Extent {
+                    offset: 0,
+                    len: size.mapped(),
+                }],
+                |_| Err(crate::Error::config("not made in this test")),
+                Vec::new,
+                "",
+            )
+            .named_in(PathBuf::from("/dev/shm"), false),
+        );
+        let sharing = SharingConfig {
+            name: "unit-origin".into(),
+            world: 2,
+            rank: 1,
+            attach_timeout_secs: 1.0,
+            barrier_timeout_secs: 1.0,
+            rendezvous: crate::config::Rendezvous::File,
+            control_dir: None,
+        };
+        let private = PoolConfig::default();
+        assert_eq!(origin(&private, &own, false).unwrap(), Origin::Own);
+        assert_eq!(origin(&private, &files, false).unwrap(), Origin::Own);
+        let shared = PoolConfig {
+            sharing: Some(sharing.clone()),
+            huge_pages: Some(crate::config::HugePages::Prefer),
+            ..PoolConfig::default()
+        };
+        let e = origin(&shared, &own, false).unwrap_err();
+        assert!(
+            e.is_usage() && e.to_string().contains("backing anyown cannot be shared"),
+            "{e}"
+        );
+        let Origin::Shared(s) = origin(&shared, &files, false).unwrap() else {
+            panic!("a shared pool of files is shared");
+        };
+        assert_eq!(s.sharing, sharing);
+        assert_eq!(
+            s.files,
+            [PathBuf::from("/dev/shm/hostpool-unit-origin.pool")]
+        );
+        assert!(s.take_creators_pages);
+        let leased = PoolConfig {
+            keeper: Some("kv0".into()),
+            ..shared.clone()
+        };
+        let Origin::Leased(l) = origin(&leased, &files, false).unwrap() else {
+            panic!("a keeper's pool is leased");
+        };
+        assert_eq!(
+            (l.keeper.as_str(), l.ranks.as_ref()),
+            ("kv0", Some(&sharing))
+        );
+        assert!(matches!(l.fallback.as_deref(), Some(Origin::Shared(_))));
+        // Leasing only: nothing to build, and nothing refused of the
+        // placeholder backing.
+        let Origin::Leased(l) = origin(&leased, &own, true).unwrap() else {
+            panic!("a keeper's pool is leased");
+        };
+        assert_eq!(l.fallback, None);
+    }
 
     #[test]
     fn a_zero_block_or_one_whose_lcm_with_the_page_exceeds_the_pool_is_a_usage_error() {

@@ -19,7 +19,6 @@ use crate::error::{Error, Result};
 use crate::file::MapContext;
 use crate::host::capacity::CapacityCheck;
 use crate::layout::{Extent, MappedSize};
-use crate::plugin::Mapping;
 
 /// This rank's prefault shard: page-aligned, disjoint from every other
 /// rank's, the shards together covering the pool.
@@ -90,7 +89,7 @@ impl std::fmt::Debug for SharedPoolSpec<'_> {
 /// [`Error::Config`] when no handoff is linked; the rendezvous' capacity,
 /// mapping, mismatch or peer errors (on error the peers are told and no file
 /// is left behind).
-pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>> {
+pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn crate::file::Attachment>> {
     handoff("a shared pool")?.share(spec)
 }
 
@@ -162,7 +161,7 @@ pub trait Handoff: Sync + fmt::Debug {
     /// # Errors
     /// Capacity, mapping, mismatch or peer errors; on error the peers are
     /// told and no file is left behind.
-    fn share(&self, spec: SharedPoolSpec<'_>) -> Result<Box<dyn Mapping>>;
+    fn share(&self, spec: SharedPoolSpec<'_>) -> Result<Box<dyn crate::file::Attachment>>;
 
     /// Lease the pool `config.keeper` names and map it, waiting at most
     /// its attach timeout (`cancel` ends every wait).
@@ -174,7 +173,7 @@ pub trait Handoff: Sync + fmt::Debug {
         &self,
         config: &PoolConfig,
         cancel: &crate::interrupt::Cancel,
-    ) -> Result<Box<dyn Mapping>>;
+    ) -> Result<Box<dyn crate::file::Attachment>>;
 
     /// Where the keeper of kept pool `name` answers, as `ss -x` shows it.
     fn keeper_socket(&self, name: &str) -> String;

@@ -109,13 +109,13 @@ fn collect(
 ) -> Vec<Finding> {
     let ctx = DoctorContext {
         pool: plan.zip(report).map(|(p, r)| PoolFacts {
-            config: &p.config,
+            config: p.config(),
             page_size: r.page_size,
             mapped_bytes: r.mapped_bytes,
             prefault_bytes: r.prefault.bytes,
         }),
     };
-    let pool_dir = plan.and_then(|p| p.config.dir.clone());
+    let pool_dir = plan.and_then(|p| p.config().dir.clone());
 
     let mut out = Vec::new();
     out.extend(guarded("memory", memory::findings));

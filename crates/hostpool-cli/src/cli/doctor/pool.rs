@@ -80,7 +80,7 @@ pub(super) fn findings(
     report: &PlanReport,
     plugin_lines: Vec<Finding>,
 ) -> Vec<Finding> {
-    let config = &plan.config;
+    let config = &plan.config();
     let mut out = vec![
         Finding::new(
             "pool",
