@@ -158,6 +158,20 @@ fn status(pool: &str) -> Value {
     all[0].clone()
 }
 
+/// Wait (at most 10 s) until the keeper of `pool` says it is `stopping`:
+/// its serve loop has taken a stop request (SIGTERM) in. Until then a
+/// second SIGTERM could merge with the first (standard signals do not
+/// queue); from then on it is a stop request of its own. A keeper that
+/// says so also still runs (it answered).
+#[track_caller]
+fn until_stopping(pool: &str) {
+    until(
+        10,
+        || status(pool)["state"] == "stopping",
+        || format!("the keeper never said it is stopping: {}", status(pool)),
+    );
+}
+
 /// SIGTERM a keeper; it must exit 0 within 10 s.
 fn stop(mut keeper: Child) {
     signal(&keeper, libc::SIGTERM);
@@ -869,7 +883,9 @@ fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
     let mut e = Children(vec![engine(&pool, &[], "")]);
     read_report(&mut e[0]);
     signal(&k[0], libc::SIGTERM);
-    std::thread::sleep(Duration::from_millis(300));
+    // It took the SIGTERM in (it says it is stopping) and, its lease still
+    // in force, answers rather than exits.
+    until_stopping(&pool);
     assert!(
         k[0].try_wait().unwrap().is_none(),
         "the keeper waits for its lease"
@@ -892,7 +908,7 @@ fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
     let mut e2 = Children(vec![engine(&pool, &[], "")]);
     let report = read_report(&mut e2[0]);
     signal(&k[1], libc::SIGTERM);
-    std::thread::sleep(Duration::from_millis(100));
+    until_stopping(&pool);
     let t = Instant::now();
     signal(&k[1], libc::SIGTERM);
     let st = wait_timeout(&mut k[1], Duration::from_secs(2)).expect("a second SIGTERM ends it");
@@ -930,7 +946,7 @@ fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
         || format!("{}", status(&pool)),
     );
     signal(&k3[0], libc::SIGTERM);
-    std::thread::sleep(Duration::from_millis(100));
+    until_stopping(&pool);
     let t = Instant::now();
     signal(&k3[0], libc::SIGTERM);
     let st = wait_timeout(&mut k3[0], Duration::from_secs(5)).expect("a second SIGTERM ends it");
@@ -1002,7 +1018,13 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
         || status(&pool)["state"] == "clearing",
         || format!("{}", status(&pool)),
     );
-    std::thread::sleep(Duration::from_millis(200));
+    // The clearing thread reached the failpoint: whatever it does before
+    // zeroing, it has done.
+    wait_stderr(
+        &mut k[0],
+        "failpoint keeper-zeroing: stalling until killed",
+        Duration::from_secs(10),
+    );
     assert_eq!(
         support::procs::free_2m(),
         free - 8,

@@ -6,7 +6,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
@@ -18,7 +18,7 @@ use support::procs::Children as Ranks;
 use support::procs::{
     SmallTmpfs, addr, assert_truncate_refused, bin, fds_of, free_2m, hugetlbfs_2m, mem_read,
     mem_write, name, open_fd_of, read_report, resv_2m, root_or_skip, signal, size_sealed,
-    stderr_of, wait_stopped, wait_timeout,
+    stderr_of, wait_stderr, wait_stopped, wait_timeout,
 };
 
 const HUGE_2M: u64 = 2 << 20;
@@ -332,18 +332,34 @@ fn kill_one_rank_mid_prefault(args: &[&str], dir: &Path, tag: &str, huge: bool) 
     let pool = name(tag);
     let _serial = huge.then(huge_pages_lock);
     let free_before = free_2m();
+    let at_barrier = ("HOSTPOOL_TEST_FAILPOINTS", "shared-before-barrier=stop");
     let mut ranks = spawn_ranks(
         args,
         &pool,
         4,
-        &[(2, "HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS", "60000")],
+        &[
+            (0, at_barrier.0, at_barrier.1),
+            (1, at_barrier.0, at_barrier.1),
+            (2, "HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS", "60000"),
+            (3, at_barrier.0, at_barrier.1),
+        ],
     );
-    // Rank 2 stalls as its prefault starts; the others reach the barrier.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Rank 2 stalls as its prefault starts; the others reach the barrier,
+    // where each stops itself until the test lets it in.
+    for r in [0usize, 1, 3] {
+        wait_stopped(ranks[r].id(), Duration::from_secs(20));
+    }
+    // Every other rank attached and mapped the pool, so the creator handed
+    // it to all (rank 2 itself, when it creates): rank 2 mapped it too, and
+    // nothing but its stalled prefault lies before its barrier.
+    wait_all_mapped(&ranks, dir, "mid-prefault");
     assert!(
         ranks[2].try_wait().unwrap().is_none(),
         "rank 2 must still be mid-prefault"
     );
+    for r in [0usize, 1, 3] {
+        signal(&ranks[r], libc::SIGCONT);
+    }
     signal(&ranks[2], libc::SIGKILL);
     ranks[2].wait().unwrap();
     for r in [0usize, 1, 3] {
@@ -394,9 +410,14 @@ fn kill_the_creator_before_ready(args: &[&str], dir: &Path, tag: &str, huge: boo
         "the creator made its files"
     );
     let mut joiner = Ranks(vec![start(1, &[])]);
-    // Let the joiner attach and wait for ready.
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(matches!(joiner[0].try_wait(), Ok(None)), "the joiner waits");
+    // The joiner attaches (it claims its slot in the control file) and
+    // waits for ready.
+    let end = Instant::now() + Duration::from_secs(20);
+    while !claimed_slot(joiner[0].id(), &pool) {
+        assert!(matches!(joiner[0].try_wait(), Ok(None)), "the joiner waits");
+        assert!(Instant::now() < end, "the joiner never claimed its slot");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     signal(&creator[0], libc::SIGKILL);
     let _ = creator[0].wait();
     let st = wait_timeout(&mut joiner[0], Duration::from_secs(10)).expect("the joiner exits");
@@ -824,6 +845,91 @@ fn wait_until_bound(pool: &str) {
     }
 }
 
+/// Wait (at most 20 s) until `joiners` ranks have connected to `pool`'s
+/// socket: `/proc/net/unix` lists, with the socket's name, one socket per
+/// connection the creator accepted or has in its backlog, besides the
+/// listener (flags `00010000`, gone once every rank attached).
+#[track_caller]
+fn wait_connected(pool: &str, joiners: usize) {
+    let socket = format!("@hostpool/{}/{pool}", rustix::process::geteuid().as_raw());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let n = std::fs::read_to_string("/proc/net/unix")
+            .unwrap()
+            .lines()
+            .filter(|l| l.ends_with(&socket) && l.split_whitespace().nth(3) != Some("00010000"))
+            .count();
+        if n >= joiners {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{socket}: {n} of {joiners} joiners connected"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether process `pid` maps a pool's file in `dir` shared and writable
+/// (a `rw-s` line of `/proc/PID/maps`): a creator once it made and mapped
+/// the pool, a joiner once it mapped what the creator handed it.
+fn maps_pool_in(pid: u32, dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    maps.lines().any(|l| {
+        let mut fields = l.split_whitespace();
+        fields.nth(1) == Some("rw-s")
+            && fields
+                .nth(3)
+                .is_some_and(|p| Path::new(p).starts_with(&dir))
+    })
+}
+
+/// Wait (at most 20 s) until every rank maps the pool's files in `dir`:
+/// every joiner has attached, so the creator, which hands the pool to every
+/// rank before its own map step ends, is past it too. A rank that stalls as
+/// its prefault starts is then in that stall (or on its way: nothing but
+/// the prefault lies between its map and its barrier).
+#[track_caller]
+fn wait_all_mapped(ranks: &Ranks, dir: &Path, what: &str) {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let unmapped: Vec<usize> = (0..ranks.len())
+            .filter(|r| !maps_pool_in(ranks[*r].id(), dir))
+            .collect();
+        if unmapped.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "{what}: rank(s) {unmapped:?} never mapped the pool in {}",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether process `pid` holds an OFD lock through its descriptor of
+/// `pool`'s control file (`/proc/PID/fdinfo`): a rank of the file
+/// rendezvous that claimed its slot (its rank's byte), so the creator and
+/// every later rank count it as attached.
+fn claimed_slot(pid: u32, pool: &str) -> bool {
+    let ctl = format!("hostpool-{pool}.ctl");
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|e| {
+        std::fs::read_link(e.path()).is_ok_and(|l| l.file_name() == Some(ctl.as_ref()))
+            && std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .is_ok_and(|info| info.lines().any(|l| l.contains("OFDLCK")))
+    })
+}
+
 /// A peer that attached and then stopped (SIGSTOP) once hung the others
 /// forever: the barrier now has a deadline that names it and says it is
 /// stopped, whether the stopped rank is a joiner or the creator.
@@ -854,8 +960,9 @@ fn a_stopped_peer_fails_the_others_by_the_barrier_deadline() {
         if stopped_creates {
             ranks.swap(0, 1);
         }
-        // Rank 1 stalls as its prefault starts; stop it there for good measure.
-        std::thread::sleep(Duration::from_millis(500));
+        // Rank 1 stalls as its prefault starts, once both have the pool;
+        // stop it there for good measure.
+        wait_all_mapped(&ranks, Path::new("/dev/shm"), what);
         signal(&ranks[1], libc::SIGSTOP);
         let t = Instant::now();
         let st =
@@ -895,7 +1002,7 @@ fn a_joiner_of_a_stopped_creator_says_it_is_stopped() {
     creator
         .args(["alloc", "--size", "16MiB"])
         .args(shared_flags(&pool, 2, 0))
-        .env("HOSTPOOL_TEST_FAILPOINTS", "shared-passing-fds=stall")
+        .env("HOSTPOOL_TEST_FAILPOINTS", "shared-passing-fds=stop")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let mut ranks = Ranks(vec![creator.spawn().unwrap()]);
@@ -908,9 +1015,8 @@ fn a_joiner_of_a_stopped_creator_says_it_is_stopped() {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     ranks.push(joiner.spawn().unwrap());
-    // The creator stalls as it hands the files over; stop it there.
-    std::thread::sleep(Duration::from_millis(500));
-    signal(&ranks[0], libc::SIGSTOP);
+    // The creator stops itself (SIGSTOP) as it hands the files over.
+    wait_stopped(ranks[0].id(), Duration::from_secs(20));
     let st = wait_timeout(&mut ranks[1], Duration::from_secs(20)).expect("the joiner gives up");
     let err = stderr_of(&mut ranks[1]);
     let pid = ranks[0].id();
@@ -949,8 +1055,17 @@ fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
             c.arg("--hold");
         }
         let mut alone = Ranks(vec![c.spawn().unwrap()]);
-        // It creates the pool and waits for rank 1.
-        std::thread::sleep(Duration::from_millis(500));
+        // It creates the pool (it holds the socket name and maps the
+        // pool's files) and waits for rank 1.
+        wait_until_bound(&pool);
+        let end = Instant::now() + Duration::from_secs(20);
+        while !maps_pool_in(alone[0].id(), Path::new("/dev/shm")) {
+            assert!(
+                Instant::now() < end,
+                "signal {sig}: it never mapped the pool"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         assert!(
             matches!(alone[0].try_wait(), Ok(None)),
             "it waits for rank 1"
@@ -1016,7 +1131,8 @@ fn socket_rendezvous_refuses_a_joiner_of_another_size() {
             .unwrap()
     };
     let mut creator = Ranks(vec![start("16MiB", "0")]);
-    std::thread::sleep(Duration::from_millis(500));
+    // Rank 0 creates once it holds the socket name.
+    wait_until_bound(&pool);
     let o = start("32MiB", "1").wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
@@ -1110,7 +1226,8 @@ fn socket_rendezvous_refuses_another_users_process() {
             .unwrap()
     };
     ranks.push(start("0"));
-    std::thread::sleep(Duration::from_millis(500));
+    // Rank 0 creates once it holds the socket name.
+    wait_until_bound(&pool);
     let mut intruder = as_nobody("connect", &format!("hostpool/{uid}/{pool}"));
     let said = helper_line(&mut intruder);
     let _ = intruder.wait();
@@ -1253,8 +1370,11 @@ fn start_four(args: &[&str], pool: &str, victim: Option<(u32, (&str, &str))>) ->
             c.env(k, val);
         }
         ranks.push(c.spawn().unwrap());
-        if r == 0 {
-            std::thread::sleep(Duration::from_millis(200));
+        let stalls_before_connect =
+            victim.is_some_and(|(v, (_, val))| v == 0 && val.starts_with("shared-before-connect"));
+        if r == 0 && !stalls_before_connect {
+            // Rank 0 creates once it holds the socket name.
+            wait_until_bound(pool);
         }
     }
     ranks
@@ -1290,8 +1410,26 @@ fn fault_matrix(args: &[&str], dir: &Path, tag: &str, huge: bool) {
             let pool = name(&format!("{tag}-{}-{victim}", step.name.replace(' ', "-")));
             let what = format!("{} of rank {victim}", step.name);
             let mut ranks = start_four(args, &pool, Some((victim, step.env)));
-            std::thread::sleep(Duration::from_millis(800));
             let v = victim as usize;
+            // The victim is at its step: a failpoint says so as it stalls
+            // there; the prefault's stall has begun once every rank has the
+            // pool.
+            if step.env.0 == "HOSTPOOL_TEST_FAILPOINTS" {
+                wait_stderr(
+                    &mut ranks[v],
+                    "stalling until killed",
+                    Duration::from_secs(20),
+                );
+            } else {
+                wait_all_mapped(&ranks, dir, &what);
+            }
+            // A creator stalls handing the pool to the first joiner it
+            // accepts: the others must have connected too before it dies, or
+            // they find no creator and wait out their attach timeout (at the
+            // other steps every rank has, the creator having waited for all).
+            if step.name == "passing descriptors" {
+                wait_connected(&pool, 3);
+            }
             assert!(
                 matches!(ranks[v].try_wait(), Ok(None)),
                 "{what}: the victim stalls"
@@ -1596,7 +1734,8 @@ fn a_rank_started_after_its_cli_creator_failed_hears_the_cause_at_once() {
     // A rank that comes later hears the cause; then the helper is done.
     let pool = &pools[0];
     let creator = fail_creator(pool, "20");
-    std::thread::sleep(Duration::from_millis(300));
+    // Its helper holds the socket name: a rank that comes now connects to it.
+    wait_until_bound(pool);
     let t = Instant::now();
     let mut late = Ranks(vec![start(pool, 1, false, "20")]);
     let st = wait_timeout(&mut late[0], Duration::from_secs(10)).expect("the late rank exits");
@@ -1831,6 +1970,33 @@ fn a_restart_after_a_crash_replaces_the_stale_files_on_a_node_with_room_for_one_
     );
 }
 
+/// What a child prints on stdout up to the end of its pretty-printed report
+/// (a line "}"), or up to the end of its stdout (it exited), whichever
+/// comes first, within `limit`; with its stdout, which the caller keeps
+/// open while the child runs.
+fn report_or_eof(child: &mut Child, limit: Duration) -> (String, BufReader<ChildStdout>) {
+    let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let mut line = String::new();
+        while out.read_line(&mut line).is_ok_and(|n| n > 0) {
+            text.push_str(&line);
+            if line == "}\n" {
+                break;
+            }
+            line.clear();
+        }
+        let _ = tx.send((text, out));
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|_| {
+        panic!(
+            "pid {} neither reported nor exited within {limit:?}",
+            child.id()
+        )
+    })
+}
+
 /// Two 40 MiB pools with `--prefault touch` started together on a 64 MiB
 /// tmpfs: both capacity checks may pass, but the touch fallback never dies
 /// of SIGBUS (exit 135): the second pool fails with exit 1 and the reason.
@@ -1856,34 +2022,32 @@ fn touch_prefault_of_two_pools_on_a_small_tmpfs_never_dies_of_sigbus() {
     );
     // Both cannot hold their pages: at least one fails and says why (both
     // may, when their `fallocate`s interleave and each rolls back); one that
-    // got its pages holds its pool until SIGTERM.
-    let end = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < end && pools.iter_mut().any(|p| matches!(p.try_wait(), Ok(None))) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // got its pages holds its pool until SIGTERM. Which one did what, each
+    // says: a holder prints its report, one that failed exits, closing its
+    // stdout.
     let mut failed = 0;
     for p in pools.iter_mut() {
-        match p.try_wait().unwrap() {
-            Some(st) => {
-                let err = stderr_of(p);
-                assert_eq!(
-                    st.code(),
-                    Some(1),
-                    "never a signal (135 is SIGBUS): {st:?} {err}"
-                );
-                assert!(
-                    err.contains("cannot hold the pool") || err.contains("no SIGBUS"),
-                    "{err}"
-                );
-                failed += 1;
-            }
-            None => {
-                let report = read_report(p);
-                assert_eq!(report["prefault"]["method"], "touch", "{report}");
-                signal(p, libc::SIGTERM);
-                let st = wait_timeout(p, Duration::from_secs(20)).expect("it exits");
-                assert_eq!(st.code(), Some(0));
-            }
+        let (text, _stdout) = report_or_eof(p, Duration::from_secs(30));
+        if text.ends_with("}\n") {
+            let report: Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("no report ({e}): {text}"));
+            assert_eq!(report["prefault"]["method"], "touch", "{report}");
+            signal(p, libc::SIGTERM);
+            let st = wait_timeout(p, Duration::from_secs(20)).expect("it exits");
+            assert_eq!(st.code(), Some(0));
+        } else {
+            let st = wait_timeout(p, Duration::from_secs(10)).expect("it exits");
+            let err = stderr_of(p);
+            assert_eq!(
+                st.code(),
+                Some(1),
+                "never a signal (135 is SIGBUS): {st:?} {err}"
+            );
+            assert!(
+                err.contains("cannot hold the pool") || err.contains("no SIGBUS"),
+                "{err}"
+            );
+            failed += 1;
         }
     }
     assert!(failed >= 1, "two 40 MiB pools cannot both fit in 64 MiB");

@@ -146,17 +146,20 @@ pub fn read_json_line(child: &mut Child) -> Value {
 }
 
 /// Wait (at most `limit`) until a child's piped stderr has a line
-/// containing `needle`; the stderr read so far. The rest of stderr stays
-/// readable on the returned reader's thread: it is drained in the
-/// background so that the child never blocks on a full pipe.
+/// containing `needle`; the stderr read so far. The rest of stderr is
+/// drained in the background until the child closes it, so that the child
+/// never blocks on a full pipe nor has its writes fail on a closed one.
 pub fn wait_stderr(child: &mut Child, needle: &str, limit: Duration) -> String {
     let err = child.stderr.take().expect("piped stderr");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
+        let mut err = BufReader::new(err);
+        let mut line = Vec::new();
+        while err.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            let text = String::from_utf8_lossy(&line);
+            // Once the waiter has returned nobody reads these: dropped.
+            let _ = tx.send(text.trim_end_matches('\n').to_string());
+            line.clear();
         }
     });
     let end = Instant::now() + limit;
