@@ -197,18 +197,56 @@ def test_a_child_forked_mid_pin_releases_only_its_view(fake_cuda_dir, tmp_path):
 
 
 PAUSE = """
-import json, time, hostpool
+import json, os, platform, time, hostpool
 pool = hostpool.Pool(size="64MiB", block_size="4MiB", pin="cuda", pin_required=True,
                      pin_background=True, background_chunk="8MiB")
+
+def registered():
+    # The fake driver logs each cuMemHostRegister_v2 as it returns.
+    with open(os.environ["FAKE_CUDA_LOG"]) as f:
+        return sum("cuMemHostRegister_v2" in line for line in f)
+
+FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+
+def pin_thread_blocked_on_a_futex():
+    # The pinning thread ("hostpool-pin-cuda", cut to 15 bytes) asleep on a
+    # futex: nothing else takes its locks, so it waits in the pause (a
+    # chunk being pinned sleeps in the fake driver instead).
+    for tid in os.listdir("/proc/self/task"):
+        task = f"/proc/self/task/{tid}"
+        try:
+            if open(f"{task}/comm").read().strip() != "hostpool-pin-cu":
+                continue
+            wchan = open(f"{task}/wchan").read()
+            call = open(f"{task}/syscall").read().split()[0]
+        except OSError:
+            continue
+        return "futex" in wchan or (call.isdigit() and int(call) == FUTEX)
+    return False
+
+def parked():
+    # The chunk in flight at the pause (0.1 s) has finished and is counted
+    # (the status has every chunk the driver registered), and the thread
+    # waits in the pause: from here it pins nothing until resumed.
+    deadline = time.monotonic() + 20
+    while True:
+        if pin_thread_blocked_on_a_futex():
+            s = pool.pin_status()
+            if s["chunks"] == registered():
+                return s
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the pinning thread never waited in the pause: {pool.pin_status()}")
+        time.sleep(0.01)
+
 out = {}
 while pool.pin_status()["chunks"] < 1:
     time.sleep(0.01)
 out["paused_running"] = pool.pause_pinning()
-time.sleep(0.4)                        # the chunk in flight (0.1 s) finishes
-at_pause = pool.pin_status()
-time.sleep(0.6)                        # six chunks' time: none may be pinned
+at_pause = parked()
+# Six chunks' time, waiting for the pin: none may be pinned meanwhile.
+out["wait_while_paused"] = pool.wait_pinned(timeout=0.6)["state"]
 out["at_pause"], out["later"] = at_pause, pool.pin_status()
-out["wait_while_paused"] = pool.wait_pinned(timeout=0.3)["state"]
+out["still_parked"] = parked()["chunks"] == at_pause["chunks"]
 if MODE == "resume":
     out["resumed_running"] = pool.resume_pinning()
     out["waited"] = pool.wait_pinned(timeout=60)
@@ -232,7 +270,7 @@ def _pause(fake_cuda_dir, tmp_path, mode):
 
 def test_a_paused_background_pin_pins_nothing_more_until_resumed(fake_cuda_dir, tmp_path):
     r, calls = _pause(fake_cuda_dir, tmp_path, "resume")
-    assert r["paused_running"] is True
+    assert r["paused_running"] is True and r["still_parked"]
     a, b = r["at_pause"], r["later"]
     assert a["paused"] and a["state"] == "pinning", a
     assert 1 <= a["chunks"] < 8 and b["chunks"] == a["chunks"], (a, b)

@@ -163,7 +163,13 @@ def test_a_rank_that_comes_after_its_creator_failed_hears_the_cause_at_once():
     try:
         line = creator.stdout.readline()
         assert line.startswith("raised Error"), line + creator.stderr.read()
-        time.sleep(0.3)
+        # The failed pool still answers: its socket name is held (by the
+        # creator's refusing thread), so the late peer connects to it.
+        sock = f"@hostpool/{os.geteuid()}/{name}"
+        deadline = time.monotonic() + 10
+        while not any(l.rstrip("\n").endswith(sock) for l in open("/proc/net/unix")):
+            assert time.monotonic() < deadline, f"nothing holds {sock}"
+            time.sleep(0.01)
         late = subprocess.run([sys.executable, "-c", LATE_PEER, name],
                               capture_output=True, text=True, timeout=30)
         out = late.stdout.strip()
