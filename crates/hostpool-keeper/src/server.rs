@@ -117,6 +117,66 @@ enum State {
     Broken(String),
 }
 
+/// How a keeper answers a hello ([`Serving::answer`]).
+#[derive(Debug, Clone, PartialEq)]
+enum Answer {
+    /// Refused, saying why (`usage`: the request itself was wrong).
+    Refuse {
+        usage: bool,
+        message: String,
+        pid: Option<u32>,
+    },
+    /// Served once the pool is cleared, or refused at `until`.
+    Wait { until: Instant },
+    /// Handed the pool.
+    Grant,
+}
+
+/// What the stop requests so far tell a keeper to do ([`Serving::on_stops`]).
+#[derive(Debug)]
+enum Stops {
+    /// Go on serving.
+    Serve,
+    /// The first request: go on draining; refuse these waiting attaches.
+    Drain(Vec<Waiting>),
+    /// End now: a second request, or nothing left to drain.
+    Exit,
+    /// The drain timeout passed with a lease still in force.
+    DrainTimedOut,
+}
+
+/// What a rank of the lease said or did ([`Serving::on_rank`]).
+#[derive(Debug, Clone, PartialEq)]
+enum RankEvent {
+    /// It mapped the pool (with its error, if its setup failed).
+    Arrived(Option<String>),
+    /// It released the lease (a clean end).
+    Released,
+    /// Its connection ended.
+    Gone,
+}
+
+/// Why a lease that was not live failed, and whom it blames.
+#[derive(Debug, Clone, PartialEq)]
+struct Failure {
+    message: String,
+    ranks: Vec<u32>,
+    pid: Option<u32>,
+}
+
+/// What the ranks of a lease are told once it settles ([`Serving::settle`]).
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    /// Every rank is here: go.
+    Go,
+    /// The lease failed.
+    Failed {
+        message: String,
+        ranks: Vec<u32>,
+        pid: Option<u32>,
+    },
+}
+
 /// Everything of a keeper but its memory.
 #[derive(Debug)]
 struct Serving {
@@ -137,6 +197,8 @@ struct Serving {
     state: State,
     last_clear_seconds: Option<f64>,
     stopping: bool,
+    /// When a draining keeper stops anyway, lease or not.
+    drain_until: Option<Instant>,
     uid: u32,
     /// The kept pool's figures, for leases and status.
     logical: u64,
@@ -188,6 +250,7 @@ impl Keeper {
             state: State::Idle,
             last_clear_seconds: None,
             stopping: false,
+            drain_until: None,
             uid: rustix::process::geteuid().as_raw(),
             logical: report.logical_bytes,
             mapped: report.mapped_bytes,
@@ -234,30 +297,25 @@ impl Keeper {
         let abort = AtomicBool::new(false);
         std::thread::scope(|scope| {
             let mut clearing: Option<std::thread::ScopedJoinHandle<'_, Result<f64>>> = None;
-            let mut drain_until = None;
             loop {
-                let asked = stops.load(Ordering::SeqCst);
-                if asked >= 2 {
-                    break;
-                }
-                if asked == 1 && !s.stopping {
-                    s.stopping = true;
-                    drain_until = Some(Instant::now() + drain);
-                    for w in std::mem::take(&mut s.waiting) {
-                        s.refuse(&w.conn, false, s.stopping_message(), None);
+                let now = Instant::now();
+                match s.on_stops(stops.load(Ordering::SeqCst), drain, clearing.is_some(), now) {
+                    Stops::Serve => {}
+                    Stops::Drain(refused) => {
+                        for w in refused {
+                            s.refuse(&w.conn, false, s.stopping_message(), None);
+                        }
                     }
-                }
-                if s.stopping && s.lease.is_none() && clearing.is_none() {
-                    break;
-                }
-                if drain_until.is_some_and(|d| Instant::now() >= d) {
-                    tracing::warn!(
-                        "kept pool `{}`: its lease did not end within {:.1} s of the stop request; \
-                         stopping anyway (the engine keeps its mapping)",
-                        s.config.name,
-                        drain.as_secs_f64()
-                    );
-                    break;
+                    Stops::Exit => break,
+                    Stops::DrainTimedOut => {
+                        tracing::warn!(
+                            "kept pool `{}`: its lease did not end within {:.1} s of the stop \
+                             request; stopping anyway (the engine keeps its mapping)",
+                            s.config.name,
+                            drain.as_secs_f64()
+                        );
+                        break;
+                    }
                 }
                 if clearing.as_ref().is_some_and(|h| h.is_finished()) {
                     let done = clearing.take().map(|h| h.join());
@@ -265,14 +323,7 @@ impl Keeper {
                 }
                 s.accept();
                 s.watch_lease();
-                if s.lease_over()
-                    && s.end_lease()
-                    && s.config.content == Content::Zero
-                    && !s.stopping
-                {
-                    s.state = State::Zeroing {
-                        since: Instant::now(),
-                    };
+                if s.lease_over() && s.end_lease(Instant::now()) {
                     let name = s.config.name.clone();
                     let abort = &abort;
                     clearing = Some(scope.spawn(move || clear(&name, region, memory, abort)));
@@ -463,6 +514,33 @@ impl Serving {
         );
     }
 
+    /// The stop requests so far (`asked`): the first drains (no new lease,
+    /// the waiting attaches are refused, the lease in force may end within
+    /// `drain`), the second ends the keeper at once; a draining keeper ends
+    /// once no lease and no clearing is left, or at its drain deadline.
+    fn on_stops(&mut self, asked: u32, drain: Duration, clearing: bool, now: Instant) -> Stops {
+        if asked >= 2 {
+            return Stops::Exit;
+        }
+        let mut refused = Vec::new();
+        if asked == 1 && !self.stopping {
+            self.stopping = true;
+            self.drain_until = Some(now + drain);
+            refused = std::mem::take(&mut self.waiting);
+        }
+        if self.stopping && self.lease.is_none() && !clearing {
+            return Stops::Exit;
+        }
+        if self.drain_until.is_some_and(|d| now >= d) {
+            return Stops::DrainTimedOut;
+        }
+        if refused.is_empty() {
+            Stops::Serve
+        } else {
+            Stops::Drain(refused)
+        }
+    }
+
     /// Wait up to a tick for anything to read: a connection, a hello, a
     /// rank's message or hang-up. Then take new connections: each has
     /// [`HELLO_WITHIN`] to say what it wants.
@@ -549,17 +627,7 @@ impl Serving {
 
     /// An engine's rank asks for a lease.
     fn hello(&mut self, memory: &Memory, conn: OwnedFd, uid: u32, pid: u32, hello: ToKeeper) {
-        let ToKeeper::Hello {
-            world,
-            rank,
-            engine,
-            size,
-            page,
-            tag,
-            attach_timeout_secs,
-            barrier_timeout_secs,
-        } = &hello
-        else {
+        let ToKeeper::Hello { rank, tag, .. } = &hello else {
             return;
         };
         pool_core::failpoint::stall("keeper-hello");
@@ -571,117 +639,26 @@ impl Serving {
             tracing::debug!("kept pool `{name}`: pid {pid} hung up before it was served");
             return;
         }
-        if self.stopping {
-            self.refuse(
-                &conn,
-                false,
-                self.stopping_message(),
-                Some(std::process::id()),
-            );
-            return;
-        }
-        if !matches!(self.state, State::Broken(_))
-            && let Some(why) = memory.truncated()
-        {
-            tracing::error!("kept pool `{name}` is unusable: {why}");
-            self.state = State::Broken(why);
-        }
-        if let State::Broken(why) = &self.state {
-            self.refuse(
-                &conn,
-                false,
-                format!(
-                    "kept pool `{name}` is unusable: {why}; restart its keeper (pid {})",
-                    std::process::id()
-                ),
-                Some(std::process::id()),
-            );
-            return;
-        }
-        if let Some(message) = self.mismatch(*size, *page, *world, *rank) {
-            self.refuse(&conn, true, message, None);
-            return;
-        }
-        let now = Instant::now();
-        self.failed.retain(|f| f.until > now);
-        if let Some(f) = self
-            .failed
-            .iter()
-            .find(|f| !engine.is_empty() && f.engine == *engine && !f.ranks.contains(rank))
-        {
-            let message = format!(
-                "the lease of engine `{engine}` failed before rank {rank} attached: {}",
-                f.message
-            );
-            self.refuse(&conn, false, message, f.pid);
-            return;
-        }
-        if let Some(lease) = &self.lease {
-            let joins = !lease.live
-                && !lease.failed
-                && lease.engine == *engine
-                && !engine.is_empty()
-                && lease.world == *world
-                && !lease.ranks.iter().any(|r| r.rank == *rank);
-            if !joins {
-                let holder = lease.ranks.first().map_or(0, |r| r.pid);
-                let ranks: Vec<String> = lease
-                    .ranks
-                    .iter()
-                    .map(|r| format!("rank {} pid {}", r.rank, r.pid))
-                    .collect();
-                let message = format!(
-                    "kept pool `{name}` is leased by pid {holder} since {} ({}{}); one lease at a \
-                     time: stop that engine first{}",
-                    pool_core::rfc3339(lease.since),
-                    ranks.join(", "),
-                    if lease.engine.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", engine `{}`", lease.engine)
-                    },
-                    if !engine.is_empty()
-                        && lease.engine == *engine
-                        && lease.ranks.iter().any(|r| r.rank == *rank)
-                    {
-                        format!(" (rank {rank} is already attached: give each rank its own --rank)")
-                    } else {
-                        String::new()
-                    }
-                );
-                self.refuse(&conn, false, message, (holder != 0).then_some(holder));
+        match self.answer(&hello, || memory.truncated(), Instant::now()) {
+            Answer::Refuse {
+                usage,
+                message,
+                pid,
+            } => {
+                self.refuse(&conn, usage, message, pid);
                 return;
             }
-        } else if matches!(self.state, State::Zeroing { .. }) {
-            let until = Instant::now() + seconds(*attach_timeout_secs);
-            self.waiting.push(Waiting {
-                conn,
-                uid,
-                pid,
-                hello,
-                until,
-            });
-            return;
-        } else {
-            // A new lease of this engine: its ranks start again.
-            self.failed.retain(|f| f.engine != *engine);
-            self.generation += 1;
-            let now = Instant::now();
-            let attach = seconds(*attach_timeout_secs);
-            let barrier = seconds(*barrier_timeout_secs);
-            self.lease = Some(Lease {
-                engine: engine.clone(),
-                world: *world,
-                since: SystemTime::now(),
-                attach_deadline: now + attach,
-                barrier_deadline: now + attach + barrier,
-                tag: None,
-                ranks: Vec::new(),
-                live: false,
-                failed: false,
-                died: None,
-                generation: self.generation,
-            });
+            Answer::Wait { until } => {
+                self.waiting.push(Waiting {
+                    conn,
+                    uid,
+                    pid,
+                    hello,
+                    until,
+                });
+                return;
+            }
+            Answer::Grant => {}
         }
         let info = LeaseInfo {
             name: name.clone(),
@@ -715,6 +692,150 @@ impl Serving {
             lease.live = true;
         }
         pool_core::failpoint::stall("keeper-leased");
+    }
+
+    /// What a hello is answered with, from the keeper's state alone, and
+    /// the state it leaves: refused (stopping, broken, a size or page size
+    /// that does not fit, a failed lease of the same engine, another
+    /// engine's lease in force), told to wait (the pool is being cleared),
+    /// or granted (a new lease, generation + 1, or a rank joining its
+    /// engine's lease). `truncated` says whether a holder truncated the
+    /// pool's files, which breaks it for good.
+    fn answer(
+        &mut self,
+        hello: &ToKeeper,
+        truncated: impl FnOnce() -> Option<String>,
+        now: Instant,
+    ) -> Answer {
+        let ToKeeper::Hello {
+            world,
+            rank,
+            engine,
+            size,
+            page,
+            attach_timeout_secs,
+            barrier_timeout_secs,
+            ..
+        } = hello
+        else {
+            return Answer::Refuse {
+                usage: false,
+                message: "not a hello".into(),
+                pid: None,
+            };
+        };
+        let name = self.config.name.clone();
+        let keeper = Some(std::process::id());
+        if self.stopping {
+            return Answer::Refuse {
+                usage: false,
+                message: self.stopping_message(),
+                pid: keeper,
+            };
+        }
+        if !matches!(self.state, State::Broken(_))
+            && let Some(why) = truncated()
+        {
+            tracing::error!("kept pool `{name}` is unusable: {why}");
+            self.state = State::Broken(why);
+        }
+        if let State::Broken(why) = &self.state {
+            return Answer::Refuse {
+                usage: false,
+                message: format!(
+                    "kept pool `{name}` is unusable: {why}; restart its keeper (pid {})",
+                    std::process::id()
+                ),
+                pid: keeper,
+            };
+        }
+        if let Some(message) = self.mismatch(*size, *page, *world, *rank) {
+            return Answer::Refuse {
+                usage: true,
+                message,
+                pid: None,
+            };
+        }
+        self.failed.retain(|f| f.until > now);
+        if let Some(f) = self
+            .failed
+            .iter()
+            .find(|f| !engine.is_empty() && f.engine == *engine && !f.ranks.contains(rank))
+        {
+            return Answer::Refuse {
+                usage: false,
+                message: format!(
+                    "the lease of engine `{engine}` failed before rank {rank} attached: {}",
+                    f.message
+                ),
+                pid: f.pid,
+            };
+        }
+        if let Some(lease) = &self.lease {
+            let joins = !lease.live
+                && !lease.failed
+                && lease.engine == *engine
+                && !engine.is_empty()
+                && lease.world == *world
+                && !lease.ranks.iter().any(|r| r.rank == *rank);
+            if joins {
+                return Answer::Grant;
+            }
+            let holder = lease.ranks.first().map_or(0, |r| r.pid);
+            let ranks: Vec<String> = lease
+                .ranks
+                .iter()
+                .map(|r| format!("rank {} pid {}", r.rank, r.pid))
+                .collect();
+            let message = format!(
+                "kept pool `{name}` is leased by pid {holder} since {} ({}{}); one lease at a \
+                 time: stop that engine first{}",
+                pool_core::rfc3339(lease.since),
+                ranks.join(", "),
+                if lease.engine.is_empty() {
+                    String::new()
+                } else {
+                    format!(", engine `{}`", lease.engine)
+                },
+                if !engine.is_empty()
+                    && lease.engine == *engine
+                    && lease.ranks.iter().any(|r| r.rank == *rank)
+                {
+                    format!(" (rank {rank} is already attached: give each rank its own --rank)")
+                } else {
+                    String::new()
+                }
+            );
+            return Answer::Refuse {
+                usage: false,
+                message,
+                pid: (holder != 0).then_some(holder),
+            };
+        }
+        if matches!(self.state, State::Zeroing { .. }) {
+            return Answer::Wait {
+                until: now + seconds(*attach_timeout_secs),
+            };
+        }
+        // A new lease of this engine: its ranks start again.
+        self.failed.retain(|f| f.engine != *engine);
+        self.generation += 1;
+        let attach = seconds(*attach_timeout_secs);
+        let barrier = seconds(*barrier_timeout_secs);
+        self.lease = Some(Lease {
+            engine: engine.clone(),
+            world: *world,
+            since: SystemTime::now(),
+            attach_deadline: now + attach,
+            barrier_deadline: now + attach + barrier,
+            tag: None,
+            ranks: Vec::new(),
+            live: false,
+            failed: false,
+            died: None,
+            generation: self.generation,
+        });
+        Answer::Grant
     }
 
     /// Why an engine's size, page size, world or rank do not fit the pool.
@@ -763,114 +884,169 @@ impl Serving {
         None
     }
 
-    /// Read what the lease's ranks say: arrivals, releases, deaths.
+    /// Read what the lease's ranks say (arrivals, releases, deaths), settle
+    /// the lease on it and tell its ranks: `Go` once all arrived, or why it
+    /// failed.
     fn watch_lease(&mut self) {
-        let name = self.config.name.clone();
-        let Some(lease) = self.lease.as_mut() else {
+        let Some(lease) = self.lease.as_ref() else {
             return;
         };
-        let mut failure: Option<(String, Vec<u32>, Option<u32>)> = None;
-        // The failure that blames rank `r` for `what` it did.
-        let blame = |r: &Rank, what: String| {
-            (
-                format!("kept pool `{name}`: rank {} (pid {}) {what}", r.rank, r.pid),
-                vec![r.rank],
-                Some(r.pid),
-            )
-        };
-        for r in lease.ranks.iter_mut() {
+        let mut events = Vec::new();
+        for (i, r) in lease.ranks.iter().enumerate() {
             let Some(fd) = &r.fd else { continue };
             if !wire::ready(fd) {
                 continue;
             }
-            match wire::recv::<ToKeeper>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
-                Ok(Received::Msg(ToKeeper::Arrived { error: None })) => r.arrived = true,
-                Ok(Received::Msg(ToKeeper::Arrived { error: Some(e) })) => {
-                    r.arrived = true;
-                    if !lease.live && !lease.failed && failure.is_none() {
-                        failure = Some(blame(r, format!("failed: {e}")));
-                    }
-                }
-                Ok(Received::Msg(ToKeeper::Release)) => r.released = true,
-                Ok(Received::Msg(_) | Received::TimedOut) => {}
-                Ok(Received::Gone) | Err(_) => {
-                    r.fd = None;
-                    if !r.released {
-                        lease.died.get_or_insert(r.pid);
-                        if !lease.live && !lease.failed && failure.is_none() {
-                            failure = Some(blame(r, "died while attaching".into()));
-                        }
-                    }
-                }
+            let event =
+                match wire::recv::<ToKeeper>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
+                    Ok(Received::Msg(ToKeeper::Arrived { error })) => RankEvent::Arrived(error),
+                    Ok(Received::Msg(ToKeeper::Release)) => RankEvent::Released,
+                    Ok(Received::Msg(_) | Received::TimedOut) => continue,
+                    Ok(Received::Gone) | Err(_) => RankEvent::Gone,
+                };
+            events.push((i, event));
+        }
+        let mut failure = None;
+        for (i, event) in events {
+            let failed = self.on_rank(i, event);
+            failure = failure.or(failed);
+        }
+        let Some(verdict) = self.settle(failure, Instant::now()) else {
+            return;
+        };
+        let Some(lease) = self.lease.as_ref() else {
+            return;
+        };
+        let msg = match verdict {
+            Verdict::Go => FromKeeper::Go,
+            Verdict::Failed {
+                message,
+                ranks,
+                pid,
+            } => FromKeeper::Failed {
+                message,
+                ranks,
+                pid,
+            },
+        };
+        for r in &lease.ranks {
+            if let Some(fd) = &r.fd {
+                let _ = wire::send(fd, &msg, &[]);
             }
         }
-        if !lease.live && !lease.failed && failure.is_none() {
-            let now = Instant::now();
-            let all_here = lease.ranks.len() == lease.world as usize;
-            if all_here && lease.ranks.iter().all(|r| r.arrived && r.fd.is_some()) {
-                lease.live = true;
-                for r in &lease.ranks {
-                    if let Some(fd) = &r.fd {
-                        let _ = wire::send(fd, &FromKeeper::Go, &[]);
-                    }
+    }
+
+    /// What rank `index` of the lease said or did: arrived (with its
+    /// error, if its setup failed), released, or gone (its connection
+    /// ended: without a release, it died). The failure it causes a lease
+    /// that is not live yet, naming it.
+    fn on_rank(&mut self, index: usize, event: RankEvent) -> Option<Failure> {
+        let name = &self.config.name;
+        let lease = self.lease.as_mut()?;
+        let settling = !lease.live && !lease.failed;
+        let r = lease.ranks.get_mut(index)?;
+        let blame = |r: &Rank, what: String| Failure {
+            message: format!("kept pool `{name}`: rank {} (pid {}) {what}", r.rank, r.pid),
+            ranks: vec![r.rank],
+            pid: Some(r.pid),
+        };
+        match event {
+            RankEvent::Arrived(None) => {
+                r.arrived = true;
+                None
+            }
+            RankEvent::Arrived(Some(e)) => {
+                r.arrived = true;
+                settling.then(|| blame(r, format!("failed: {e}")))
+            }
+            RankEvent::Released => {
+                r.released = true;
+                None
+            }
+            RankEvent::Gone => {
+                r.fd = None;
+                if r.released {
+                    return None;
                 }
-            } else if !all_here && now >= lease.attach_deadline {
+                let failure = settling.then(|| blame(r, "died while attaching".into()));
+                lease.died.get_or_insert(r.pid);
+                failure
+            }
+        }
+    }
+
+    /// Settle a lease that is not live yet, at `now`: it fails with
+    /// `failure`, or when a rank never attached by the attach deadline, or
+    /// one that attached did not arrive by the barrier deadline; it goes
+    /// live once every rank attached and arrived. A failed lease of an
+    /// engine of several ranks is remembered until its attach deadline, so
+    /// that a late rank is told why.
+    fn settle(&mut self, failure: Option<Failure>, now: Instant) -> Option<Verdict> {
+        let name = self.config.name.clone();
+        let lease = self.lease.as_mut()?;
+        if lease.live || lease.failed {
+            return None;
+        }
+        let all_here = lease.ranks.len() == lease.world as usize;
+        let failure = failure.or_else(|| {
+            if !all_here && now >= lease.attach_deadline {
                 let missing: Vec<u32> = (0..lease.world)
                     .filter(|k| !lease.ranks.iter().any(|r| r.rank == *k))
                     .collect();
                 let list: Vec<String> = missing.iter().map(u32::to_string).collect();
-                failure = Some((
-                    format!(
+                Some(Failure {
+                    message: format!(
                         "kept pool `{name}`: rank(s) {} never attached within the attach \
                          timeout; start all {} ranks, or raise --attach-timeout",
                         list.join(", "),
                         lease.world
                     ),
-                    missing,
-                    None,
-                ));
+                    ranks: missing,
+                    pid: None,
+                })
+            } else if all_here && lease.ranks.iter().all(|r| r.arrived && r.fd.is_some()) {
+                None
             } else if now >= lease.barrier_deadline {
                 let late: Vec<&Rank> = lease.ranks.iter().filter(|r| !r.arrived).collect();
                 let named: Vec<String> = late
                     .iter()
                     .map(|r| format!("rank {} (pid {})", r.rank, r.pid))
                     .collect();
-                failure = Some((
-                    format!(
+                Some(Failure {
+                    message: format!(
                         "kept pool `{name}`: {} attached but did not map the pool within the \
                          barrier timeout; check the process",
                         named.join(", ")
                     ),
-                    late.iter().map(|r| r.rank).collect(),
-                    late.first().map(|r| r.pid),
-                ));
+                    ranks: late.iter().map(|r| r.rank).collect(),
+                    pid: late.first().map(|r| r.pid),
+                })
+            } else {
+                None
             }
+        });
+        let Some(f) = failure else {
+            if all_here && lease.ranks.iter().all(|r| r.arrived && r.fd.is_some()) {
+                lease.live = true;
+                return Some(Verdict::Go);
+            }
+            return None;
+        };
+        lease.failed = true;
+        if lease.world > 1 {
+            self.failed.push(FailedLease {
+                engine: lease.engine.clone(),
+                ranks: lease.ranks.iter().map(|r| r.rank).collect(),
+                message: f.message.clone(),
+                pid: f.pid,
+                until: lease.attach_deadline,
+            });
         }
-        if let Some((message, ranks, pid)) = failure {
-            lease.failed = true;
-            if lease.world > 1 {
-                self.failed.push(FailedLease {
-                    engine: lease.engine.clone(),
-                    ranks: lease.ranks.iter().map(|r| r.rank).collect(),
-                    message: message.clone(),
-                    pid,
-                    until: lease.attach_deadline,
-                });
-            }
-            for r in &lease.ranks {
-                if let Some(fd) = &r.fd {
-                    let _ = wire::send(
-                        fd,
-                        &FromKeeper::Failed {
-                            message: message.clone(),
-                            ranks: ranks.clone(),
-                            pid,
-                        },
-                        &[],
-                    );
-                }
-            }
-        }
+        Some(Verdict::Failed {
+            message: f.message,
+            ranks: f.ranks,
+            pid: f.pid,
+        })
     }
 
     /// Whether a rank of the lease in force has something unread (a
@@ -890,8 +1066,11 @@ impl Serving {
             .is_some_and(|l| !l.ranks.is_empty() && l.ranks.iter().all(|r| r.fd.is_none()))
     }
 
-    /// Take the pool back from the lease that ended; `true` if there was one.
-    fn end_lease(&mut self) -> bool {
+    /// Take the pool back from the lease that ended: how it ended becomes
+    /// the previous lease, its tag goes to the next. `true` when the pool
+    /// is to be cleared now (`content = "zero"` and not stopping), and the
+    /// state says so from `now`.
+    fn end_lease(&mut self, now: Instant) -> bool {
         let Some(lease) = self.lease.take() else {
             return false;
         };
@@ -921,7 +1100,11 @@ impl Serving {
             ended_at: pool_core::rfc3339(SystemTime::now()),
         });
         self.tag = lease.tag;
-        true
+        let clear = self.config.content == Content::Zero && !self.stopping;
+        if clear {
+            self.state = State::Zeroing { since: now };
+        }
+        clear
     }
 
     /// The clearing thread ended.
@@ -1059,4 +1242,352 @@ fn send_lease(
         &first,
     )?;
     chunks.try_for_each(|(fds, extents)| wire::send(conn, &FromKeeper::Files { extents }, &fds))
+}
+
+/// The keeper's transitions, driven by events without a socket or a pool:
+/// hellos, ranks arriving, dying and releasing, the lease ending, clearing,
+/// stop requests and the drain deadline. They run as an ordinary user, in
+/// milliseconds, beside the root tests of `tests/keeper.rs`.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A keeper's serving state of an 8 MiB pool of 4 KiB pages, idle.
+    fn serving(content: &str) -> Serving {
+        let config = crate::parse_config(&format!(
+            "[[pool]]\nname = \"unit\"\nsize = \"8MiB\"\ncontent = \"{content}\"\n"
+        ))
+        .unwrap()
+        .remove(0);
+        let (listener, _) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        Serving {
+            config,
+            listener,
+            instance: "unit-instance".into(),
+            started_at: SystemTime::now(),
+            generation: 0,
+            previous: None,
+            tag: None,
+            lease: None,
+            waiting: Vec::new(),
+            hellos: Vec::new(),
+            failed: Vec::new(),
+            state: State::Idle,
+            last_clear_seconds: None,
+            stopping: false,
+            drain_until: None,
+            uid: 0,
+            logical: 8 << 20,
+            mapped: 8 << 20,
+            page: 4096,
+            backing: "shm-segmented".into(),
+            numa_node: None,
+        }
+    }
+
+    /// One end of a socket pair: a rank's connection, as the keeper holds it.
+    fn conn() -> OwnedFd {
+        rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap()
+        .0
+    }
+
+    fn hello(engine: &str, world: u32, rank: u32, size: Option<u64>) -> ToKeeper {
+        ToKeeper::Hello {
+            world,
+            rank,
+            engine: engine.into(),
+            size,
+            page: None,
+            tag: None,
+            attach_timeout_secs: 5.0,
+            barrier_timeout_secs: 5.0,
+        }
+    }
+
+    /// A hello granted: the rank joins the lease with a connection of its
+    /// own.
+    fn granted(s: &mut Serving, h: &ToKeeper, pid: u32, now: Instant) {
+        assert_eq!(s.answer(h, || None, now), Answer::Grant);
+        let ToKeeper::Hello { rank, .. } = h else {
+            unreachable!()
+        };
+        s.lease.as_mut().unwrap().ranks.push(Rank {
+            rank: *rank,
+            pid,
+            uid: 0,
+            fd: Some(conn()),
+            arrived: false,
+            released: false,
+        });
+        if s.lease.as_ref().unwrap().world == 1 {
+            s.lease.as_mut().unwrap().live = true;
+        }
+    }
+
+    fn refused(answer: Answer) -> (bool, String, Option<u32>) {
+        match answer {
+            Answer::Refuse {
+                usage,
+                message,
+                pid,
+            } => (usage, message, pid),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_idle_keeper_grants_one_lease_and_refuses_another_engine_naming_the_holder() {
+        let mut s = serving("zero");
+        let now = Instant::now();
+        granted(&mut s, &hello("", 1, 0, None), 100, now);
+        assert_eq!(s.generation, 1);
+        let (usage, message, pid) = refused(s.answer(&hello("other", 1, 0, None), || None, now));
+        assert!(!usage && pid == Some(100), "{message}");
+        assert!(
+            message.contains("kept pool `unit` is leased by pid 100")
+                && message.contains("one lease at a time"),
+            "{message}"
+        );
+        assert_eq!(s.generation, 1, "a refusal counts no generation");
+    }
+
+    #[test]
+    fn a_size_or_page_size_that_does_not_fit_is_a_usage_refusal() {
+        let mut s = serving("zero");
+        let now = Instant::now();
+        let (usage, message, _) = refused(s.answer(&hello("", 1, 0, Some(16 << 20)), || None, now));
+        assert!(usage && message.contains("is 8 MiB"), "{message}");
+        let (usage, message, _) = refused(s.answer(&hello("", 4, 4, None), || None, now));
+        assert!(usage && message.contains("rank 4 of world 4"), "{message}");
+        assert!(s.lease.is_none() && s.generation == 0);
+    }
+
+    #[test]
+    fn the_ranks_of_one_engine_share_a_lease_and_go_once_all_arrived() {
+        let mut s = serving("zero");
+        let now = Instant::now();
+        granted(&mut s, &hello("eng", 2, 0, None), 200, now);
+        // Another rank of the same engine joins; the same rank twice does not.
+        let (_, message, _) = refused(s.answer(&hello("eng", 2, 0, None), || None, now));
+        assert!(message.contains("rank 0 is already attached"), "{message}");
+        granted(&mut s, &hello("eng", 2, 1, None), 201, now);
+        assert_eq!(s.generation, 1, "one lease for both ranks");
+        assert_eq!(s.on_rank(0, RankEvent::Arrived(None)), None);
+        assert_eq!(s.settle(None, now), None, "rank 1 has not arrived");
+        assert_eq!(s.on_rank(1, RankEvent::Arrived(None)), None);
+        assert_eq!(s.settle(None, now), Some(Verdict::Go));
+        assert!(s.lease.as_ref().unwrap().live);
+        assert_eq!(s.settle(None, now), None, "told once");
+    }
+
+    #[test]
+    fn a_rank_that_dies_or_fails_while_attaching_fails_the_lease_naming_it() {
+        for died in [true, false] {
+            let mut s = serving("zero");
+            let now = Instant::now();
+            granted(&mut s, &hello("eng", 2, 0, None), 300, now);
+            granted(&mut s, &hello("eng", 2, 1, None), 301, now);
+            let event = if died {
+                RankEvent::Gone
+            } else {
+                RankEvent::Arrived(Some("mmap failed".into()))
+            };
+            let failure = s.on_rank(1, event).expect("a failure naming rank 1");
+            assert_eq!((failure.ranks.clone(), failure.pid), (vec![1], Some(301)));
+            let Some(Verdict::Failed { message, .. }) = s.settle(Some(failure), now) else {
+                panic!("the lease fails");
+            };
+            let what = if died {
+                "died while attaching"
+            } else {
+                "failed: mmap failed"
+            };
+            assert!(
+                message.contains(&format!("rank 1 (pid 301) {what}")),
+                "{message}"
+            );
+            assert_eq!(s.lease.as_ref().unwrap().died, died.then_some(301));
+            // A late rank of that engine is told why, not handed a lease.
+            s.lease.as_mut().unwrap().ranks.clear();
+            let _ = s.end_lease(now);
+            s.state = State::Idle;
+            let (_, late, _) = refused(s.answer(&hello("eng", 3, 2, None), || None, now));
+            assert!(late.contains("failed before rank 2 attached"), "{late}");
+        }
+    }
+
+    #[test]
+    fn ranks_that_never_come_or_never_arrive_fail_the_lease_at_its_deadlines() {
+        let mut s = serving("zero");
+        let now = Instant::now();
+        granted(&mut s, &hello("eng", 3, 0, None), 400, now);
+        granted(&mut s, &hello("eng", 3, 2, None), 402, now);
+        assert_eq!(s.settle(None, now), None);
+        let later = now + Duration::from_secs(6);
+        let Some(Verdict::Failed {
+            message,
+            ranks,
+            pid,
+        }) = s.settle(None, later)
+        else {
+            panic!("the attach deadline fails the lease");
+        };
+        assert_eq!((ranks, pid), (vec![1], None));
+        assert!(message.contains("rank(s) 1 never attached"), "{message}");
+
+        let mut s = serving("zero");
+        granted(&mut s, &hello("eng", 2, 0, None), 500, now);
+        granted(&mut s, &hello("eng", 2, 1, None), 501, now);
+        s.on_rank(0, RankEvent::Arrived(None));
+        let much_later = now + Duration::from_secs(11);
+        let Some(Verdict::Failed {
+            message,
+            ranks,
+            pid,
+        }) = s.settle(None, much_later)
+        else {
+            panic!("the barrier deadline fails the lease");
+        };
+        assert_eq!((ranks, pid), (vec![1], Some(501)));
+        assert!(
+            message.contains("rank 1 (pid 501) attached but did not map"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_lease_that_ends_becomes_the_previous_one_and_hands_its_tag_on() {
+        for (released, content) in [(true, "zero"), (false, "keep")] {
+            let mut s = serving(content);
+            let now = Instant::now();
+            granted(&mut s, &hello("", 1, 0, None), 600, now);
+            s.lease.as_mut().unwrap().tag = Some("index-v1".into());
+            if released {
+                s.on_rank(0, RankEvent::Released);
+            }
+            assert!(!s.lease_over());
+            assert_eq!(
+                s.on_rank(0, RankEvent::Gone),
+                None,
+                "a live lease does not fail"
+            );
+            assert!(s.lease_over());
+            let clears = s.end_lease(now);
+            let previous = s.previous.clone().unwrap();
+            assert_eq!(previous.pid, 600);
+            assert_eq!(
+                previous.how,
+                if released {
+                    LeaseEnd::Closed
+                } else {
+                    LeaseEnd::Died
+                }
+            );
+            assert_eq!(s.tag.as_deref(), Some("index-v1"));
+            // content = zero clears before the next lease; keep does not.
+            assert_eq!(clears, content == "zero");
+            assert_eq!(matches!(s.state, State::Zeroing { .. }), content == "zero");
+        }
+    }
+
+    #[test]
+    fn a_hello_while_clearing_waits_and_a_clearing_that_fails_breaks_the_pool() {
+        let mut s = serving("zero");
+        let now = Instant::now();
+        s.state = State::Zeroing { since: now };
+        assert_eq!(
+            s.answer(&hello("", 1, 0, None), || None, now),
+            Answer::Wait {
+                until: now + Duration::from_secs(5)
+            }
+        );
+        s.cleared(Some(Ok(Ok(0.25))));
+        assert_eq!((&s.state, s.last_clear_seconds), (&State::Idle, Some(0.25)));
+        s.state = State::Zeroing { since: now };
+        s.cleared(Some(Ok(Err(Error::config("zeroing failed")))));
+        assert!(matches!(&s.state, State::Broken(why) if why.contains("zeroing failed")));
+        let (_, message, pid) = refused(s.answer(&hello("", 1, 0, None), || None, now));
+        assert!(
+            message.contains("kept pool `unit` is unusable"),
+            "{message}"
+        );
+        assert_eq!(pid, Some(std::process::id()));
+        s.state = State::Zeroing { since: now };
+        s.cleared(None);
+        assert!(matches!(&s.state, State::Broken(why) if why.contains("panicked")));
+    }
+
+    #[test]
+    fn a_truncated_file_breaks_the_pool_for_good() {
+        let mut s = serving("keep");
+        let now = Instant::now();
+        let (_, message, _) = refused(s.answer(
+            &hello("", 1, 0, None),
+            || Some("its file 0 was truncated to 0 B".into()),
+            now,
+        ));
+        assert!(message.contains("was truncated to 0 B"), "{message}");
+        // Broken stays broken, whatever the files say now.
+        let (_, again, _) = refused(s.answer(&hello("", 1, 0, None), || None, now));
+        assert!(again.contains("was truncated to 0 B"), "{again}");
+        assert_eq!(s.generation, 0);
+    }
+
+    #[test]
+    fn the_first_stop_drains_the_second_ends_and_the_drain_deadline_ends_too() {
+        let drain = Duration::from_secs(60);
+        let now = Instant::now();
+        // Idle: the first stop ends the keeper at once (nothing to drain).
+        let mut s = serving("zero");
+        assert!(matches!(s.on_stops(0, drain, false, now), Stops::Serve));
+        assert!(matches!(s.on_stops(1, drain, false, now), Stops::Exit));
+        // With a lease in force and an attach waiting: drain, refusing it.
+        let mut s = serving("zero");
+        granted(&mut s, &hello("", 1, 0, None), 700, now);
+        s.waiting.push(Waiting {
+            conn: conn(),
+            uid: 0,
+            pid: 701,
+            hello: hello("", 1, 0, None),
+            until: now + drain,
+        });
+        let Stops::Drain(refused_waiting) = s.on_stops(1, drain, false, now) else {
+            panic!("the first stop drains");
+        };
+        assert_eq!(refused_waiting.len(), 1);
+        assert!(s.waiting.is_empty() && s.stopping);
+        let (_, message, _) = refused(s.answer(&hello("x", 1, 0, None), || None, now));
+        assert!(
+            message.contains("is stopping and takes no new leases"),
+            "{message}"
+        );
+        assert!(matches!(s.on_stops(1, drain, false, now), Stops::Serve));
+        // A clearing in progress keeps a draining keeper, until the lease
+        // and the clearing are both over.
+        assert!(matches!(s.on_stops(1, drain, true, now), Stops::Serve));
+        assert!(matches!(
+            s.on_stops(1, drain, false, now + drain),
+            Stops::DrainTimedOut
+        ));
+        // The second stop ends it at once, lease or not.
+        assert!(matches!(s.on_stops(2, drain, true, now), Stops::Exit));
+        // The lease ended: no clearing when stopping, and the keeper ends.
+        s.on_rank(0, RankEvent::Released);
+        s.on_rank(0, RankEvent::Gone);
+        assert!(s.lease_over());
+        assert!(!s.end_lease(now), "a stopping keeper does not clear");
+        assert!(matches!(s.on_stops(1, drain, false, now), Stops::Exit));
+    }
 }
