@@ -197,7 +197,7 @@ def test_a_child_forked_mid_pin_releases_only_its_view(fake_cuda_dir, tmp_path):
 
 
 PAUSE = """
-import json, os, platform, time, hostpool
+import json, os, time, hostpool
 pool = hostpool.Pool(size="64MiB", block_size="4MiB", pin="cuda", pin_required=True,
                      pin_background=True, background_chunk="8MiB")
 
@@ -206,36 +206,18 @@ def registered():
     with open(os.environ["FAKE_CUDA_LOG"]) as f:
         return sum("cuMemHostRegister_v2" in line for line in f)
 
-FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
-
-def pin_thread_blocked_on_a_futex():
-    # The pinning thread ("hostpool-pin-cuda", cut to 15 bytes) asleep on a
-    # futex: nothing else takes its locks, so it waits in the pause (a
-    # chunk being pinned sleeps in the fake driver instead).
-    for tid in os.listdir("/proc/self/task"):
-        task = f"/proc/self/task/{tid}"
-        try:
-            if open(f"{task}/comm").read().strip() != "hostpool-pin-cu":
-                continue
-            wchan = open(f"{task}/wchan").read()
-            call = open(f"{task}/syscall").read().split()[0]
-        except OSError:
-            continue
-        return "futex" in wchan or (call.isdigit() and int(call) == FUTEX)
-    return False
-
 def parked():
     # The chunk in flight at the pause (0.1 s) has finished and is counted
-    # (the status has every chunk the driver registered), and the thread
-    # waits in the pause: from here it pins nothing until resumed.
+    # (the status has every chunk the driver registered), and the pinning
+    # thread waits in the pause (`parked`): from here it pins nothing until
+    # resumed.
     deadline = time.monotonic() + 20
     while True:
-        if pin_thread_blocked_on_a_futex():
-            s = pool.pin_status()
-            if s["chunks"] == registered():
-                return s
+        s = pool.pin_status()
+        if s["parked"] and s["chunks"] == registered():
+            return s
         if time.monotonic() > deadline:
-            raise SystemExit(f"the pinning thread never waited in the pause: {pool.pin_status()}")
+            raise SystemExit(f"the pinning thread never waited in the pause: {s}")
         time.sleep(0.01)
 
 out = {}

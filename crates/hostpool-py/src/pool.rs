@@ -274,7 +274,8 @@ impl PyPool {
     /// Where the pin stands, as a dict: `state` (`off`, `pinning`,
     /// `pinned`, `failed`, `skipped`), `pinned_bytes`, `total_bytes`,
     /// `ranges` (pinned `{offset, len}`, in address order), `chunks`,
-    /// `error`, `background`, `paused`, `seconds`.
+    /// `error`, `background`, `paused`, `parked` (the pinning thread waits in the
+    /// pause, the chunk in flight at the pause done), `seconds`.
     fn pin_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let progress = {
             let state = self.lock();

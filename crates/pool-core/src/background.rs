@@ -71,6 +71,10 @@ pub struct PinProgress {
     /// Whether a background pin is paused (`Pool::pause_pinning`): it pins
     /// no further chunk until resumed.
     pub paused: bool,
+    /// Whether the pinning thread waits in the pause: the chunk that was in
+    /// flight when it was paused is done (and counted), and nothing is
+    /// pinned until it is resumed. What a caller that paused waits for.
+    pub parked: bool,
     /// Seconds from the start of pinning to its end (so far, while pinning;
     /// time paused included).
     pub seconds: f64,
@@ -79,7 +83,7 @@ pub struct PinProgress {
 impl Serialize for PinProgress {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut out = s.serialize_struct("PinProgress", 10)?;
+        let mut out = s.serialize_struct("PinProgress", 11)?;
         out.serialize_field("status", &self.status)?;
         out.serialize_field("state", &self.status)?;
         out.serialize_field("pinned_bytes", &self.pinned_bytes)?;
@@ -89,6 +93,7 @@ impl Serialize for PinProgress {
         out.serialize_field("error", &self.error)?;
         out.serialize_field("background", &self.background)?;
         out.serialize_field("paused", &self.paused)?;
+        out.serialize_field("parked", &self.parked)?;
         out.serialize_field("seconds", &self.seconds)?;
         out.end()
     }
@@ -115,6 +120,7 @@ impl PinProgress {
             error,
             background: false,
             paused: false,
+            parked: false,
             seconds,
         }
     }
@@ -132,6 +138,10 @@ impl Shared {
     /// Block while the pin is paused, until resumed or stopped.
     fn wait_while_paused(&self) {
         let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if p.paused {
+            p.parked = true;
+            self.changed.notify_all();
+        }
         while p.paused && !self.stop.load(Ordering::SeqCst) {
             p = self
                 .changed
@@ -139,6 +149,7 @@ impl Shared {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        p.parked = false;
     }
 
     fn update(&self, f: impl FnOnce(&mut PinProgress)) {
@@ -228,6 +239,7 @@ impl Background {
                 error: None,
                 background: true,
                 paused: false,
+                parked: false,
                 seconds: 0.0,
             }),
             changed: Condvar::new(),

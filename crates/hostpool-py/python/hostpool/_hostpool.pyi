@@ -183,7 +183,8 @@ class Pool:
     def pin_status(self) -> dict[str, Any]:
         """Where the pin stands: `state` ("off", "pinning", "pinned", "failed", "skipped"),
         `pinned_bytes`, `total_bytes`, `ranges` (pinned `{offset, len}` in address order),
-        `chunks`, `error`, `background`, `paused`, `seconds`."""
+        `chunks`, `error`, `background`, `paused`, `parked` (the pinning thread waits in
+        the pause, the chunk in flight at the pause done), `seconds`."""
     def pause_pinning(self) -> bool:
         """Pause a background pin between chunks (the chunk being pinned finishes first);
         `True` when one was running. `wait_pinned()` waits while paused; `close()` still
