@@ -25,7 +25,8 @@ pub mod rendezvous;
 mod sys;
 pub mod wire;
 
-pub use rendezvous::{Refusal, RefusalTerms, set_refusal_handler};
+pub use pool_core::shared::RefusalTerms;
+pub use rendezvous::Refusal;
 
 /// This crate's [`Handoff`].
 #[derive(Debug)]

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use pool_core::interrupt::Cancel;
-use pool_core::{Error, Observer, Phase, Pool, PoolPlan};
+use pool_core::{BuildOptions, Error, Observer, Phase, Pool, PoolPlan};
 use pyo3::prelude::*;
 
 use crate::{errors, logs};
@@ -152,7 +152,8 @@ fn run(py: Python<'_>, plan: PoolPlan, progress: Option<Bound<'_, PyAny>>) -> Py
         std::thread::Builder::new()
             .name("hostpool-build".into())
             .spawn(move || {
-                let pool = Pool::build_cancellable(&plan, &*watch, None, &cancel);
+                let pool =
+                    Pool::build_with_options(&plan, &*watch, &BuildOptions::new().cancel(&cancel));
                 let _ = tx.send(pool);
             })
             .map_err(|e| {

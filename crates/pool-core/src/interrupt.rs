@@ -1,5 +1,5 @@
 //! Stopping a build: a [`Cancel`] token, made by whoever owns the build and
-//! handed to it ([`crate::Pool::build_cancellable`]), cancelled by whoever
+//! handed to it ([`crate::BuildOptions`]), cancelled by whoever
 //! owns the signals (the `hostpool` CLI's signal thread cancels the token of
 //! its one build; the Python package cancels the token of the build whose
 //! thread received Ctrl-C) and checked by every step of that build that can

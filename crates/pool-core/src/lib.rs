@@ -62,9 +62,10 @@ pub use layout::{
     mr_regions, registration_chunks, round_to_page, segments, shards,
 };
 pub use pool::{
-    GpuPlace, HugePagesReport, LeasedOrigin, NUMA_SAMPLES, NumaPlan, NumaReport, Observer, Origin,
-    Phase, Phases, PinPlanReport, PinReport, PlanReport, Pool, PoolPlan, PoolReport,
-    PrefaultPlanReport, Quiet, RegistrationReport, ShardPlacement, SharedOrigin, ThpReport,
+    BuildOptions, GpuPlace, HugePagesReport, LeasedOrigin, NUMA_SAMPLES, NumaPlan, NumaReport,
+    Observer, Origin, Phase, Phases, PinPlanReport, PinReport, PlanReport, Pool, PoolPlan,
+    PoolReport, PrefaultPlanReport, Quiet, RegistrationReport, ShardPlacement, SharedOrigin,
+    ThpReport,
 };
 pub use size::{ByteSize, SizeError};
 #[cfg(feature = "conformance")]

@@ -4,7 +4,8 @@
 use std::io::IsTerminal;
 
 use clap::Args;
-use pool_core::{Error, Pool, PoolPlan};
+use pool_core::shared::Refusals;
+use pool_core::{BuildOptions, Error, Pool, PoolPlan};
 
 use super::args::{PoolArgs, resolve_config};
 use super::{forward_signals, output, progress, write_stdout};
@@ -66,7 +67,10 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
         check_metadata_out(path)?;
     }
     // From here on an early return drops `pool`, which tears it down.
-    let mut pool = Pool::build_cancellable(&plan, &observer, None, &cancel)?;
+    let options = BuildOptions::new()
+        .cancel(&cancel)
+        .refusals(Refusals::Hand(super::refuse::hand_over));
+    let mut pool = Pool::build_with_options(&plan, &observer, &options)?;
     // Only a background pin is still pinning once the build returns.
     let background = pool.report().pin.status == pool_core::PinStatus::Pinning;
     if background && (!args.hold || args.verify_copy) {

@@ -69,9 +69,6 @@ pub enum Command {
 
 /// Run the CLI on the process arguments; returns the exit status.
 pub fn main() -> i32 {
-    // A shared-pool creator that fails hands its socket to a helper, which
-    // outlives this process and tells the ranks that come later why.
-    refuse::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -143,7 +140,7 @@ fn run(cli: Cli) -> Result<i32, Error> {
 /// exists, so that every thread inherits the mask) and, from a thread of its
 /// own, cancel the returned token with each, after `also(signal)` (`keep`
 /// counts them). The token is the command's: it goes to the build it runs
-/// ([`pool_core::Pool::build_cancellable`]) and to its waits. `what` names
+/// ([`pool_core::BuildOptions`]) and to its waits. `what` names
 /// the command in the error.
 ///
 /// Returns once that thread runs. A new thread maps its malloc arena and its

@@ -3,8 +3,9 @@
 //! A creator of a shared pool that fails before every rank was told keeps
 //! answering on the pool's socket with the cause ([`Refusal`]). A library
 //! embedder does that from a thread; the CLI exits on the error at once
-//! (exit status 1, as before), so [`install`] makes it hand the socket to a
-//! helper process instead: the `hostpool` binary itself (`/proc/self/exe`)
+//! (exit status 1, as before), so its build's refusal policy
+//! ([`hand_over`]) hands the socket to a helper process instead: the
+//! `hostpool` binary itself (`/proc/self/exe`)
 //! run as `hostpool serve-refusal`, with the socket inherited and what it
 //! says as arguments. So a rank started after the creator exited still
 //! fails within a second naming the creator's cause (its errno) and pid,
@@ -35,7 +36,7 @@
 //! meanwhile, no process left), the CLI warns and answers the ranks that
 //! are already waiting at once, as it did before there was a helper.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -67,45 +68,40 @@ pub struct ServeRefusalArgs {
     pub message: String,
 }
 
-/// Make this process hand a failed creator's refusal to a helper process
-/// ([`hand_over`]) instead of a thread, which would die when the CLI exits.
-/// Call at the start of `main`.
-pub(super) fn install() {
-    // The CLI sets it once; nothing else in the process does.
-    let _ = hostpool::hostpool_handoff::set_refusal_handler(hand_over);
-}
-
-/// Start the helper with `refusal`; if it cannot start, answer the ranks
-/// waiting now and say why the later ones will not hear the cause.
-fn hand_over(refusal: Refusal) {
-    match spawn_helper(&refusal) {
+/// The refusal policy of `alloc`'s build ([`pool_core::shared::Refusals::Hand`]):
+/// start the helper with the failed creator's socket and terms instead of a
+/// thread, which would die when the CLI exits; if it cannot start, answer
+/// the ranks waiting now and say why the later ones will not hear the cause.
+pub(super) fn hand_over(listener: OwnedFd, terms: RefusalTerms) {
+    match spawn_helper(&listener, &terms) {
         Ok(pid) => tracing::debug!(
             "pid {pid} answers the ranks of the failed pool `{}` that come later",
-            refusal.terms().pool
+            terms.pool
         ),
         Err(e) => {
             tracing::warn!(
                 "cannot start `hostpool {SUBCOMMAND}` to keep answering on the failed shared pool \
                  `{}`'s socket ({e}); ranks started from now on will not hear this cause and each \
                  waits out its attach timeout: stop them, or start them after the attach timeout",
-                refusal.terms().pool
+                terms.pool
             );
-            refusal.refuse_pending();
+            if let Ok(refusal) = Refusal::resume(listener, terms) {
+                refusal.refuse_pending();
+            }
         }
     }
-    // Dropping `refusal` closes this process's descriptor of the socket:
+    // Dropping `listener` closes this process's descriptor of the socket:
     // from now on the helper holds it alone.
 }
 
-/// Run `hostpool serve-refusal` with a descriptor of `refusal`'s socket it
-/// inherits (a `dup`, which lacks close-on-exec, closed here once the
-/// helper started) and its terms as arguments. The helper's pid.
-fn spawn_helper(refusal: &Refusal) -> std::io::Result<u32> {
+/// Run `hostpool serve-refusal` with a descriptor of the failed creator's
+/// `listener` it inherits (a `dup`, which lacks close-on-exec, closed here
+/// once the helper started) and its `terms` as arguments. The helper's pid.
+fn spawn_helper(listener: &OwnedFd, terms: &RefusalTerms) -> std::io::Result<u32> {
     let exe = std::env::current_exe()?;
-    let terms = refusal.terms();
     // Inherited by every process started meanwhile: the CLI starts none
     // while a pool fails.
-    let inherited = rustix::io::dup(refusal.listener())?;
+    let inherited = rustix::io::dup(listener)?;
     let child = Command::new(exe)
         .arg(SUBCOMMAND)
         .args(["--pool", &terms.pool])

@@ -3,8 +3,8 @@
 //! [`SharingReport`]). The default, `socket` (`socket.rs`): the ranks meet on
 //! an abstract unix socket and the creator passes its unlinked files'
 //! descriptors, so nothing is ever in a directory; a creator that fails goes
-//! on refusing the ranks that come later with its cause ([`Refusal`],
-//! [`set_refusal_handler`]). The other, `file` (`file.rs`), for ranks that
+//! on refusing the ranks that come later with its cause ([`Refusal`], as
+//! the build's [`pool_core::shared::Refusals`] says). The other, `file` (`file.rs`), for ranks that
 //! share only a directory: they meet in a control file beside the data files
 //! (`<control_dir>/hostpool-<name>.ctl`, default `/dev/shm`, and
 //! `<dir>/hostpool-<name>.pool` or `.pool.<NNNN>` per segment, all `0600`),
@@ -18,7 +18,7 @@ use pool_core::{Error, Result};
 mod file;
 mod socket;
 
-pub use socket::{Refusal, RefusalTerms, set_refusal_handler};
+pub use socket::Refusal;
 
 /// An [`Error::Peer`]: `message` blames `ranks` (in the order it names
 /// them), the first of them, or the one peer it names only by pid, being
@@ -168,6 +168,7 @@ mod tests {
                 ..MapContext::default()
             },
             cancel: pool_core::interrupt::Cancel::new(),
+            refusals: pool_core::shared::Refusals::Thread,
         })
     }
 

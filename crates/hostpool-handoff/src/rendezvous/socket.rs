@@ -17,9 +17,9 @@
 //! A creator that fails before every rank was told keeps answering on its
 //! socket with the cause until the untold ranks have heard it or the attach
 //! timeout passes ([`Refusal`]): from a thread, in a process that lives on
-//! after the error (an engine), or from whatever [`set_refusal_handler`]
-//! registered, in one that exits (the `hostpool` CLI hands the socket to a
-//! helper process). So a rank that comes after the failure fails at once,
+//! after the error (an engine), or from wherever the build's
+//! [`Refusals`] hands it, in one that exits (the `hostpool` CLI hands the
+//! socket to a helper process). So a rank that comes after the failure fails at once,
 //! naming the creator's cause, instead of becoming a creator itself.
 //!
 //! Abstract socket names are per network namespace: ranks that share only
@@ -38,6 +38,7 @@ use pool_core::file::Attachment;
 use pool_core::file::{self, FileMapping, PoolFile};
 use pool_core::interrupt::Cancel;
 use pool_core::plugin::RankBarrier;
+use pool_core::shared::{RefusalTerms, Refusals};
 use pool_core::{Error, Result, TeardownIssue};
 use pool_core::{Extent, format_bytes};
 
@@ -212,6 +213,7 @@ fn create(
                 sharing.world - 1,
                 attach_deadline,
                 &spec.cancel,
+                spec.refusals,
             );
             return Err(e);
         }
@@ -240,6 +242,7 @@ fn create(
             sharing,
             attach_deadline,
             &spec.cancel,
+            spec.refusals,
         );
         return Err(e);
     }
@@ -490,15 +493,14 @@ fn refusal(why: &Error) -> Msg {
 /// with the creator's cause instead of becoming a creator itself and
 /// waiting out its attach timeout.
 ///
-/// Who answers: the handler [`set_refusal_handler`] registered, if any
-/// (the CLI, which exits on the error, hands the [`Refusal`] to a helper
-/// process of its own); otherwise a thread of this process, while it lives
-/// (an engine, which outlives the error `Pool()` raised at once). Ranks
-/// already waiting in the backlog are answered first, the same way.
-/// Without a thread, with nobody left to tell, or when this process was
-/// asked to stop (`cancel` was cancelled: whoever stopped the
-/// creator stops the run, and leaves nothing answering for it behind), the
-/// backlog is answered at once and the socket closed ([`refuse_pending`]).
+/// Who answers is the build's [`Refusals`]: a thread of this process,
+/// while it lives (an engine, which outlives the error `Pool()` raised at
+/// once), or the function it names (the CLI, which exits on the error,
+/// hands the socket to a helper process of its own). With nobody left to
+/// tell, or when the build was asked to stop (`cancel` was cancelled:
+/// whoever stopped the creator stops the run, and leaves nothing answering
+/// for it behind), or with [`Refusals::Close`], the backlog is answered at
+/// once and the socket closed ([`refuse_pending`]).
 fn keep_refusing(
     pool: &str,
     listener: OwnedFd,
@@ -506,8 +508,13 @@ fn keep_refusing(
     untold: u32,
     deadline: Instant,
     cancel: &Cancel,
+    refusals: Refusals,
 ) {
-    if untold == 0 || Instant::now() >= deadline || cancel.requested().is_some() {
+    if untold == 0
+        || Instant::now() >= deadline
+        || cancel.requested().is_some()
+        || matches!(refusals, Refusals::Close)
+    {
         refuse_pending(&listener, why);
         return;
     }
@@ -518,8 +525,9 @@ fn keep_refusing(
         untold,
         deadline,
     };
-    if let Some(handler) = REFUSAL_HANDLER.get() {
-        handler(refusal);
+    if let Refusals::Hand(hand) = refusals {
+        let terms = refusal.terms();
+        hand(refusal.listener, terms);
         return;
     }
     // The listener goes to the thread; if no thread can start, answer the
@@ -534,25 +542,6 @@ fn keep_refusing(
             refuse_pending(&spare, why);
         }
     }
-}
-
-/// What a failed creator does with its [`Refusal`], when not the default
-/// (a thread); see [`set_refusal_handler`].
-static REFUSAL_HANDLER: std::sync::OnceLock<fn(Refusal)> = std::sync::OnceLock::new();
-
-/// Hand every [`Refusal`] of this process to `handler` instead of answering
-/// it from a thread of its own: for a process that exits right after the
-/// error, so the thread would die with it (the `hostpool` CLI, which passes
-/// the refusal on to a helper process). `handler` owns the refusal: it
-/// serves it ([`Refusal::serve`]), passes it on ([`Refusal::terms`] and
-/// [`Refusal::listener`], then [`Refusal::resume`] in the other process),
-/// or answers the backlog at once ([`Refusal::refuse_pending`]); dropping
-/// it closes the socket, and ranks that come later then become creators
-/// themselves and wait out their attach timeout.
-///
-/// Returns false, keeping the first, when a handler was set already.
-pub fn set_refusal_handler(handler: fn(Refusal)) -> bool {
-    REFUSAL_HANDLER.set(handler).is_ok()
 }
 
 /// A failed creator's answer to the ranks that have not heard yet why the
@@ -572,22 +561,6 @@ pub struct Refusal {
     refused: Msg,
     untold: u32,
     deadline: Instant,
-}
-
-/// What a [`Refusal`] says and for how long, apart from its socket: what
-/// travels, as command-line arguments, to the process that serves it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RefusalTerms {
-    /// The pool's name (for the operator: it says which pool the serving
-    /// process answers for).
-    pub pool: String,
-    /// The refusal as the ranks receive it, encoded (JSON): opaque, to be
-    /// given back to [`Refusal::resume`] as it is.
-    pub message: String,
-    /// How many more ranks are to be told.
-    pub untold: u32,
-    /// How long the refusal still holds: the rest of the attach timeout.
-    pub remaining: Duration,
 }
 
 impl Refusal {
@@ -739,6 +712,7 @@ fn fail_creation(
     sharing: &pool_core::SharingConfig,
     deadline: Instant,
     cancel: &Cancel,
+    refusals: Refusals,
 ) {
     fail_all(links, why);
     let told = u32::try_from(links.len()).unwrap_or(u32::MAX);
@@ -749,6 +723,7 @@ fn fail_creation(
         (sharing.world - 1).saturating_sub(told),
         deadline,
         cancel,
+        refusals,
     );
 }
 
@@ -1185,6 +1160,7 @@ mod tests {
             &sharing,
             started + Duration::from_secs(20),
             &Cancel::new(),
+            Refusals::Thread,
         );
         match message_of(&waiting) {
             Msg::Refused {
@@ -1232,6 +1208,75 @@ mod tests {
             }
         };
         assert!(gone, "the socket outlived the last rank it had to tell");
+    }
+
+    /// What a failed creator does with its refusal is its build's policy,
+    /// not the process's: `Hand` gives the socket and the terms to the
+    /// build's function (the CLI's helper), and the socket it gets answers
+    /// as the creator would; `Close` answers the rank waiting now and closes
+    /// the socket, so a later rank is refused by the kernel.
+    #[test]
+    fn a_failed_creator_hands_or_closes_its_refusal_as_its_build_says() {
+        static HANDED: std::sync::Mutex<Option<(OwnedFd, RefusalTerms)>> =
+            std::sync::Mutex::new(None);
+        fn hand(listener: OwnedFd, terms: RefusalTerms) {
+            *HANDED.lock().unwrap() = Some((listener, terms));
+        }
+        let why = peer(
+            "shared pool `unit`: rank 1 (pid 9) failed: out of pages".into(),
+            vec![1],
+            Some(9),
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let (l, addr) = listener("hand");
+        keep_refusing(
+            "unit",
+            l,
+            &why,
+            3,
+            deadline,
+            &Cancel::new(),
+            Refusals::Hand(hand),
+        );
+        let (handed, terms) = HANDED
+            .lock()
+            .unwrap()
+            .take()
+            .expect("the socket was handed");
+        assert_eq!((terms.pool.as_str(), terms.untold), ("unit", 3));
+        assert!(terms.remaining > Duration::from_secs(15), "{terms:?}");
+        let late = connected(&addr);
+        let refusal = Refusal::resume(handed, terms).unwrap();
+        std::thread::spawn(move || refusal.serve());
+        match message_of(&late) {
+            Msg::Refused { message, ranks, .. } => {
+                assert!(message.contains("out of pages"), "{message}");
+                assert_eq!(ranks, vec![1]);
+            }
+            other => panic!("the late rank got {other:?}"),
+        }
+
+        let (l, addr) = listener("close");
+        let waiting = connected(&addr);
+        keep_refusing(
+            "unit",
+            l,
+            &why,
+            3,
+            deadline,
+            &Cancel::new(),
+            Refusals::Close,
+        );
+        assert!(
+            matches!(message_of(&waiting), Msg::Refused { .. }),
+            "the waiting rank is told"
+        );
+        let again = seqpacket().unwrap();
+        assert_eq!(
+            rustix::net::connect(&again, &addr),
+            Err(rustix::io::Errno::CONNREFUSED),
+            "nothing answers on the closed socket"
+        );
     }
 
     /// A refusal passed on, as the CLI hands it to its helper process (its

@@ -23,6 +23,61 @@ use crate::plugin::{FilePlan, MemorySource, PinContext, RankBarrier};
 use crate::prefault::{self, PrefaultMethod, PrefaultOutcome};
 use crate::sys::Region;
 
+/// How a build runs besides its plan and observer: the embedding engine's
+/// barrier for a shared pool, the token that stops it, and what a failed
+/// creator of a shared pool does about the ranks not told yet. Each build
+/// has its own: nothing of a build is process-wide.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct BuildOptions<'a> {
+    /// The engine's own barrier for a shared pool (`None`: the
+    /// rendezvous' own).
+    pub barrier: Option<&'a dyn RankBarrier>,
+    /// The token that stops the build.
+    pub cancel: Cancel,
+    /// What a failed creator does about the ranks not told yet.
+    pub refusals: crate::shared::Refusals,
+}
+
+impl std::fmt::Debug for BuildOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuildOptions")
+            .field("barrier", &self.barrier.is_some())
+            .field("cancel", &self.cancel)
+            .field("refusals", &self.refusals)
+            .finish()
+    }
+}
+
+impl<'a> BuildOptions<'a> {
+    /// No barrier of the engine's, a token nothing has cancelled, refusals
+    /// served from a thread.
+    pub fn new() -> BuildOptions<'a> {
+        BuildOptions::default()
+    }
+
+    /// With the engine's own barrier.
+    #[must_use]
+    pub fn barrier(mut self, barrier: Option<&'a dyn RankBarrier>) -> BuildOptions<'a> {
+        self.barrier = barrier;
+        self
+    }
+
+    /// Stopped by `cancel`.
+    #[must_use]
+    pub fn cancel(mut self, cancel: &Cancel) -> BuildOptions<'a> {
+        self.cancel = cancel.clone();
+        self
+    }
+
+    /// With this refusal policy.
+    #[must_use]
+    pub fn refusals(mut self, refusals: crate::shared::Refusals) -> BuildOptions<'a> {
+        self.refusals = refusals;
+        self
+    }
+}
+
 impl Pool {
     /// Build the pool a plan describes: refuse a capacity shortfall, map,
     /// prefault, pin, register.
@@ -46,32 +101,35 @@ impl Pool {
         observer: &dyn Observer,
         barrier: Option<&dyn RankBarrier>,
     ) -> Result<Pool> {
-        Pool::build_cancellable(plan, observer, barrier, &Cancel::new())
+        Pool::build_with_options(plan, observer, &BuildOptions::new().barrier(barrier))
     }
 
-    /// As [`Pool::build_with`], stopped by `cancel`: once it is cancelled
-    /// (by the caller's signal handler, from another thread), the build
-    /// stops at its next step, whichever phase it is in (prefault, a shared
-    /// pool's waits and barrier, a lease's waits), tears down what it built
-    /// and returns [`crate::Error::Interrupted`]. Other builds in the
-    /// process, with tokens of their own, go on.
+    /// As [`Pool::build_with`], with the build's options: the engine's
+    /// barrier, the token that stops it (once cancelled, by the caller's
+    /// signal handler or from another thread, the build stops at its next
+    /// step, whichever phase it is in: prefault, a shared pool's waits and
+    /// barrier, a lease's waits; tears down what it built and returns
+    /// [`crate::Error::Interrupted`]; other builds in the process, with
+    /// tokens of their own, go on), and what a failed creator of a shared
+    /// pool does about the ranks not told yet.
     ///
     /// # Errors
     /// As for [`Pool::build_with`], and [`crate::Error::Interrupted`].
-    pub fn build_cancellable(
+    pub fn build_with_options(
         plan: &PoolPlan,
         observer: &dyn Observer,
-        barrier: Option<&dyn RankBarrier>,
-        cancel: &Cancel,
+        options: &BuildOptions<'_>,
     ) -> Result<Pool> {
-        let mut pool = match map(plan, observer, cancel) {
+        let barrier = options.barrier;
+        let cancel = &options.cancel;
+        let mut pool = match map(plan, observer, options) {
             // A joiner whose `huge_pages = "prefer"` chose other pages than
             // the shared pool's creator: every rank takes the creator's.
             Err(crate::Error::PageSizeMismatch { creator_page, .. })
                 if takes_creators_pages(&plan.origin) =>
             {
                 let creators = plan.with_creators_pages(creator_page)?;
-                return Pool::build_cancellable(&creators, observer, barrier, cancel);
+                return Pool::build_with_options(&creators, observer, options);
             }
             other => other?,
         };
@@ -200,8 +258,9 @@ fn resident() -> PrefaultOutcome {
 /// keeper answers and the plan says so, what this process builds instead),
 /// the backing's own memory, or the files it planned, which the core
 /// creates, maps and (for a shared pool) shares.
-fn map(plan: &PoolPlan, observer: &dyn Observer, cancel: &Cancel) -> Result<Pool> {
+fn map(plan: &PoolPlan, observer: &dyn Observer, options: &BuildOptions<'_>) -> Result<Pool> {
     let bp = &plan.backing_plan;
+    let cancel = &options.cancel;
     let (origin, fallback) = match &plan.origin {
         Origin::Leased(lease) => {
             let (leased, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
@@ -238,7 +297,7 @@ fn map(plan: &PoolPlan, observer: &dyn Observer, cancel: &Cancel) -> Result<Pool
     let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
         match (&bp.source, origin) {
             (MemorySource::Files(files), Origin::Shared(shared)) => {
-                share(plan, files, shared, cancel)
+                share(plan, files, shared, options)
             }
             (MemorySource::Files(files), _) => {
                 Ok(Box::new(crate::file::map_planned(files, bp.size)?) as Box<dyn Attachment>)
@@ -277,7 +336,7 @@ fn share(
     plan: &PoolPlan,
     files: &FilePlan,
     shared: &SharedOrigin,
-    cancel: &Cancel,
+    options: &BuildOptions<'_>,
 ) -> Result<Box<dyn Attachment>> {
     let bp = &plan.backing_plan;
     crate::shared::map_shared(crate::shared::SharedPoolSpec {
@@ -299,7 +358,8 @@ fn share(
                                shared pool's file; stop every rank and start them again"
                     .into(),
         },
-        cancel: cancel.clone(),
+        cancel: options.cancel.clone(),
+        refusals: options.refusals,
     })
 }
 

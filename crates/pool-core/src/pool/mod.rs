@@ -10,6 +10,8 @@
 //! [`Pool::teardown`] tears itself down.
 
 mod build;
+
+pub use build::BuildOptions;
 mod numa;
 mod pin_status;
 mod plan;

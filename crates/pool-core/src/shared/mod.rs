@@ -69,6 +69,8 @@ pub struct SharedPoolSpec<'a> {
     /// The build's token: a request on it ends every wait of the
     /// rendezvous, the barrier's too.
     pub cancel: crate::interrupt::Cancel,
+    /// What a failed creator does about the ranks not told yet.
+    pub refusals: Refusals,
 }
 
 impl std::fmt::Debug for SharedPoolSpec<'_> {
@@ -80,6 +82,43 @@ impl std::fmt::Debug for SharedPoolSpec<'_> {
             .field("capacity", &self.capacity)
             .finish_non_exhaustive()
     }
+}
+
+/// What a failed creator of a shared pool does about the ranks that have
+/// not heard yet why it failed: they would otherwise become creators
+/// themselves and wait out their attach timeout with the wrong cause. A
+/// parameter of each build ([`crate::BuildOptions`]), not of the process.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub enum Refusals {
+    /// A thread of this process answers them with the cause until every
+    /// one has heard it or the attach deadline passes, then ends: for an
+    /// engine, which lives on after the error its build returned.
+    #[default]
+    Thread,
+    /// The pool's listening socket and what it answers go to this function,
+    /// which serves them elsewhere: for a process that exits on the error
+    /// (the CLI hands them to a helper process of its own).
+    Hand(fn(std::os::fd::OwnedFd, RefusalTerms)),
+    /// The ranks already waiting are told, and the socket is closed.
+    Close,
+}
+
+/// What a failed creator's refusal says and for how long, apart from its
+/// socket: what travels, as command-line arguments, to a process that
+/// serves it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefusalTerms {
+    /// The pool's name (for the operator: it says which pool the serving
+    /// process answers for).
+    pub pool: String,
+    /// The refusal as the ranks receive it, encoded (JSON): opaque, to be
+    /// given back as it is to the handoff that serves it.
+    pub message: String,
+    /// How many more ranks are to be told.
+    pub untold: u32,
+    /// How long the refusal still holds: the rest of the attach timeout.
+    pub remaining: std::time::Duration,
 }
 
 /// Create or join a shared pool and map all of it, over the rendezvous
