@@ -19,7 +19,14 @@ import pytest
 import torch
 
 import hostpool
-from conftest import free_hugepages, hugetlbfs_mount, run_python, spawn_ranks
+from conftest import (
+    free_hugepages,
+    hugetlbfs_mount,
+    run_python,
+    shared_mapped,
+    socket_bound,
+    spawn_ranks,
+)
 
 MiB = 1 << 20
 
@@ -363,38 +370,15 @@ except KeyboardInterrupt:
 """
 
 
-def _socket_bound(name: str) -> bool:
-    """Whether some process holds shared pool `name`'s socket name (its creator)."""
-    sock = f"@hostpool/{os.geteuid()}/{name}"
-    with open("/proc/net/unix") as f:
-        return any(line.rstrip("\n").endswith(sock) for line in f)
-
-
-def _shared_mapped(pid: int) -> int:
-    """Bytes process `pid` maps shared and writable (`rw-s`): a pool's files."""
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return 0
-    total = 0
-    for line in lines:
-        fields = line.split()
-        if fields[1] == "rw-s":
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            total += hi - lo
-    return total
-
-
 def test_ctrl_c_cancels_a_build_cleanly_and_raises_keyboard_interrupt():
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "MAPPING"
     # Now waiting for the rank that never comes: the creator holds the
     # socket name and has mapped its 512 MiB, the last step before it waits.
     deadline = time.monotonic() + 20
-    while not (_socket_bound(f"py-ctrlc-{proc.pid}") and _shared_mapped(proc.pid) >= 512 * MiB):
+    while not (socket_bound(f"py-ctrlc-{proc.pid}") and shared_mapped(proc.pid) >= 512 * MiB):
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"never bound and mapped: {_shared_mapped(proc.pid)} B mapped"
+        assert time.monotonic() < deadline, f"never bound and mapped: {shared_mapped(proc.pid)} B mapped"
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)

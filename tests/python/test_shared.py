@@ -12,7 +12,7 @@ import signal
 import pytest
 
 import hostpool
-from conftest import hugetlbfs_mount
+from conftest import hugetlbfs_mount, socket_bound
 
 WORLD = 4
 MiB = 1 << 20
@@ -165,10 +165,9 @@ def test_a_rank_that_comes_after_its_creator_failed_hears_the_cause_at_once():
         assert line.startswith("raised Error"), line + creator.stderr.read()
         # The failed pool still answers: its socket name is held (by the
         # creator's refusing thread), so the late peer connects to it.
-        sock = f"@hostpool/{os.geteuid()}/{name}"
         deadline = time.monotonic() + 10
-        while not any(l.rstrip("\n").endswith(sock) for l in open("/proc/net/unix")):
-            assert time.monotonic() < deadline, f"nothing holds {sock}"
+        while not socket_bound(name):
+            assert time.monotonic() < deadline, f"nothing holds the socket of `{name}`"
             time.sleep(0.01)
         late = subprocess.run([sys.executable, "-c", LATE_PEER, name],
                               capture_output=True, text=True, timeout=30)

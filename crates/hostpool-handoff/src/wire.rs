@@ -166,6 +166,76 @@ pub fn recv<M: DeserializeOwned>(
         })
 }
 
+/// How a handover of files went wrong, apart from a failed call: the
+/// peer stopped sending them (it died, or said something else), or sent as
+/// many descriptors as it said but not one per extent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handover {
+    /// The peer hung up, or sent another message, before every file came.
+    Broken,
+    /// The descriptors and the extents do not pair up.
+    Miscounted {
+        /// Descriptors received.
+        files: usize,
+        /// Extents they should map.
+        extents: usize,
+    },
+}
+
+/// Receive a pool's files, handed over in chunks (a message carries at most
+/// [`FDS_PER_MSG`] descriptors): `fds` came with the first message, and
+/// each following message `chunk` recognises (giving the extents it
+/// carries, if any) adds its own, until `count` have come. Each descriptor
+/// is paired with its extent (those in `extents`, from the first message or
+/// the receiver's own plan, then the chunks'), as a [`PoolFile`] with its
+/// identity. The one path by which a rank joining its creator and an engine
+/// leasing a kept pool receive memory; what they then map goes through
+/// [`pool_core::file::map_files`], which checks every file's length.
+///
+/// # Errors
+/// `Ok(Err(_))` for a [`Handover`] that went wrong; `Err` for a failed
+/// call (or a cancelled wait).
+pub fn receive_files<M: DeserializeOwned>(
+    sock: BorrowedFd<'_>,
+    deadline: Instant,
+    cancel: &pool_core::interrupt::Cancel,
+    mut fds: Vec<OwnedFd>,
+    count: usize,
+    mut extents: Vec<pool_core::Extent>,
+    chunk: impl Fn(M) -> Option<Vec<pool_core::Extent>>,
+) -> Result<std::result::Result<Vec<pool_core::file::PoolFile>, Handover>> {
+    while fds.len() < count {
+        match recv::<M>(sock, deadline, &mut fds, Some(cancel))? {
+            Received::Msg(m) => match chunk(m) {
+                Some(more) => extents.extend(more),
+                None => return Ok(Err(Handover::Broken)),
+            },
+            Received::Gone | Received::TimedOut => return Ok(Err(Handover::Broken)),
+        }
+    }
+    if fds.len() != extents.len() {
+        return Ok(Err(Handover::Miscounted {
+            files: fds.len(),
+            extents: extents.len(),
+        }));
+    }
+    let files = fds
+        .into_iter()
+        .zip(extents)
+        .map(|(fd, extent)| {
+            let id = pool_core::file::file_id(&fd)
+                .map_err(|e| os("fstat", e, "a pool file handed over"))?;
+            Ok(pool_core::file::PoolFile {
+                fd,
+                path: None,
+                id,
+                extent,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Ok(files))
+}
+
 /// Whether `fd` has something to read (or hung up) within one tick.
 pub fn readable(fd: BorrowedFd<'_>, deadline: Instant) -> Result<bool> {
     let wait = deadline.saturating_duration_since(Instant::now()).min(TICK);

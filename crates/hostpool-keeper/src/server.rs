@@ -236,29 +236,17 @@ impl Keeper {
         pool_core::failpoint::stall("keeper-before-build");
         let (pool, files) = Pool::build_kept(&plan, observer, cancel)?;
         let report = pool.report();
-        let serving = Serving {
-            listener,
-            instance: instance_id(),
-            started_at: SystemTime::now(),
-            generation: 0,
-            previous: None,
-            tag: None,
-            lease: None,
-            waiting: Vec::new(),
-            hellos: Vec::new(),
-            failed: Vec::new(),
-            state: State::Idle,
-            last_clear_seconds: None,
-            stopping: false,
-            drain_until: None,
-            uid: rustix::process::geteuid().as_raw(),
-            logical: report.logical_bytes,
-            mapped: report.mapped_bytes,
-            page: report.page_size,
-            backing: report.backing.clone(),
-            numa_node: plan.numa().as_ref().and_then(|n| n.node),
+        let serving = Serving::new(
             config,
-        };
+            listener,
+            Figures {
+                logical: report.logical_bytes,
+                mapped: report.mapped_bytes,
+                page: report.page_size,
+                backing: report.backing.clone(),
+                numa_node: plan.numa().as_ref().and_then(|n| n.node),
+            },
+        );
         Ok(Keeper {
             memory: Memory {
                 pool,
@@ -491,7 +479,44 @@ fn clear(name: &str, region: Region<'_>, memory: &Memory, abort: &AtomicBool) ->
     Ok(t.elapsed().as_secs_f64())
 }
 
+/// A kept pool's figures, for its leases and its status.
+#[derive(Debug)]
+struct Figures {
+    logical: u64,
+    mapped: u64,
+    page: u64,
+    backing: String,
+    numa_node: Option<u32>,
+}
+
 impl Serving {
+    /// An idle keeper of the pool `figures` describes, on `listener`.
+    fn new(config: KeptPoolConfig, listener: OwnedFd, figures: Figures) -> Serving {
+        Serving {
+            listener,
+            instance: instance_id(),
+            started_at: SystemTime::now(),
+            generation: 0,
+            previous: None,
+            tag: None,
+            lease: None,
+            waiting: Vec::new(),
+            hellos: Vec::new(),
+            failed: Vec::new(),
+            state: State::Idle,
+            last_clear_seconds: None,
+            stopping: false,
+            drain_until: None,
+            uid: rustix::process::geteuid().as_raw(),
+            logical: figures.logical,
+            mapped: figures.mapped,
+            page: figures.page,
+            backing: figures.backing,
+            numa_node: figures.numa_node,
+            config,
+        }
+    }
+
     fn stopping_message(&self) -> String {
         format!(
             "the keeper of `{}` (pid {}) is stopping and takes no new leases; start it again \
@@ -1266,29 +1291,17 @@ mod tests {
             None,
         )
         .unwrap();
-        Serving {
+        Serving::new(
             config,
             listener,
-            instance: "unit-instance".into(),
-            started_at: SystemTime::now(),
-            generation: 0,
-            previous: None,
-            tag: None,
-            lease: None,
-            waiting: Vec::new(),
-            hellos: Vec::new(),
-            failed: Vec::new(),
-            state: State::Idle,
-            last_clear_seconds: None,
-            stopping: false,
-            drain_until: None,
-            uid: 0,
-            logical: 8 << 20,
-            mapped: 8 << 20,
-            page: 4096,
-            backing: "shm-segmented".into(),
-            numa_node: None,
-        }
+            Figures {
+                logical: 8 << 20,
+                mapped: 8 << 20,
+                page: 4096,
+                backing: "shm-segmented".into(),
+                numa_node: None,
+            },
+        )
     }
 
     /// One end of a socket pair: a rank's connection, as the keeper holds it.

@@ -1,7 +1,7 @@
 //! An engine's side of a lease: attach to a keeper, map what it hands over,
 //! meet the other ranks at its barrier, release at teardown.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -10,7 +10,7 @@ use super::{FromKeeper, LeaseInfo, ToKeeper, address, how_to_start, keeper_error
 use crate::wire::{self, Received};
 use pool_core::Region;
 use pool_core::file::Attachment;
-use pool_core::file::{self, FileMapping, MapContext, PoolFile};
+use pool_core::file::{self, FileMapping, MapContext};
 use pool_core::interrupt::Cancel;
 use pool_core::plugin::RankBarrier;
 use pool_core::{Error, Result, TeardownIssue};
@@ -134,7 +134,7 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
         )
     };
     let mut fds = Vec::new();
-    let (info, logical, mapped, page, backing, mut extents, count) =
+    let (info, logical, mapped, page, backing, extents, count) =
         match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, Some(cancel))? {
             Received::Msg(FromKeeper::Lease {
                 info,
@@ -171,38 +171,42 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
                 ));
             }
         };
-    while fds.len() < count {
-        match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, Some(cancel))? {
-            Received::Msg(FromKeeper::Files { extents: more }) => extents.extend(more),
-            _ => return Err(died("died while handing over the pool")),
-        }
-    }
+    let extents = extents
+        .into_iter()
+        .map(|(offset, len)| Extent { offset, len })
+        .collect();
+    let handed = wire::receive_files::<FromKeeper>(
+        sock.as_fd(),
+        deadline,
+        cancel,
+        fds,
+        count,
+        extents,
+        |m| match m {
+            FromKeeper::Files { extents } => Some(
+                extents
+                    .into_iter()
+                    .map(|(offset, len)| Extent { offset, len })
+                    .collect(),
+            ),
+            _ => None,
+        },
+    )?;
     pool_core::failpoint::stall("keeper-passing-fds");
-    if fds.len() != extents.len() {
-        return Err(died(&format!(
-            "handed over {} file(s) for {} extent(s)",
-            fds.len(),
-            extents.len()
-        )));
-    }
+    let files = match handed {
+        Ok(files) => files,
+        Err(wire::Handover::Broken) => return Err(died("died while handing over the pool")),
+        Err(wire::Handover::Miscounted { files, extents }) => {
+            return Err(died(&format!(
+                "handed over {files} file(s) for {extents} extent(s)"
+            )));
+        }
+    };
     let page = PageSize::new(page)?;
     let size = pool_core::round_to_page(logical, page)?;
     if size.mapped() != mapped {
         return Err(died("sent sizes that do not agree"));
     }
-    let files = fds
-        .into_iter()
-        .zip(extents)
-        .map(|(fd, (offset, len))| {
-            let id = file::file_id(&fd).map_err(|e| wire::os("fstat", e, "a leased pool file"))?;
-            Ok(PoolFile {
-                fd,
-                path: None,
-                id,
-                extent: Extent { offset, len },
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
     // A file shorter than its extent (truncated by another holder) would
     // make this process's accesses past its end a SIGBUS: `map_files` maps
     // none of it, and says so in the keeper's words.

@@ -848,48 +848,43 @@ fn join(
             ));
         }
     };
-    while fds.len() < count {
-        match recv(&conn, attach_deadline, &mut fds, &spec.cancel)? {
-            Received::Msg(Msg::Files) => {}
-            _ => {
-                return Err(peer(
-                    format!(
-                        "shared pool `{}`: its creator, rank {creator_rank} (pid {pid}), died \
-                         while handing over the pool",
-                        sharing.name
-                    ),
-                    vec![creator_rank],
-                    known(pid),
-                ));
-            }
-        }
-    }
-    pool_core::failpoint::stall("shared-passing-fds");
-    if fds.len() != spec.files.len() {
-        return Err(peer(
+    let broken = || {
+        peer(
             format!(
-                "shared pool `{}`: its creator handed over {} file(s), this rank expects {}",
-                sharing.name,
-                fds.len(),
-                spec.files.len()
+                "shared pool `{}`: its creator, rank {creator_rank} (pid {pid}), died while \
+                 handing over the pool",
+                sharing.name
             ),
             vec![creator_rank],
             known(pid),
-        ));
-    }
-    let files = fds
-        .into_iter()
-        .zip(spec.files.iter())
-        .map(|(fd, (_, extent))| {
-            let id = file::file_id(&fd).map_err(|e| os("fstat", e, "a received pool file"))?;
-            Ok(PoolFile {
-                fd,
-                path: None,
-                id,
-                extent: *extent,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+        )
+    };
+    // The extents are this rank's own plan, which the creator's matched.
+    let handed = wire::receive_files::<Msg>(
+        conn.as_fd(),
+        attach_deadline,
+        &spec.cancel,
+        fds,
+        count,
+        spec.files.iter().map(|(_, e)| *e).collect(),
+        |m| matches!(m, Msg::Files).then(Vec::new),
+    )?;
+    pool_core::failpoint::stall("shared-passing-fds");
+    let files = match handed {
+        Ok(files) => files,
+        Err(wire::Handover::Broken) => return Err(broken()),
+        Err(wire::Handover::Miscounted { files, extents }) => {
+            return Err(peer(
+                format!(
+                    "shared pool `{}`: its creator handed over {files} file(s), this rank \
+                     expects {extents}",
+                    sharing.name
+                ),
+                vec![creator_rank],
+                known(pid),
+            ));
+        }
+    };
     let mapping = file::map_files(files, spec.size, &spec.map)?;
     Ok(Box::new(SocketMapping {
         inner: mapping,
