@@ -21,10 +21,12 @@ use pool_core::shared::{Handoff, HandoffPlugin, SharedPoolSpec};
 use pool_core::{PoolConfig, Result};
 
 pub mod lease;
+mod message;
 pub mod rendezvous;
 mod sys;
 pub mod wire;
 
+pub use message::Message;
 pub use pool_core::shared::RefusalTerms;
 pub use rendezvous::Refusal;
 

@@ -187,7 +187,7 @@ pub enum Handover {
 /// each following message `chunk` recognises (giving the extents it
 /// carries, if any) adds its own, until `count` have come. Each descriptor
 /// is paired with its extent (those in `extents`, from the first message or
-/// the receiver's own plan, then the chunks'), as a [`PoolFile`] with its
+/// the receiver's own plan, then the chunks'), as a [`pool_core::file::PoolFile`] with its
 /// identity. The one path by which a rank joining its creator and an engine
 /// leasing a kept pool receive memory; what they then map goes through
 /// [`pool_core::file::map_files`], which checks every file's length.

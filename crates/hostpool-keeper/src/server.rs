@@ -9,9 +9,8 @@ use rustix::net::SocketFlags;
 use serde_json::{Value, json};
 
 use super::{Content, KeptPoolConfig};
-use hostpool_handoff::lease::{
-    FromKeeper, LeaseEnd, LeaseInfo, PreviousLease, ToKeeper, address, socket_name,
-};
+use hostpool_handoff::Message;
+use hostpool_handoff::lease::{LeaseEnd, LeaseInfo, PreviousLease, address, socket_name};
 use hostpool_handoff::wire::{self, FDS_PER_MSG, Received, TICK};
 use pool_core::Choice;
 use pool_core::Region;
@@ -102,7 +101,7 @@ struct Waiting {
     conn: OwnedFd,
     uid: u32,
     pid: u32,
-    hello: ToKeeper,
+    hello: Message,
     until: Instant,
 }
 
@@ -339,7 +338,7 @@ impl Keeper {
                 if let Some(fd) = &r.fd {
                     let _ = wire::send(
                         fd,
-                        &FromKeeper::Failed {
+                        &Message::Failed {
                             message: format!(
                                 "the keeper of `{}` stopped; the engine keeps its mapping",
                                 self.serving.config.name
@@ -378,15 +377,15 @@ fn bind(name: &str) -> Result<OwnedFd> {
                 .ok()
                 .and_then(|()| wire::peer_cred(&holder).ok());
             let keeper = who.is_some()
-                && wire::send(&holder, &ToKeeper::Status, &[]).is_ok()
+                && wire::send(&holder, &Message::Status, &[]).is_ok()
                 && matches!(
-                    wire::recv::<FromKeeper>(
+                    wire::recv::<Message>(
                         &holder,
                         Instant::now() + Duration::from_secs(5),
                         &mut Vec::new(),
                         None
                     ),
-                    Ok(Received::Msg(FromKeeper::Status(_)))
+                    Ok(Received::Msg(Message::StatusOf(_)))
                 );
             let message = match (who, keeper) {
                 (Some((uid, pid)), true) => format!(
@@ -530,10 +529,12 @@ impl Serving {
     fn refuse(&self, conn: &OwnedFd, usage: bool, message: String, pid: Option<u32>) {
         let _ = wire::send(
             conn,
-            &FromKeeper::Refused {
+            &Message::Refused {
                 usage,
                 message,
+                ranks: Vec::new(),
                 pid,
+                page: None,
             },
             &[],
         );
@@ -600,7 +601,7 @@ impl Serving {
             let Ok((uid, pid)) = wire::peer_cred(&conn) else {
                 continue;
             };
-            let msg = match wire::recv::<ToKeeper>(&conn, now + TICK, &mut Vec::new(), None) {
+            let msg = match wire::recv::<Message>(&conn, now + TICK, &mut Vec::new(), None) {
                 Ok(Received::Msg(msg)) => msg,
                 Ok(Received::Gone | Received::TimedOut) => continue,
                 // Too long, or not one of ours: say so, rather than leave the
@@ -641,18 +642,18 @@ impl Serving {
                 continue;
             }
             match msg {
-                ToKeeper::Status => {
-                    let _ = wire::send(&conn, &FromKeeper::Status(self.status(&memory.pool)), &[]);
+                Message::Status => {
+                    let _ = wire::send(&conn, &Message::StatusOf(self.status(&memory.pool)), &[]);
                 }
-                hello @ ToKeeper::Hello { .. } => self.hello(memory, conn, uid, pid, hello),
+                hello @ Message::Hello { .. } => self.hello(memory, conn, uid, pid, hello),
                 _ => {}
             }
         }
     }
 
     /// An engine's rank asks for a lease.
-    fn hello(&mut self, memory: &Memory, conn: OwnedFd, uid: u32, pid: u32, hello: ToKeeper) {
-        let ToKeeper::Hello { rank, tag, .. } = &hello else {
+    fn hello(&mut self, memory: &Memory, conn: OwnedFd, uid: u32, pid: u32, hello: Message) {
+        let Message::Hello { rank, tag, .. } = &hello else {
             return;
         };
         pool_core::failpoint::stall("keeper-hello");
@@ -728,11 +729,11 @@ impl Serving {
     /// pool's files, which breaks it for good.
     fn answer(
         &mut self,
-        hello: &ToKeeper,
+        hello: &Message,
         truncated: impl FnOnce() -> Option<String>,
         now: Instant,
     ) -> Answer {
-        let ToKeeper::Hello {
+        let Message::Hello {
             world,
             rank,
             engine,
@@ -923,9 +924,9 @@ impl Serving {
                 continue;
             }
             let event =
-                match wire::recv::<ToKeeper>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
-                    Ok(Received::Msg(ToKeeper::Arrived { error })) => RankEvent::Arrived(error),
-                    Ok(Received::Msg(ToKeeper::Release)) => RankEvent::Released,
+                match wire::recv::<Message>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
+                    Ok(Received::Msg(Message::Arrived { error })) => RankEvent::Arrived(error),
+                    Ok(Received::Msg(Message::Release)) => RankEvent::Released,
                     Ok(Received::Msg(_) | Received::TimedOut) => continue,
                     Ok(Received::Gone) | Err(_) => RankEvent::Gone,
                 };
@@ -943,12 +944,12 @@ impl Serving {
             return;
         };
         let msg = match verdict {
-            Verdict::Go => FromKeeper::Go,
+            Verdict::Go => Message::Go,
             Verdict::Failed {
                 message,
                 ranks,
                 pid,
-            } => FromKeeper::Failed {
+            } => Message::Failed {
                 message,
                 ranks,
                 pid,
@@ -1255,7 +1256,7 @@ fn send_lease(
     let (first, extents) = chunks.next().unwrap_or_default();
     wire::send(
         conn,
-        &FromKeeper::Lease {
+        &Message::Lease {
             info,
             logical: s.logical,
             mapped: s.mapped,
@@ -1266,7 +1267,7 @@ fn send_lease(
         },
         &first,
     )?;
-    chunks.try_for_each(|(fds, extents)| wire::send(conn, &FromKeeper::Files { extents }, &fds))
+    chunks.try_for_each(|(fds, extents)| wire::send(conn, &Message::Files { extents }, &fds))
 }
 
 /// The keeper's transitions, driven by events without a socket or a pool:
@@ -1316,8 +1317,8 @@ mod tests {
         .0
     }
 
-    fn hello(engine: &str, world: u32, rank: u32, size: Option<u64>) -> ToKeeper {
-        ToKeeper::Hello {
+    fn hello(engine: &str, world: u32, rank: u32, size: Option<u64>) -> Message {
+        Message::Hello {
             world,
             rank,
             engine: engine.into(),
@@ -1331,9 +1332,9 @@ mod tests {
 
     /// A hello granted: the rank joins the lease with a connection of its
     /// own.
-    fn granted(s: &mut Serving, h: &ToKeeper, pid: u32, now: Instant) {
+    fn granted(s: &mut Serving, h: &Message, pid: u32, now: Instant) {
         assert_eq!(s.answer(h, || None, now), Answer::Grant);
-        let ToKeeper::Hello { rank, .. } = h else {
+        let Message::Hello { rank, .. } = h else {
             unreachable!()
         };
         s.lease.as_mut().unwrap().ranks.push(Rank {

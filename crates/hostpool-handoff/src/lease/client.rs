@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{FromKeeper, LeaseInfo, ToKeeper, address, how_to_start, keeper_error, socket_name};
+use super::{LeaseInfo, address, how_to_start, keeper_error, socket_name};
+use crate::message::Message;
 use crate::wire::{self, Received};
 use pool_core::Region;
 use pool_core::file::Attachment;
@@ -54,16 +55,16 @@ fn connect(name: &str) -> Result<(OwnedFd, u32)> {
 /// The status of the keeper of `name`.
 pub(super) fn status(name: &str) -> Result<Value> {
     let (sock, pid) = connect(name)?;
-    wire::send(&sock, &ToKeeper::Status, &[])
+    wire::send(&sock, &Message::Status, &[])
         .map_err(|e| wire::os("sendmsg", e, "asking the keeper failed"))?;
-    match wire::recv::<FromKeeper>(
+    match wire::recv::<Message>(
         &sock,
         Instant::now() + Duration::from_secs(5),
         &mut Vec::new(),
         None,
     )? {
-        Received::Msg(FromKeeper::Status(v)) => Ok(v),
-        Received::Msg(FromKeeper::Refused { message, .. }) => {
+        Received::Msg(Message::StatusOf(v)) => Ok(v),
+        Received::Msg(Message::Refused { message, .. }) => {
             Err(keeper_error(name, message, Some(pid), false))
         }
         Received::TimedOut => Err(keeper_error(
@@ -109,7 +110,7 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
             s.barrier_timeout_secs
         });
     let (sock, pid) = connect(name)?;
-    let hello = ToKeeper::Hello {
+    let hello = Message::Hello {
         world,
         rank,
         engine,
@@ -135,8 +136,8 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
     };
     let mut fds = Vec::new();
     let (info, logical, mapped, page, backing, extents, count) =
-        match wire::recv::<FromKeeper>(&sock, deadline, &mut fds, Some(cancel))? {
-            Received::Msg(FromKeeper::Lease {
+        match wire::recv::<Message>(&sock, deadline, &mut fds, Some(cancel))? {
+            Received::Msg(Message::Lease {
                 info,
                 logical,
                 mapped,
@@ -145,12 +146,12 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
                 extents,
                 files,
             }) => (info, logical, mapped, page, backing, extents, files),
-            Received::Msg(FromKeeper::Refused {
+            Received::Msg(Message::Refused {
                 usage: true,
                 message,
                 ..
             }) => return Err(Error::config(message)),
-            Received::Msg(FromKeeper::Refused { message, pid, .. }) => {
+            Received::Msg(Message::Refused { message, pid, .. }) => {
                 return Err(keeper_error(name, message, pid, false));
             }
             Received::Msg(_) | Received::Gone => {
@@ -175,23 +176,18 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
         .into_iter()
         .map(|(offset, len)| Extent { offset, len })
         .collect();
-    let handed = wire::receive_files::<FromKeeper>(
-        sock.as_fd(),
-        deadline,
-        cancel,
-        fds,
-        count,
-        extents,
-        |m| match m {
-            FromKeeper::Files { extents } => Some(
-                extents
-                    .into_iter()
-                    .map(|(offset, len)| Extent { offset, len })
-                    .collect(),
-            ),
-            _ => None,
-        },
-    )?;
+    let handed =
+        wire::receive_files::<Message>(sock.as_fd(), deadline, cancel, fds, count, extents, |m| {
+            match m {
+                Message::Files { extents } => Some(
+                    extents
+                        .into_iter()
+                        .map(|(offset, len)| Extent { offset, len })
+                        .collect(),
+                ),
+                _ => None,
+            }
+        })?;
     pool_core::failpoint::stall("keeper-passing-fds");
     let files = match handed {
         Ok(files) => files,
@@ -281,7 +277,7 @@ impl LeasedMapping {
         let mine = outcome.as_ref().err().cloned();
         let _ = wire::send(
             conn,
-            &ToKeeper::Arrived {
+            &Message::Arrived {
                 error: mine.clone(),
             },
             &[],
@@ -295,9 +291,9 @@ impl LeasedMapping {
             });
         }
         let deadline = Instant::now() + Duration::from_secs_f64(timeout) + Duration::from_secs(2);
-        match wire::recv::<FromKeeper>(conn, deadline, &mut Vec::new(), Some(&self.cancel))? {
-            Received::Msg(FromKeeper::Go) => Ok(()),
-            Received::Msg(FromKeeper::Failed {
+        match wire::recv::<Message>(conn, deadline, &mut Vec::new(), Some(&self.cancel))? {
+            Received::Msg(Message::Go) => Ok(()),
+            Received::Msg(Message::Failed {
                 message,
                 ranks,
                 pid,
@@ -372,7 +368,7 @@ impl Attachment for LeasedMapping {
         pool_core::failpoint::stall("keeper-release");
         if let Some(conn) = conn {
             // Unmapped first: the keeper may clear the pool once it reads this.
-            let _ = wire::send(&conn, &ToKeeper::Release, &[]);
+            let _ = wire::send(&conn, &Message::Release, &[]);
         }
         issues
     }
@@ -396,12 +392,12 @@ mod tests {
         let keeper = std::thread::spawn(move || {
             let conn = rustix::net::accept(&listener).unwrap();
             let deadline = Instant::now() + Duration::from_secs(10);
-            let hello = wire::recv::<ToKeeper>(&conn, deadline, &mut Vec::new(), None);
-            assert!(matches!(hello, Ok(Received::Msg(ToKeeper::Hello { .. }))));
+            let hello = wire::recv::<Message>(&conn, deadline, &mut Vec::new(), None);
+            assert!(matches!(hello, Ok(Received::Msg(Message::Hello { .. }))));
             let fd = rustix::fs::memfd_create("hostpool-short", rustix::fs::MemfdFlags::CLOEXEC)
                 .unwrap();
             rustix::fs::ftruncate(&fd, 4096).unwrap();
-            let lease = FromKeeper::Lease {
+            let lease = Message::Lease {
                 info: LeaseInfo {
                     name: "short".into(),
                     instance: "i".into(),
@@ -420,7 +416,7 @@ mod tests {
             };
             wire::send(&conn, &lease, &[fd.as_fd()]).unwrap();
             // Hold the connection until the engine hangs up.
-            let _ = wire::recv::<ToKeeper>(&conn, deadline, &mut Vec::new(), None);
+            let _ = wire::recv::<Message>(&conn, deadline, &mut Vec::new(), None);
         });
         let config = pool_core::PoolConfig {
             keeper: Some(name.clone()),

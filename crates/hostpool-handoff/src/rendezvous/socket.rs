@@ -29,9 +29,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use rustix::net::{SocketAddrUnix, SocketFlags, SocketType};
-use serde::{Deserialize, Serialize};
 
 use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
+use crate::message::Message;
 use crate::wire::{self, FDS_PER_MSG, TICK, os, readable, send, seqpacket};
 use pool_core::Region;
 use pool_core::file::Attachment;
@@ -41,53 +41,6 @@ use pool_core::plugin::RankBarrier;
 use pool_core::shared::{RefusalTerms, Refusals};
 use pool_core::{Error, Result, TeardownIssue};
 use pool_core::{Extent, format_bytes};
-
-/// What the ranks say to each other.
-#[derive(Debug, Serialize, Deserialize)]
-enum Msg {
-    /// Joiner → creator: who it is and what it asks for.
-    Hello {
-        rank: u32,
-        world: u32,
-        logical: u64,
-        mapped: u64,
-        page: u64,
-        extents: Vec<(u64, u64)>,
-    },
-    /// Creator → joiner: the pool's files follow, `files` in all, in this
-    /// and the following [`Msg::Files`] messages.
-    Welcome { creator_rank: u32, files: usize },
-    /// More descriptors of the pool's files.
-    Files,
-    /// Creator → joiner: refused (`usage`: the joiner's input is at fault).
-    /// When the pool failed, `ranks` and `pid` are whom `message` blames,
-    /// as in [`Msg::Failed`].
-    Refused {
-        usage: bool,
-        message: String,
-        #[serde(default)]
-        ranks: Vec<u32>,
-        #[serde(default)]
-        pid: Option<u32>,
-        /// The pool's page size, when the joiner asked for another.
-        #[serde(default)]
-        page: Option<u64>,
-    },
-    /// Joiner → creator: its setup outcome, at the barrier.
-    Arrived { error: Option<String> },
-    /// Creator → joiners: every rank arrived with success.
-    Go,
-    /// Creator → joiners: the pool failed; why, naming the rank, and the
-    /// fields of the [`Error::Peer`] it makes: the ranks it blames and the
-    /// pid of the first.
-    Failed {
-        message: String,
-        #[serde(default)]
-        ranks: Vec<u32>,
-        #[serde(default)]
-        pid: Option<u32>,
-    },
-}
 
 /// What a rank tells its peers about `e`: the message with its causes (the
 /// errno of a failed call), and whom it blames when `e` is an
@@ -115,7 +68,7 @@ fn address(name: &str) -> Result<SocketAddrUnix> {
 }
 
 /// What [`recv`] got.
-type Received = wire::Received<Msg>;
+type Received = wire::Received<Message>;
 
 /// Wait for a rank's message until `deadline` (`cancel`'s request ends the
 /// wait); received descriptors are appended to `files`.
@@ -261,7 +214,7 @@ fn create(
 /// did not, or the one that died meanwhile.
 fn accept_joiners(
     spec: &SharedPoolSpec<'_>,
-    expect: &Msg,
+    expect: &Message,
     listener: &OwnedFd,
     fds: &[std::os::fd::BorrowedFd<'_>],
     links: &mut Vec<Link>,
@@ -307,8 +260,8 @@ fn accept_joiners(
 }
 
 /// What a joiner must ask for.
-fn hello_of(spec: &SharedPoolSpec<'_>) -> Msg {
-    Msg::Hello {
+fn hello_of(spec: &SharedPoolSpec<'_>) -> Message {
+    Message::Join {
         rank: spec.sharing.rank,
         world: spec.sharing.world,
         logical: spec.size.logical(),
@@ -329,7 +282,7 @@ fn missing_ranks(world: u32, me: u32, links: &[Link]) -> Vec<u32> {
 /// it was refused (or gone); an error only for our own failures.
 fn welcome(
     spec: &SharedPoolSpec<'_>,
-    expect: &Msg,
+    expect: &Message,
     conn: OwnedFd,
     links: &[Link],
     fds: &[std::os::fd::BorrowedFd<'_>],
@@ -341,7 +294,7 @@ fn welcome(
     };
     let me = rustix::process::geteuid().as_raw();
     let refuse = |usage: bool, message: String| {
-        let refused = Msg::Refused {
+        let refused = Message::Refused {
             usage,
             message,
             ranks: Vec::new(),
@@ -366,7 +319,7 @@ fn welcome(
         &mut Vec::new(),
         &spec.cancel,
     );
-    let Ok(Received::Msg(Msg::Hello {
+    let Ok(Received::Msg(Message::Join {
         rank,
         world,
         logical,
@@ -377,7 +330,7 @@ fn welcome(
     else {
         return Ok(None);
     };
-    let Msg::Hello {
+    let Message::Join {
         world: w,
         logical: l,
         mapped: m,
@@ -405,7 +358,7 @@ fn welcome(
         // "prefer"` chose otherwise takes the creator's choice.
         let _ = send(
             &conn,
-            &Msg::Refused {
+            &Message::Refused {
                 usage: true,
                 message,
                 ranks: Vec::new(),
@@ -436,13 +389,23 @@ fn welcome(
     let first = chunks.next().unwrap_or(&[]);
     let sent = send(
         &conn,
-        &Msg::Welcome {
+        &Message::Welcome {
             creator_rank: sharing.rank,
             files: fds.len(),
         },
         first,
     )
-    .and_then(|()| chunks.try_for_each(|c| send(&conn, &Msg::Files, c)));
+    .and_then(|()| {
+        chunks.try_for_each(|c| {
+            send(
+                &conn,
+                &Message::Files {
+                    extents: Vec::new(),
+                },
+                c,
+            )
+        })
+    });
     if sent.is_err() {
         // It left: it will not be counted as attached.
         return Ok(None);
@@ -465,7 +428,7 @@ fn refuse_pending(listener: &OwnedFd, why: &Error) {
 }
 
 /// [`refuse_pending`] with the refusal made.
-fn answer_backlog(listener: &OwnedFd, refused: &Msg) {
+fn answer_backlog(listener: &OwnedFd, refused: &Message) {
     let _ = rustix::net::shutdown(listener, rustix::net::Shutdown::Read);
     let _ = rustix::io::ioctl_fionbio(listener, true);
     while let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) {
@@ -475,9 +438,9 @@ fn answer_backlog(listener: &OwnedFd, refused: &Msg) {
 
 /// The refusal a failed creator answers a connecting rank with: `why`'s
 /// message and whom it blames.
-fn refusal(why: &Error) -> Msg {
+fn refusal(why: &Error) -> Message {
     let (message, ranks, pid) = blame(why);
-    Msg::Refused {
+    Message::Refused {
         usage: false,
         message,
         ranks,
@@ -558,7 +521,7 @@ fn keep_refusing(
 pub struct Refusal {
     pool: String,
     listener: OwnedFd,
-    refused: Msg,
+    refused: Message,
     untold: u32,
     deadline: Instant,
 }
@@ -611,7 +574,7 @@ impl Refusal {
             )));
         }
         let refused = match serde_json::from_str(&terms.message) {
-            Ok(m @ Msg::Refused { .. }) => m,
+            Ok(m @ Message::Refused { .. }) => m,
             _ => {
                 return Err(Error::config(format!(
                     "the refusal of shared pool `{}` is not one this hostpool version sends; \
@@ -672,7 +635,7 @@ fn watch(links: &mut [Link], sharing: &pool_core::SharingConfig, cancel: &Cancel
             continue;
         }
         match recv(&l.fd, Instant::now() + TICK, &mut Vec::new(), cancel) {
-            Ok(Received::Msg(Msg::Arrived { error })) => {
+            Ok(Received::Msg(Message::Arrived { error })) => {
                 if let Some(e) = &error {
                     return Some(peer(
                         format!(
@@ -734,7 +697,7 @@ fn fail_all(links: &mut [Link], why: &Error) {
     for l in links.iter() {
         let _ = send(
             &l.fd,
-            &Msg::Failed {
+            &Message::Failed {
                 message: message.clone(),
                 ranks: ranks.clone(),
                 pid,
@@ -775,11 +738,11 @@ fn join(
     }
     let mut fds = Vec::new();
     let (creator_rank, count) = match recv(&conn, attach_deadline, &mut fds, &spec.cancel)? {
-        Received::Msg(Msg::Welcome {
+        Received::Msg(Message::Welcome {
             creator_rank,
             files,
         }) => (creator_rank, files),
-        Received::Msg(Msg::Refused {
+        Received::Msg(Message::Refused {
             usage: true,
             message,
             page: Some(creator_page),
@@ -790,19 +753,19 @@ fn join(
                 creator_page,
             });
         }
-        Received::Msg(Msg::Refused {
+        Received::Msg(Message::Refused {
             usage: true,
             message,
             ..
         }) => return Err(Error::config(message)),
         Received::Msg(
-            Msg::Refused {
+            Message::Refused {
                 message,
                 ranks,
                 pid: blamed,
                 ..
             }
-            | Msg::Failed {
+            | Message::Failed {
                 message,
                 ranks,
                 pid: blamed,
@@ -860,14 +823,14 @@ fn join(
         )
     };
     // The extents are this rank's own plan, which the creator's matched.
-    let handed = wire::receive_files::<Msg>(
+    let handed = wire::receive_files::<Message>(
         conn.as_fd(),
         attach_deadline,
         &spec.cancel,
         fds,
         count,
         spec.files.iter().map(|(_, e)| *e).collect(),
-        |m| matches!(m, Msg::Files).then(Vec::new),
+        |m| matches!(m, Message::Files { .. }).then(Vec::new),
     )?;
     pool_core::failpoint::stall("shared-passing-fds");
     let files = match handed {
@@ -923,7 +886,7 @@ impl SocketMapping {
             let mine = outcome.as_ref().err().cloned();
             let _ = send(
                 &link.fd,
-                &Msg::Arrived {
+                &Message::Arrived {
                     error: mine.clone(),
                 },
                 &[],
@@ -941,8 +904,8 @@ impl SocketMapping {
                 &mut Vec::new(),
                 &self.cancel,
             )? {
-                Received::Msg(Msg::Go) => Ok(()),
-                Received::Msg(Msg::Failed {
+                Received::Msg(Message::Go) => Ok(()),
+                Received::Msg(Message::Failed {
                     message,
                     ranks,
                     pid,
@@ -1026,7 +989,7 @@ impl SocketMapping {
             std::thread::sleep(TICK.min(Duration::from_millis(2)));
         }
         for l in &self.links {
-            let _ = send(&l.fd, &Msg::Go, &[]);
+            let _ = send(&l.fd, &Message::Go, &[]);
         }
         Ok(())
     }
@@ -1098,7 +1061,7 @@ mod tests {
         c
     }
 
-    fn message_of(fd: &OwnedFd) -> Msg {
+    fn message_of(fd: &OwnedFd) -> Message {
         match recv(
             fd,
             Instant::now() + Duration::from_secs(5),
@@ -1123,7 +1086,14 @@ mod tests {
     fn a_failing_creator_tells_welcomed_and_waiting_ranks_why() {
         let (l, addr) = listener("fail");
         let waiting = connected(&addr);
-        send(&waiting, &Msg::Files, &[]).unwrap();
+        send(
+            &waiting,
+            &Message::Files {
+                extents: Vec::new(),
+            },
+            &[],
+        )
+        .unwrap();
         let (ours, theirs) = rustix::net::socketpair(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -1158,7 +1128,7 @@ mod tests {
             Refusals::Thread,
         );
         match message_of(&waiting) {
-            Msg::Refused {
+            Message::Refused {
                 usage,
                 message,
                 ranks,
@@ -1172,7 +1142,7 @@ mod tests {
             other => panic!("the waiting rank got {other:?}"),
         }
         match message_of(&theirs) {
-            Msg::Failed {
+            Message::Failed {
                 message,
                 ranks,
                 pid,
@@ -1186,7 +1156,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         let late = connected(&addr);
         match message_of(&late) {
-            Msg::Refused { message, ranks, .. } => {
+            Message::Refused { message, ranks, .. } => {
                 assert_eq!(message, why);
                 assert_eq!(ranks, vec![2]);
             }
@@ -1244,7 +1214,7 @@ mod tests {
         let refusal = Refusal::resume(handed, terms).unwrap();
         std::thread::spawn(move || refusal.serve());
         match message_of(&late) {
-            Msg::Refused { message, ranks, .. } => {
+            Message::Refused { message, ranks, .. } => {
                 assert!(message.contains("out of pages"), "{message}");
                 assert_eq!(ranks, vec![1]);
             }
@@ -1263,7 +1233,7 @@ mod tests {
             Refusals::Close,
         );
         assert!(
-            matches!(message_of(&waiting), Msg::Refused { .. }),
+            matches!(message_of(&waiting), Message::Refused { .. }),
             "the waiting rank is told"
         );
         let again = seqpacket().unwrap();
@@ -1308,7 +1278,7 @@ mod tests {
         let server = std::thread::spawn(move || resumed.serve());
         let late = connected(&addr);
         match message_of(&late) {
-            Msg::Refused {
+            Message::Refused {
                 usage,
                 message,
                 ranks,
@@ -1374,7 +1344,7 @@ mod tests {
         );
         let (l, _) = listener("handed-bad");
         let go = RefusalTerms {
-            message: serde_json::to_string(&Msg::Go).unwrap(),
+            message: serde_json::to_string(&Message::Go).unwrap(),
             ..terms
         };
         let e = Refusal::resume(l, go).unwrap_err();
@@ -1388,15 +1358,15 @@ mod tests {
     /// still reads, blaming nobody.
     #[test]
     fn a_failure_without_ranks_or_pid_still_reads() {
-        let failed: Msg = serde_json::from_str(r#"{"Failed":{"message":"x"}}"#).unwrap();
+        let failed: Message = serde_json::from_str(r#"{"Failed":{"message":"x"}}"#).unwrap();
         assert!(
-            matches!(&failed, Msg::Failed { message, ranks, pid: None } if message == "x" && ranks.is_empty()),
+            matches!(&failed, Message::Failed { message, ranks, pid: None } if message == "x" && ranks.is_empty()),
             "{failed:?}"
         );
-        let refused: Msg =
+        let refused: Message =
             serde_json::from_str(r#"{"Refused":{"usage":false,"message":"x"}}"#).unwrap();
         assert!(
-            matches!(&refused, Msg::Refused { ranks, pid: None, .. } if ranks.is_empty()),
+            matches!(&refused, Message::Refused { ranks, pid: None, .. } if ranks.is_empty()),
             "{refused:?}"
         );
     }
@@ -1417,7 +1387,7 @@ mod tests {
         let e = std::thread::scope(|sc| {
             let joiner = sc.spawn(|| attach(&d, &sharing, 4, &[]));
             let conn = rustix::net::accept_with(&creator, SocketFlags::CLOEXEC).unwrap();
-            assert!(matches!(message_of(&conn), Msg::Hello { rank: 1, .. }));
+            assert!(matches!(message_of(&conn), Message::Join { rank: 1, .. }));
             drop(conn);
             joiner.join().unwrap().unwrap_err()
         });

@@ -1,0 +1,139 @@
+//! The one message set of the handoff, whoever sends it: a rank joining its
+//! shared pool's creator, an engine's rank leasing a keeper's pool, and the
+//! answers. One conversation: a request ([`Message::Join`] or
+//! [`Message::Hello`]), the hand-over ([`Message::Welcome`] or
+//! [`Message::Lease`], then [`Message::Files`] with the descriptors in
+//! chunks and their extents) or a refusal ([`Message::Refused`], why and
+//! whom it blames), the barrier ([`Message::Arrived`], then [`Message::Go`]
+//! or [`Message::Failed`], naming the ranks and the pid), and a lease's end
+//! ([`Message::Release`]). JSON, one document a packet ([`crate::wire`]).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A message of the handoff.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Message {
+    /// A rank asks its shared pool's creator to join: who it is and what it
+    /// asks for, which must match the creator's exactly.
+    Join {
+        rank: u32,
+        world: u32,
+        logical: u64,
+        mapped: u64,
+        page: u64,
+        extents: Vec<(u64, u64)>,
+    },
+    /// An engine's rank asks a keeper for a lease, as rank `rank` of
+    /// `world` of the engine `engine`.
+    Hello {
+        world: u32,
+        rank: u32,
+        engine: String,
+        size: Option<u64>,
+        page: Option<u64>,
+        tag: Option<String>,
+        attach_timeout_secs: f64,
+        barrier_timeout_secs: f64,
+    },
+    /// The creator hands the pool over: its files follow, `files` in all,
+    /// in this and the following [`Message::Files`] messages.
+    Welcome { creator_rank: u32, files: usize },
+    /// The keeper hands the pool over: its files follow, `files` in all,
+    /// in this and the following [`Message::Files`] messages, each with the
+    /// extents of the descriptors it carries (so that a message stays small
+    /// however many files the pool has).
+    Lease {
+        info: LeaseInfo,
+        logical: u64,
+        mapped: u64,
+        page: u64,
+        backing: String,
+        extents: Vec<(u64, u64)>,
+        files: usize,
+    },
+    /// More descriptors of the pool's files, with their extents (none
+    /// where the receiver planned them itself: a shared pool's joiner).
+    Files {
+        #[serde(default)]
+        extents: Vec<(u64, u64)>,
+    },
+    /// Refused (`usage`: the asker's input is at fault). `ranks` and `pid`
+    /// are whom `message` blames, as in [`Message::Failed`] (a failed
+    /// pool's ranks, a lease's holder); `page` is the pool's page size,
+    /// when a joiner asked for another.
+    Refused {
+        usage: bool,
+        message: String,
+        #[serde(default)]
+        ranks: Vec<u32>,
+        #[serde(default)]
+        pid: Option<u32>,
+        #[serde(default)]
+        page: Option<u64>,
+    },
+    /// A rank's setup outcome, at the barrier: it mapped the pool (or failed
+    /// to, with why).
+    Arrived { error: Option<String> },
+    /// Every rank arrived with success.
+    Go,
+    /// The pool (or the lease) failed: why, naming the rank, and the fields
+    /// of the [`pool_core::Error::Peer`] it makes: the ranks it blames and
+    /// the pid of the first.
+    Failed {
+        message: String,
+        #[serde(default)]
+        ranks: Vec<u32>,
+        #[serde(default)]
+        pid: Option<u32>,
+    },
+    /// A lease ends cleanly (an end of file without it is a death).
+    Release,
+    /// How is the kept pool? (`hostpool keep status`)
+    Status,
+    /// The keeper's status.
+    StatusOf(Value),
+}
+
+/// How a lease ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseEnd {
+    /// Every rank released it.
+    Closed,
+    /// A rank's connection ended without a release: it died.
+    Died,
+}
+
+/// The lease before this one: who held it and how it ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreviousLease {
+    /// The process that held it (for a lease that died, the first rank that
+    /// died).
+    pub pid: u32,
+    /// `closed` or `died`.
+    pub how: LeaseEnd,
+    /// When it ended (RFC 3339, UTC).
+    pub ended_at: String,
+}
+
+/// A kept pool's identity, as each lease is told it (the report's `keeper`
+/// object, with `attach_seconds`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseInfo {
+    /// The kept pool's name.
+    pub name: String,
+    /// The keeper's instance: changes when the keeper restarts (and the
+    /// generations start again at 1).
+    pub instance: String,
+    /// Leases so far, this one included.
+    pub generation: u64,
+    /// `zero` or `keep`.
+    pub content: String,
+    /// The lease before this one, `None` for the first.
+    pub previous: Option<PreviousLease>,
+    /// The tag the previous lease stored (`keeper_tag`), `None` if it stored none.
+    pub tag: Option<String>,
+    /// The keeper's pid.
+    pub keeper_pid: u32,
+}
