@@ -457,7 +457,7 @@ macro_rules! record {
         record!($t, $kind, |r: &$t| r.doctor);
     };
     ($t:ty, $kind:literal, $doctor:expr) => {
-        impl PluginRecord for $t {
+        impl $crate::plugin::PluginRecord for $t {
             const KIND: &'static str = $kind;
             fn name(&self) -> &'static str {
                 self.name
@@ -468,15 +468,17 @@ macro_rules! record {
             fn summary(&self) -> &'static str {
                 self.summary
             }
-            fn doctor(&self) -> Option<DoctorFn> {
+            fn doctor(&self) -> Option<$crate::plugin::DoctorFn> {
                 ($doctor)(self)
             }
             fn all() -> Vec<&'static Self> {
-                inventory::iter::<$t>.into_iter().collect()
+                $crate::inventory::iter::<$t>.into_iter().collect()
             }
         }
     };
 }
+pub(crate) use record;
+
 record!(BackingPlugin, "backing");
 record!(PinnerPlugin, "pinner");
 record!(RegistrarPlugin, "registrar");

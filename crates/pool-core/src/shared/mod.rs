@@ -251,24 +251,8 @@ impl HandoffPlugin {
 
 inventory::collect!(HandoffPlugin);
 
-impl crate::plugin::PluginRecord for HandoffPlugin {
-    const KIND: &'static str = "handoff";
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn origin(&self) -> &'static str {
-        self.origin
-    }
-    fn summary(&self) -> &'static str {
-        self.summary
-    }
-    fn doctor(&self) -> Option<crate::plugin::DoctorFn> {
-        None
-    }
-    fn all() -> Vec<&'static Self> {
-        inventory::iter::<HandoffPlugin>.into_iter().collect()
-    }
-}
+// A handoff has no doctor hook of its own.
+crate::plugin::record!(HandoffPlugin, "handoff", |_: &HandoffPlugin| None);
 
 /// The one [`Handoff`] linked, for `what` (a shared pool, a lease).
 ///
