@@ -20,12 +20,14 @@ use pool_core::interrupt::Cancel;
 use pool_core::shared::{Handoff, HandoffPlugin, SharedPoolSpec};
 use pool_core::{PoolConfig, Result};
 
+mod join;
 pub mod lease;
 mod message;
 pub mod rendezvous;
 mod sys;
 pub mod wire;
 
+pub use join::hand_over;
 pub use message::Message;
 pub use pool_core::shared::RefusalTerms;
 pub use rendezvous::Refusal;

@@ -37,8 +37,15 @@ pub enum Message {
         barrier_timeout_secs: f64,
     },
     /// The creator hands the pool over: its files follow, `files` in all,
-    /// in this and the following [`Message::Files`] messages.
-    Welcome { creator_rank: u32, files: usize },
+    /// in this and the following [`Message::Files`] messages, each with the
+    /// extents of the descriptors it carries (which must be the joiner's
+    /// own plan).
+    Welcome {
+        creator_rank: u32,
+        files: usize,
+        #[serde(default)]
+        extents: Vec<(u64, u64)>,
+    },
     /// The keeper hands the pool over: its files follow, `files` in all,
     /// in this and the following [`Message::Files`] messages, each with the
     /// extents of the descriptors it carries (so that a message stays small
@@ -52,8 +59,7 @@ pub enum Message {
         extents: Vec<(u64, u64)>,
         files: usize,
     },
-    /// More descriptors of the pool's files, with their extents (none
-    /// where the receiver planned them itself: a shared pool's joiner).
+    /// More descriptors of the pool's files, with their extents.
     Files {
         #[serde(default)]
         extents: Vec<(u64, u64)>,

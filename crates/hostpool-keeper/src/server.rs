@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::{Content, KeptPoolConfig};
 use hostpool_handoff::Message;
 use hostpool_handoff::lease::{LeaseEnd, LeaseInfo, PreviousLease, address, socket_name};
-use hostpool_handoff::wire::{self, FDS_PER_MSG, Received, TICK};
+use hostpool_handoff::wire::{self, Received, TICK};
 use pool_core::Choice;
 use pool_core::Region;
 use pool_core::prefault::PrefaultPlan;
@@ -1248,26 +1248,24 @@ fn send_lease(
     info: LeaseInfo,
     s: &Serving,
 ) -> std::io::Result<()> {
-    let mut chunks = memory.files.chunks(FDS_PER_MSG).map(|c| {
-        let fds: Vec<BorrowedFd<'_>> = c.iter().map(|(fd, _)| fd.as_fd()).collect();
-        let extents: Vec<(u64, u64)> = c.iter().map(|(_, e)| (e.offset, e.len)).collect();
-        (fds, extents)
-    });
-    let (first, extents) = chunks.next().unwrap_or_default();
-    wire::send(
-        conn,
-        &Message::Lease {
+    let files: Vec<(BorrowedFd<'_>, Extent)> = memory
+        .files
+        .iter()
+        .map(|(fd, e)| (fd.as_fd(), *e))
+        .collect();
+    hostpool_handoff::hand_over(
+        conn.as_fd(),
+        |extents, files| Message::Lease {
             info,
             logical: s.logical,
             mapped: s.mapped,
             page: s.page,
             backing: s.backing.clone(),
             extents,
-            files: memory.files.len(),
+            files,
         },
-        &first,
-    )?;
-    chunks.try_for_each(|(fds, extents)| wire::send(conn, &Message::Files { extents }, &fds))
+        &files,
+    )
 }
 
 /// The keeper's transitions, driven by events without a socket or a pool:

@@ -7,19 +7,18 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::{LeaseInfo, address, how_to_start, keeper_error, socket_name};
+use crate::join::{self, Holder, Joining, Offer};
 use crate::message::Message;
 use crate::wire::{self, Received};
 use pool_core::Region;
 use pool_core::file::Attachment;
-use pool_core::file::{self, FileMapping, MapContext};
+use pool_core::file::{FileMapping, MapContext};
 use pool_core::interrupt::Cancel;
 use pool_core::plugin::RankBarrier;
-use pool_core::{Error, Result, TeardownIssue};
-use pool_core::{Extent, PageSize};
+use pool_core::{Error, Extent, Result, TeardownIssue};
 
-/// Connect to the keeper of `name`, checking that it runs as this user or
-/// root (memory from anyone else's process is refused).
-fn connect(name: &str) -> Result<(OwnedFd, u32)> {
+/// Connect to the keeper of `name`.
+fn connect(name: &str) -> Result<OwnedFd> {
     let addr = address(name)?;
     let sock = wire::seqpacket()?;
     pool_core::failpoint::stall("keeper-before-connect");
@@ -36,25 +35,13 @@ fn connect(name: &str) -> Result<(OwnedFd, u32)> {
             true,
         ));
     }
-    let (uid, pid) = wire::peer_cred(&sock)?;
-    let me = rustix::process::geteuid().as_raw();
-    if uid != me && uid != 0 {
-        return Err(Error::Conflict {
-            path: socket_name(name).into(),
-            message: format!(
-                "the socket {} of kept pool `{name}` is held by pid {pid} of uid {uid}, neither \
-                 this user (uid {me}) nor root; refusing to take memory from it: stop that \
-                 process",
-                socket_name(name)
-            ),
-        });
-    }
-    Ok((sock, pid))
+    Ok(sock)
 }
 
 /// The status of the keeper of `name`.
 pub(super) fn status(name: &str) -> Result<Value> {
-    let (sock, pid) = connect(name)?;
+    let sock = connect(name)?;
+    let pid = join::holder_pid(&sock, &keeper(name, 0.0, 0.0))?;
     wire::send(&sock, &Message::Status, &[])
         .map_err(|e| wire::os("sendmsg", e, "asking the keeper failed"))?;
     match wire::recv::<Message>(
@@ -109,7 +96,7 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
         .map_or(pool_core::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
             s.barrier_timeout_secs
         });
-    let (sock, pid) = connect(name)?;
+    let sock = connect(name)?;
     let hello = Message::Hello {
         world,
         rank,
@@ -120,130 +107,53 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
         attach_timeout_secs: attach_timeout,
         barrier_timeout_secs: barrier_timeout,
     };
-    wire::send(&sock, &hello, &[])
-        .map_err(|e| wire::os("sendmsg", e, "asking the keeper for a lease failed"))?;
-    let deadline = started + Duration::from_secs_f64(attach_timeout) + Duration::from_secs(1);
-    let died = |what: &str| {
-        keeper_error(
-            name,
-            format!(
-                "the keeper of `{name}` (pid {pid}) {what}; {}",
-                how_to_start(name)
-            ),
-            Some(pid),
-            false,
-        )
-    };
-    let mut fds = Vec::new();
-    let (info, logical, mapped, page, backing, extents, count) =
-        match wire::recv::<Message>(&sock, deadline, &mut fds, Some(cancel))? {
-            Received::Msg(Message::Lease {
-                info,
-                logical,
-                mapped,
-                page,
-                backing,
-                extents,
-                files,
-            }) => (info, logical, mapped, page, backing, extents, files),
-            Received::Msg(Message::Refused {
-                usage: true,
-                message,
-                ..
-            }) => return Err(Error::config(message)),
-            Received::Msg(Message::Refused { message, pid, .. }) => {
-                return Err(keeper_error(name, message, pid, false));
-            }
-            Received::Msg(_) | Received::Gone => {
-                return Err(died("died before it handed over the pool"));
-            }
-            Received::TimedOut => {
-                return Err(keeper_error(
-                    name,
-                    format!(
-                        "the keeper of `{name}` (pid {pid}: {}) did not hand over the pool \
-                         within {attach_timeout} s (it may be clearing it after the previous \
-                         lease); check the keeper, or raise --attach-timeout \
-                         (`keeper_attach_timeout_secs`)",
-                        pool_core::host::process::why_late(pid)
-                    ),
-                    Some(pid),
-                    false,
-                ));
-            }
-        };
-    let extents = extents
-        .into_iter()
-        .map(|(offset, len)| Extent { offset, len })
-        .collect();
-    let handed =
-        wire::receive_files::<Message>(sock.as_fd(), deadline, cancel, fds, count, extents, |m| {
-            match m {
-                Message::Files { extents } => Some(
-                    extents
-                        .into_iter()
-                        .map(|(offset, len)| Extent { offset, len })
-                        .collect(),
-                ),
-                _ => None,
-            }
-        })?;
-    pool_core::failpoint::stall("keeper-passing-fds");
-    let files = match handed {
-        Ok(files) => files,
-        Err(wire::Handover::Broken) => return Err(died("died while handing over the pool")),
-        Err(wire::Handover::Miscounted { files, extents }) => {
-            return Err(died(&format!(
-                "handed over {files} file(s) for {extents} extent(s)"
-            )));
-        }
-    };
-    let page = PageSize::new(page)?;
-    let size = pool_core::round_to_page(logical, page)?;
-    if size.mapped() != mapped {
-        return Err(died("sent sizes that do not agree"));
-    }
-    // A file shorter than its extent (truncated by another holder) would
-    // make this process's accesses past its end a SIGBUS: `map_files` maps
-    // none of it, and says so in the keeper's words.
-    let inner = file::map_files(
-        files,
-        size,
-        &MapContext {
+    let joined = join::join(Joining {
+        conn: sock,
+        holder: keeper(name, attach_timeout, barrier_timeout),
+        request: hello,
+        deadline: started + Duration::from_secs_f64(attach_timeout) + Duration::from_secs(1),
+        cancel,
+        planned: None,
+        map: MapContext {
             enomem_remedy: "mapping the kept pool failed: raise the address-space limit \
                             (ulimit -v)"
                 .into(),
-            truncated_remedy: format!("restart the keeper (pid {pid})"),
+            truncated_remedy: "restart the keeper".into(),
         },
-    )
-    .map_err(|e| match e {
-        Error::Conflict { message, .. } => keeper_error(
-            name,
-            format!("kept pool `{name}`'s {message}"),
-            Some(pid),
-            false,
-        ),
-        e => e,
+        stall: "keeper-passing-fds",
     })?;
     pool_core::failpoint::stall("keeper-attached");
+    let Offer::Lease { info, backing } = joined.offer else {
+        return Err(Error::config("the keeper answered as a creator"));
+    };
     let shard = match &sharing {
-        Some(s) => pool_core::shared::shard(size, s)?,
+        Some(s) => pool_core::shared::shard(joined.size, s)?,
         None => Extent {
             offset: 0,
-            len: size.mapped(),
+            len: joined.size.mapped(),
         },
     };
     Ok(Box::new(LeasedMapping {
-        inner,
-        conn: Some(sock),
+        inner: joined.mapping,
+        conn: Some(joined.conn),
         info,
         backing,
         attach_seconds: started.elapsed().as_secs_f64(),
-        keeper_pid: pid,
+        keeper_pid: joined.pid,
+        holder: joined.holder,
         sharing,
         shard,
         cancel: cancel.clone(),
     }))
+}
+
+/// The keeper of `name`, as a holder the one join names.
+fn keeper(name: &str, attach_timeout_secs: f64, barrier_timeout_secs: f64) -> Holder {
+    Holder::Keeper {
+        name: name.to_string(),
+        attach_timeout_secs,
+        barrier_timeout_secs,
+    }
 }
 
 /// The mapping of a leased pool.
@@ -256,6 +166,8 @@ struct LeasedMapping {
     backing: String,
     attach_seconds: f64,
     keeper_pid: u32,
+    /// The keeper, as the barrier's errors name it.
+    holder: Holder,
     sharing: Option<pool_core::SharingConfig>,
     shard: Extent,
     /// The build's token, which the barrier's wait checks.
@@ -264,63 +176,18 @@ struct LeasedMapping {
 
 impl LeasedMapping {
     fn barrier(&mut self, outcome: std::result::Result<(), String>) -> Result<()> {
-        let name = &self.info.name;
         let Some(conn) = &self.conn else {
             return outcome.map_err(Error::config);
         };
-        let timeout = self
-            .sharing
-            .as_ref()
-            .map_or(pool_core::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
-                s.barrier_timeout_secs
-            });
-        let mine = outcome.as_ref().err().cloned();
-        let _ = wire::send(
-            conn,
-            &Message::Arrived {
-                error: mine.clone(),
-            },
-            &[],
-        );
         let rank = self.sharing.as_ref().map_or(0, |s| s.rank);
-        if let Some(msg) = mine {
-            return Err(Error::Peer {
-                message: format!("rank {rank} failed: {msg}"),
-                ranks: vec![rank],
-                pid: Some(std::process::id()),
-            });
-        }
-        let deadline = Instant::now() + Duration::from_secs_f64(timeout) + Duration::from_secs(2);
-        match wire::recv::<Message>(conn, deadline, &mut Vec::new(), Some(&self.cancel))? {
-            Received::Msg(Message::Go) => Ok(()),
-            Received::Msg(Message::Failed {
-                message,
-                ranks,
-                pid,
-            }) => Err(Error::Peer {
-                message,
-                ranks,
-                pid,
-            }),
-            Received::Msg(_) | Received::Gone => Err(keeper_error(
-                name,
-                format!(
-                    "the keeper of `{name}` (pid {}) died while the ranks attached; {}",
-                    self.keeper_pid,
-                    how_to_start(name)
-                ),
-                Some(self.keeper_pid),
-                false,
-            )),
-            Received::TimedOut => Err(keeper_error(
-                name,
-                format!(
-                    "the other ranks of kept pool `{name}` did not attach within {timeout:.0} s"
-                ),
-                None,
-                false,
-            )),
-        }
+        join::arrive(
+            conn.as_fd(),
+            &self.holder,
+            self.keeper_pid,
+            rank,
+            outcome,
+            &self.cancel,
+        )
     }
 }
 

@@ -31,8 +31,9 @@ use std::time::{Duration, Instant};
 use rustix::net::{SocketAddrUnix, SocketFlags, SocketType};
 
 use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
+use crate::join::{self, Holder, Joining};
 use crate::message::Message;
-use crate::wire::{self, FDS_PER_MSG, TICK, os, readable, send, seqpacket};
+use crate::wire::{self, TICK, os, readable, send, seqpacket};
 use pool_core::Region;
 use pool_core::file::Attachment;
 use pool_core::file::{self, FileMapping, PoolFile};
@@ -171,8 +172,11 @@ fn create(
             return Err(e);
         }
     };
-    let fds: Vec<std::os::fd::BorrowedFd<'_>> =
-        mapping.pool_files().iter().map(|f| f.fd.as_fd()).collect();
+    let fds: Vec<(std::os::fd::BorrowedFd<'_>, Extent)> = mapping
+        .pool_files()
+        .iter()
+        .map(|f| (f.fd.as_fd(), f.extent))
+        .collect();
     let expect = hello_of(&spec);
     // Whatever ends the wait for the joiners, those already welcomed hear why.
     if let Err(e) = accept_joiners(&spec, &expect, &listener, &fds, &mut links, attach_deadline) {
@@ -204,6 +208,7 @@ fn create(
         inner: mapping,
         role: Role::Creator,
         links,
+        holder: None,
         shard: shard(spec.size, sharing)?,
         sharing: sharing.clone(),
         cancel: spec.cancel.clone(),
@@ -216,7 +221,7 @@ fn accept_joiners(
     spec: &SharedPoolSpec<'_>,
     expect: &Message,
     listener: &OwnedFd,
-    fds: &[std::os::fd::BorrowedFd<'_>],
+    fds: &[(std::os::fd::BorrowedFd<'_>, Extent)],
     links: &mut Vec<Link>,
     attach_deadline: Instant,
 ) -> Result<()> {
@@ -285,7 +290,7 @@ fn welcome(
     expect: &Message,
     conn: OwnedFd,
     links: &[Link],
-    fds: &[std::os::fd::BorrowedFd<'_>],
+    fds: &[(std::os::fd::BorrowedFd<'_>, Extent)],
 ) -> Result<Option<Link>> {
     let sharing = spec.sharing;
     // A peer gone already is one that never attached.
@@ -385,27 +390,15 @@ fn welcome(
         return Ok(None);
     }
     pool_core::failpoint::stall("shared-passing-fds");
-    let mut chunks = fds.chunks(FDS_PER_MSG);
-    let first = chunks.next().unwrap_or(&[]);
-    let sent = send(
-        &conn,
-        &Message::Welcome {
+    let sent = join::hand_over(
+        conn.as_fd(),
+        |extents, files| Message::Welcome {
             creator_rank: sharing.rank,
-            files: fds.len(),
+            files,
+            extents,
         },
-        first,
-    )
-    .and_then(|()| {
-        chunks.try_for_each(|c| {
-            send(
-                &conn,
-                &Message::Files {
-                    extents: Vec::new(),
-                },
-                c,
-            )
-        })
-    });
+        fds,
+    );
     if sent.is_err() {
         // It left: it will not be counted as attached.
         return Ok(None);
@@ -707,157 +700,44 @@ fn fail_all(links: &mut [Link], why: &Error) {
     }
 }
 
+/// Join the pool's creator over `conn`: the one join of
+/// [`crate::join`], this rank's own plan being what the creator must hand
+/// over.
 fn join(
     spec: SharedPoolSpec<'_>,
     conn: OwnedFd,
     attach_deadline: Instant,
 ) -> Result<Box<dyn Attachment>> {
     let sharing = spec.sharing;
-    let (uid, pid) = peer_pid(&conn)?;
-    let me = rustix::process::geteuid().as_raw();
-    if uid != me {
-        return Err(Error::Conflict {
-            path: std::path::PathBuf::from(format!("@hostpool/{me}/{}", sharing.name)),
-            message: format!(
-                "the socket name of shared pool `{}` is held by pid {pid} of uid {uid}, not by a \
-                 rank of this user (uid {me}); refusing to take memory from it: stop that process \
-                 or pick another --shared name",
-                sharing.name
-            ),
-        });
-    }
-    if let Err(e) = send(&conn, &hello_of(&spec), &[]) {
-        // A creator that refuses every rank (one that failed: see
-        // [`Refusal`]) answers at once and closes without reading the
-        // hello, which then finds the socket closed: its answer is queued
-        // here, and read below. Any other failure is ours.
-        let closed = matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET));
-        if !closed {
-            return Err(os("sendmsg", e, "joining the pool's creator failed"));
-        }
-    }
-    let mut fds = Vec::new();
-    let (creator_rank, count) = match recv(&conn, attach_deadline, &mut fds, &spec.cancel)? {
-        Received::Msg(Message::Welcome {
-            creator_rank,
-            files,
-        }) => (creator_rank, files),
-        Received::Msg(Message::Refused {
-            usage: true,
-            message,
-            page: Some(creator_page),
-            ..
-        }) => {
-            return Err(Error::PageSizeMismatch {
-                message,
-                creator_page,
-            });
-        }
-        Received::Msg(Message::Refused {
-            usage: true,
-            message,
-            ..
-        }) => return Err(Error::config(message)),
-        Received::Msg(
-            Message::Refused {
-                message,
-                ranks,
-                pid: blamed,
-                ..
-            }
-            | Message::Failed {
-                message,
-                ranks,
-                pid: blamed,
-            },
-        ) => {
-            // The creator says whom its failure blames; when it blames
-            // nobody (its own failure), blame it, by the pid it is known by.
-            let (ranks, blamed) = if ranks.is_empty() && blamed.is_none() {
-                (Vec::new(), known(pid))
-            } else {
-                (ranks, blamed)
-            };
-            return Err(peer(
-                format!(
-                    "shared pool `{}`: its creator (pid {pid}) failed: {message}",
-                    sharing.name
-                ),
-                ranks,
-                blamed,
-            ));
-        }
-        Received::Msg(_) | Received::Gone => {
-            return Err(peer(
-                format!(
-                    "shared pool `{}`: its creator (pid {pid}) died before the pool was ready",
-                    sharing.name
-                ),
-                Vec::new(),
-                known(pid),
-            ));
-        }
-        Received::TimedOut => {
-            return Err(peer(
-                format!(
-                    "shared pool `{}` was not ready after {:.0} s: its creator (pid {pid}) is \
-                     still creating it ({}); raise --attach-timeout for very large pools",
-                    sharing.name,
-                    sharing.attach_timeout_secs,
-                    pool_core::host::process::why_late(pid)
-                ),
-                Vec::new(),
-                known(pid),
-            ));
-        }
+    let joined = join::join(Joining {
+        conn,
+        holder: Holder::Creator {
+            pool: sharing.name.clone(),
+            rank: None,
+            attach_timeout_secs: sharing.attach_timeout_secs,
+            barrier_timeout_secs: sharing.barrier_timeout_secs,
+        },
+        request: hello_of(&spec),
+        deadline: attach_deadline,
+        cancel: &spec.cancel,
+        planned: Some((spec.size, spec.files.iter().map(|(_, e)| *e).collect())),
+        map: spec.map.clone(),
+        stall: "shared-passing-fds",
+    })?;
+    let rank = match &joined.holder {
+        Holder::Creator { rank, .. } => rank.unwrap_or_default(),
+        Holder::Keeper { .. } => 0,
     };
-    let broken = || {
-        peer(
-            format!(
-                "shared pool `{}`: its creator, rank {creator_rank} (pid {pid}), died while \
-                 handing over the pool",
-                sharing.name
-            ),
-            vec![creator_rank],
-            known(pid),
-        )
-    };
-    // The extents are this rank's own plan, which the creator's matched.
-    let handed = wire::receive_files::<Message>(
-        conn.as_fd(),
-        attach_deadline,
-        &spec.cancel,
-        fds,
-        count,
-        spec.files.iter().map(|(_, e)| *e).collect(),
-        |m| matches!(m, Message::Files { .. }).then(Vec::new),
-    )?;
-    pool_core::failpoint::stall("shared-passing-fds");
-    let files = match handed {
-        Ok(files) => files,
-        Err(wire::Handover::Broken) => return Err(broken()),
-        Err(wire::Handover::Miscounted { files, extents }) => {
-            return Err(peer(
-                format!(
-                    "shared pool `{}`: its creator handed over {files} file(s), this rank \
-                     expects {extents}",
-                    sharing.name
-                ),
-                vec![creator_rank],
-                known(pid),
-            ));
-        }
-    };
-    let mapping = file::map_files(files, spec.size, &spec.map)?;
     Ok(Box::new(SocketMapping {
-        inner: mapping,
+        inner: joined.mapping,
         role: Role::Joiner,
         links: vec![Link {
-            rank: creator_rank,
-            pid,
-            fd: conn,
+            rank,
+            pid: joined.pid,
+            fd: joined.conn,
             arrived: None,
         }],
+        holder: Some(joined.holder),
         shard: shard(spec.size, sharing)?,
         sharing: sharing.clone(),
         cancel: spec.cancel.clone(),
@@ -871,6 +751,8 @@ struct SocketMapping {
     role: Role,
     /// The joiners (creator), or the creator (joiner).
     links: Vec<Link>,
+    /// Whom a joiner joined, as its errors name it.
+    holder: Option<Holder>,
     shard: Extent,
     sharing: pool_core::SharingConfig,
     /// The build's token, which the barrier's waits check.
@@ -881,59 +763,15 @@ impl SocketMapping {
     fn barrier(&mut self, outcome: std::result::Result<(), String>) -> Result<()> {
         let s = &self.sharing;
         let deadline = Instant::now() + Duration::from_secs_f64(s.barrier_timeout_secs);
-        if self.role == Role::Joiner {
-            let link = &self.links[0];
-            let mine = outcome.as_ref().err().cloned();
-            let _ = send(
-                &link.fd,
-                &Message::Arrived {
-                    error: mine.clone(),
-                },
-                &[],
-            );
-            if let Some(msg) = mine {
-                return Err(peer(
-                    format!("rank {} failed: {msg}", s.rank),
-                    vec![s.rank],
-                    Some(std::process::id()),
-                ));
-            }
-            return match recv(
-                &link.fd,
-                deadline + Duration::from_secs(2),
-                &mut Vec::new(),
+        if let (Some(holder), [link]) = (&self.holder, &self.links[..]) {
+            return join::arrive(
+                link.fd.as_fd(),
+                holder,
+                link.pid,
+                s.rank,
+                outcome,
                 &self.cancel,
-            )? {
-                Received::Msg(Message::Go) => Ok(()),
-                Received::Msg(Message::Failed {
-                    message,
-                    ranks,
-                    pid,
-                }) => Err(peer(message, ranks, pid)),
-                Received::Msg(_) | Received::Gone => Err(peer(
-                    format!(
-                        "shared pool `{}`: its creator (rank {}, pid {}) died before the barrier \
-                         completed",
-                        s.name, link.rank, link.pid
-                    ),
-                    vec![link.rank],
-                    known(link.pid),
-                )),
-                Received::TimedOut => Err(peer(
-                    format!(
-                        "shared pool `{}`: rank {} (pid {}: {}), the pool's creator, did not \
-                         reach the barrier within {:.0} s or did not answer; check the process, \
-                         or raise --barrier-timeout for very large pools",
-                        s.name,
-                        link.rank,
-                        link.pid,
-                        pool_core::host::process::why_late(link.pid),
-                        s.barrier_timeout_secs
-                    ),
-                    vec![link.rank],
-                    known(link.pid),
-                )),
-            };
+            );
         }
         if let Err(msg) = outcome {
             let e = peer(
