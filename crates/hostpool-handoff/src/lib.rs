@@ -20,6 +20,7 @@ use pool_core::interrupt::Cancel;
 use pool_core::shared::{Handoff, HandoffPlugin, SharedPoolSpec};
 use pool_core::{PoolConfig, Result};
 
+pub mod barrier;
 mod join;
 pub mod lease;
 mod message;

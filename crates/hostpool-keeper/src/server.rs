@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::{Content, KeptPoolConfig};
 use hostpool_handoff::Message;
+use hostpool_handoff::barrier::{Barrier, Deadline, Event, Failure, Mark, Verdict};
 use hostpool_handoff::lease::{LeaseEnd, LeaseInfo, PreviousLease, address, socket_name};
 use hostpool_handoff::wire::{self, Received, TICK};
 use pool_core::Choice;
@@ -66,14 +67,26 @@ struct Rank {
     released: bool,
 }
 
+impl Rank {
+    /// The rank as the barrier sees it.
+    fn mark(&self) -> Mark {
+        Mark {
+            rank: self.rank,
+            pid: self.pid,
+            arrived: self.arrived,
+            present: self.fd.is_some(),
+        }
+    }
+}
+
 /// The lease in force.
 #[derive(Debug)]
 struct Lease {
     engine: String,
     world: u32,
     since: SystemTime,
-    attach_deadline: Instant,
-    barrier_deadline: Instant,
+    /// The barrier of its ranks, until it is live or failed.
+    barrier: Barrier,
     tag: Option<String>,
     ranks: Vec<Rank>,
     /// Every rank attached and arrived (a world of 1: at once).
@@ -153,27 +166,6 @@ enum RankEvent {
     Released,
     /// Its connection ended.
     Gone,
-}
-
-/// Why a lease that was not live failed, and whom it blames.
-#[derive(Debug, Clone, PartialEq)]
-struct Failure {
-    message: String,
-    ranks: Vec<u32>,
-    pid: Option<u32>,
-}
-
-/// What the ranks of a lease are told once it settles ([`Serving::settle`]).
-#[derive(Debug, Clone, PartialEq)]
-enum Verdict {
-    /// Every rank is here: go.
-    Go,
-    /// The lease failed.
-    Failed {
-        message: String,
-        ranks: Vec<u32>,
-        pid: Option<u32>,
-    },
 }
 
 /// Everything of a keeper but its memory.
@@ -852,8 +844,18 @@ impl Serving {
             engine: engine.clone(),
             world: *world,
             since: SystemTime::now(),
-            attach_deadline: now + attach,
-            barrier_deadline: now + attach + barrier,
+            barrier: Barrier {
+                pool: format!("kept pool `{}`", self.config.name),
+                world: *world,
+                attach: Deadline {
+                    at: now + attach,
+                    secs: *attach_timeout_secs,
+                },
+                barrier: Deadline {
+                    at: now + attach + barrier,
+                    secs: *barrier_timeout_secs,
+                },
+            },
             tag: None,
             ranks: Vec::new(),
             live: false,
@@ -967,38 +969,29 @@ impl Serving {
     /// ended: without a release, it died). The failure it causes a lease
     /// that is not live yet, naming it.
     fn on_rank(&mut self, index: usize, event: RankEvent) -> Option<Failure> {
-        let name = &self.config.name;
         let lease = self.lease.as_mut()?;
         let settling = !lease.live && !lease.failed;
         let r = lease.ranks.get_mut(index)?;
-        let blame = |r: &Rank, what: String| Failure {
-            message: format!("kept pool `{name}`: rank {} (pid {}) {what}", r.rank, r.pid),
-            ranks: vec![r.rank],
-            pid: Some(r.pid),
-        };
-        match event {
-            RankEvent::Arrived(None) => {
+        let mark = r.mark();
+        let event = match event {
+            RankEvent::Arrived(error) => {
                 r.arrived = true;
-                None
-            }
-            RankEvent::Arrived(Some(e)) => {
-                r.arrived = true;
-                settling.then(|| blame(r, format!("failed: {e}")))
+                Event::Arrived(error)
             }
             RankEvent::Released => {
                 r.released = true;
-                None
+                return None;
             }
             RankEvent::Gone => {
                 r.fd = None;
                 if r.released {
                     return None;
                 }
-                let failure = settling.then(|| blame(r, "died while attaching".into()));
                 lease.died.get_or_insert(r.pid);
-                failure
+                Event::Gone
             }
-        }
+        };
+        settling.then(|| lease.barrier.on(&mark, &event)).flatten()
     }
 
     /// Settle a lease that is not live yet, at `now`: it fails with
@@ -1008,71 +1001,34 @@ impl Serving {
     /// engine of several ranks is remembered until its attach deadline, so
     /// that a late rank is told why.
     fn settle(&mut self, failure: Option<Failure>, now: Instant) -> Option<Verdict> {
-        let name = self.config.name.clone();
         let lease = self.lease.as_mut()?;
         if lease.live || lease.failed {
             return None;
         }
-        let all_here = lease.ranks.len() == lease.world as usize;
-        let failure = failure.or_else(|| {
-            if !all_here && now >= lease.attach_deadline {
-                let missing: Vec<u32> = (0..lease.world)
-                    .filter(|k| !lease.ranks.iter().any(|r| r.rank == *k))
-                    .collect();
-                let list: Vec<String> = missing.iter().map(u32::to_string).collect();
-                Some(Failure {
-                    message: format!(
-                        "kept pool `{name}`: rank(s) {} never attached within the attach \
-                         timeout; start all {} ranks, or raise --attach-timeout",
-                        list.join(", "),
-                        lease.world
-                    ),
-                    ranks: missing,
-                    pid: None,
-                })
-            } else if all_here && lease.ranks.iter().all(|r| r.arrived && r.fd.is_some()) {
-                None
-            } else if now >= lease.barrier_deadline {
-                let late: Vec<&Rank> = lease.ranks.iter().filter(|r| !r.arrived).collect();
-                let named: Vec<String> = late
-                    .iter()
-                    .map(|r| format!("rank {} (pid {})", r.rank, r.pid))
-                    .collect();
-                Some(Failure {
-                    message: format!(
-                        "kept pool `{name}`: {} attached but did not map the pool within the \
-                         barrier timeout; check the process",
-                        named.join(", ")
-                    ),
-                    ranks: late.iter().map(|r| r.rank).collect(),
-                    pid: late.first().map(|r| r.pid),
-                })
-            } else {
-                None
+        let verdict = match failure {
+            Some(f) => Verdict::from(f),
+            None => {
+                let marks: Vec<Mark> = lease.ranks.iter().map(Rank::mark).collect();
+                lease
+                    .barrier
+                    .settle(&marks, now, pool_core::host::process::why_late)?
             }
-        });
-        let Some(f) = failure else {
-            if all_here && lease.ranks.iter().all(|r| r.arrived && r.fd.is_some()) {
-                lease.live = true;
-                return Some(Verdict::Go);
-            }
-            return None;
+        };
+        let Verdict::Failed { message, pid, .. } = &verdict else {
+            lease.live = true;
+            return Some(verdict);
         };
         lease.failed = true;
         if lease.world > 1 {
             self.failed.push(FailedLease {
                 engine: lease.engine.clone(),
                 ranks: lease.ranks.iter().map(|r| r.rank).collect(),
-                message: f.message.clone(),
-                pid: f.pid,
-                until: lease.attach_deadline,
+                message: message.clone(),
+                pid: *pid,
+                until: lease.barrier.attach.at,
             });
         }
-        Some(Verdict::Failed {
-            message: f.message,
-            ranks: f.ranks,
-            pid: f.pid,
-        })
+        Some(verdict)
     }
 
     /// Whether a rank of the lease in force has something unread (a
@@ -1422,7 +1378,7 @@ mod tests {
                 panic!("the lease fails");
             };
             let what = if died {
-                "died while attaching"
+                "died before the barrier completed"
             } else {
                 "failed: mmap failed"
             };
@@ -1474,7 +1430,7 @@ mod tests {
         };
         assert_eq!((ranks, pid), (vec![1], Some(501)));
         assert!(
-            message.contains("rank 1 (pid 501) attached but did not map"),
+            message.contains("rank 1 (pid 501") && message.contains("attached but did not reach"),
             "{message}"
         );
     }

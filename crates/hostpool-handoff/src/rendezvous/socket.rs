@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use rustix::net::{SocketAddrUnix, SocketFlags, SocketType};
 
-use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
+use super::{Role, SharedPoolSpec, SharingReport, peer, shard};
+use crate::barrier::{Barrier, Deadline, Event, Mark, Verdict};
 use crate::join::{self, Holder, Joining};
 use crate::message::Message;
 use crate::wire::{self, TICK, os, readable, send, seqpacket};
@@ -89,8 +90,21 @@ struct Link {
     rank: u32,
     pid: u32,
     fd: OwnedFd,
-    /// What a joiner said at the barrier, once it has.
-    arrived: Option<std::result::Result<(), String>>,
+    /// A joiner arrived at the barrier.
+    arrived: bool,
+}
+
+impl Link {
+    /// The joiner as the barrier sees it (a linked joiner is there: its
+    /// hang-up fails the pool at once).
+    fn mark(&self) -> Mark {
+        Mark {
+            rank: self.rank,
+            pid: self.pid,
+            arrived: self.arrived,
+            present: true,
+        }
+    }
 }
 
 fn peer_pid(fd: impl AsFd) -> Result<(u32, u32)> {
@@ -179,7 +193,19 @@ fn create(
         .collect();
     let expect = hello_of(&spec);
     // Whatever ends the wait for the joiners, those already welcomed hear why.
-    if let Err(e) = accept_joiners(&spec, &expect, &listener, &fds, &mut links, attach_deadline) {
+    let barrier = Barrier {
+        pool: format!("shared pool `{}`", sharing.name),
+        world: sharing.world,
+        attach: Deadline {
+            at: attach_deadline,
+            secs: sharing.attach_timeout_secs,
+        },
+        barrier: Deadline {
+            at: attach_deadline + Duration::from_secs_f64(sharing.barrier_timeout_secs),
+            secs: sharing.barrier_timeout_secs,
+        },
+    };
+    if let Err(e) = accept_joiners(&spec, &expect, &listener, &fds, &mut links, &barrier) {
         // A peer error is relayed as it is; any other is the creator's own.
         let own = match &e {
             Error::Peer { .. } => None,
@@ -208,7 +234,7 @@ fn create(
         inner: mapping,
         role: Role::Creator,
         links,
-        holder: None,
+        side: Side::Creator(barrier),
         shard: shard(spec.size, sharing)?,
         sharing: sharing.clone(),
         cancel: spec.cancel.clone(),
@@ -223,33 +249,25 @@ fn accept_joiners(
     listener: &OwnedFd,
     fds: &[(std::os::fd::BorrowedFd<'_>, Extent)],
     links: &mut Vec<Link>,
-    attach_deadline: Instant,
+    barrier: &Barrier,
 ) -> Result<()> {
     let sharing = spec.sharing;
     while links.len() + 1 < sharing.world as usize {
-        if Instant::now() >= attach_deadline {
-            let missing = missing_ranks(sharing.world, sharing.rank, links);
-            let list = missing
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(peer(
-                format!(
-                    "shared pool `{}`: rank(s) {list} never attached within {:.0} s; start all {} \
-                     ranks, or raise --attach-timeout",
-                    sharing.name, sharing.attach_timeout_secs, sharing.world
-                ),
-                missing,
-                None,
-            ));
+        let marks = marks(sharing, links, false);
+        if let Some(Verdict::Failed {
+            message,
+            ranks,
+            pid,
+        }) = barrier.settle(&marks, Instant::now(), pool_core::host::process::why_late)
+        {
+            return Err(peer(message, ranks, pid));
         }
         spec.cancel.check()?;
         // A joiner that is already attached may die, or arrive, meanwhile.
-        if let Some(e) = watch(links, sharing, &spec.cancel) {
+        if let Some(e) = watch(links, barrier, &spec.cancel) {
             return Err(e);
         }
-        if !readable(listener.as_fd(), attach_deadline)? {
+        if !readable(listener.as_fd(), barrier.attach.at)? {
             continue;
         }
         // A peer that died between its connect and our accept is
@@ -274,13 +292,6 @@ fn hello_of(spec: &SharedPoolSpec<'_>) -> Message {
         page: spec.size.page().get(),
         extents: spec.files.iter().map(|(_, e)| (e.offset, e.len)).collect(),
     }
-}
-
-/// The ranks, in order, that are neither `me` nor attached.
-fn missing_ranks(world: u32, me: u32, links: &[Link]) -> Vec<u32> {
-    (0..world)
-        .filter(|r| *r != me && !links.iter().any(|l| l.rank == *r))
-        .collect()
 }
 
 /// Check a new connection and send it the pool, or refuse it. `None` when
@@ -407,7 +418,7 @@ fn welcome(
         rank,
         pid,
         fd: conn,
-        arrived: None,
+        arrived: false,
     }))
 }
 
@@ -621,40 +632,37 @@ impl Refusal {
 }
 
 /// Read what attached joiners said without waiting: an arrival is noted, an
-/// EOF is a death. The peer error naming the joiner, if one died or failed.
-fn watch(links: &mut [Link], sharing: &pool_core::SharingConfig, cancel: &Cancel) -> Option<Error> {
+/// EOF is a death. The peer error naming the joiner, if one died or failed
+/// (as `barrier` words it).
+fn watch(links: &mut [Link], barrier: &Barrier, cancel: &Cancel) -> Option<Error> {
     for l in links.iter_mut() {
         if !wire::ready(&l.fd) {
             continue;
         }
-        match recv(&l.fd, Instant::now() + TICK, &mut Vec::new(), cancel) {
-            Ok(Received::Msg(Message::Arrived { error })) => {
-                if let Some(e) = &error {
-                    return Some(peer(
-                        format!(
-                            "shared pool `{}`: rank {} (pid {}) failed: {e}",
-                            sharing.name, l.rank, l.pid
-                        ),
-                        vec![l.rank],
-                        known(l.pid),
-                    ));
-                }
-                l.arrived = Some(Ok(()));
-            }
-            Ok(Received::Msg(_) | Received::TimedOut) => {}
-            Ok(Received::Gone) | Err(_) => {
-                return Some(peer(
-                    format!(
-                        "shared pool `{}`: rank {} (pid {}) died before the barrier completed",
-                        sharing.name, l.rank, l.pid
-                    ),
-                    vec![l.rank],
-                    known(l.pid),
-                ));
-            }
+        let event = match recv(&l.fd, Instant::now() + TICK, &mut Vec::new(), cancel) {
+            Ok(Received::Msg(Message::Arrived { error })) => Event::Arrived(error),
+            Ok(Received::Msg(_) | Received::TimedOut) => continue,
+            Ok(Received::Gone) | Err(_) => Event::Gone,
+        };
+        if let Some(f) = barrier.on(&l.mark(), &event) {
+            return Some(peer(f.message, f.ranks, f.pid));
         }
+        l.arrived = true;
     }
     None
+}
+
+/// Every rank attached so far, as the barrier sees it: the joiners linked,
+/// and the creator itself (`arrived` once it is at the barrier).
+fn marks(sharing: &pool_core::SharingConfig, links: &[Link], arrived: bool) -> Vec<Mark> {
+    let mut marks: Vec<Mark> = links.iter().map(Link::mark).collect();
+    marks.push(Mark {
+        rank: sharing.rank,
+        pid: std::process::id(),
+        arrived,
+        present: true,
+    });
+    marks
 }
 
 /// The creator failed while joiners attach: tell the welcomed ones, and
@@ -735,13 +743,21 @@ fn join(
             rank,
             pid: joined.pid,
             fd: joined.conn,
-            arrived: None,
+            arrived: false,
         }],
-        holder: Some(joined.holder),
+        side: Side::Joiner(joined.holder),
         shard: shard(spec.size, sharing)?,
         sharing: sharing.clone(),
         cancel: spec.cancel.clone(),
     }))
+}
+
+/// A creator holds the barrier of the ranks; a joiner meets it at its
+/// creator ([`join::arrive`]), which its errors name.
+#[derive(Debug)]
+enum Side {
+    Creator(Barrier),
+    Joiner(Holder),
 }
 
 /// A rank's mapping of a pool shared over the socket rendezvous.
@@ -751,8 +767,8 @@ struct SocketMapping {
     role: Role,
     /// The joiners (creator), or the creator (joiner).
     links: Vec<Link>,
-    /// Whom a joiner joined, as its errors name it.
-    holder: Option<Holder>,
+    /// A creator's barrier, or whom a joiner joined.
+    side: Side,
     shard: Extent,
     sharing: pool_core::SharingConfig,
     /// The build's token, which the barrier's waits check.
@@ -762,17 +778,20 @@ struct SocketMapping {
 impl SocketMapping {
     fn barrier(&mut self, outcome: std::result::Result<(), String>) -> Result<()> {
         let s = &self.sharing;
-        let deadline = Instant::now() + Duration::from_secs_f64(s.barrier_timeout_secs);
-        if let (Some(holder), [link]) = (&self.holder, &self.links[..]) {
-            return join::arrive(
-                link.fd.as_fd(),
-                holder,
-                link.pid,
-                s.rank,
-                outcome,
-                &self.cancel,
-            );
-        }
+        let barrier = match (&self.side, &self.links[..]) {
+            (Side::Joiner(holder), [link]) => {
+                return join::arrive(
+                    link.fd.as_fd(),
+                    holder,
+                    link.pid,
+                    s.rank,
+                    outcome,
+                    &self.cancel,
+                );
+            }
+            (Side::Joiner(_), _) => return outcome.map_err(Error::config),
+            (Side::Creator(b), _) => b,
+        };
         if let Err(msg) = outcome {
             let e = peer(
                 format!("shared pool `{}`: rank {} failed: {msg}", s.name, s.rank),
@@ -782,7 +801,14 @@ impl SocketMapping {
             fail_all(&mut self.links, &e);
             return Err(e);
         }
-        while self.links.iter().any(|l| l.arrived.is_none()) {
+        let barrier = Barrier {
+            barrier: Deadline {
+                at: Instant::now() + Duration::from_secs_f64(s.barrier_timeout_secs),
+                secs: s.barrier_timeout_secs,
+            },
+            ..barrier.clone()
+        };
+        loop {
             if let Err(e) = self.cancel.check() {
                 let why = peer(
                     format!("rank {} was interrupted: {e}", s.rank),
@@ -792,39 +818,24 @@ impl SocketMapping {
                 fail_all(&mut self.links, &why);
                 return Err(e);
             }
-            if let Some(e) = watch(&mut self.links, s, &self.cancel) {
+            if let Some(e) = watch(&mut self.links, &barrier, &self.cancel) {
                 fail_all(&mut self.links, &e);
                 return Err(e);
             }
-            if Instant::now() >= deadline {
-                let late: Vec<&Link> = self.links.iter().filter(|l| l.arrived.is_none()).collect();
-                let named: Vec<String> = late
-                    .iter()
-                    .map(|l| {
-                        format!(
-                            "rank {} (pid {}: {})",
-                            l.rank,
-                            l.pid,
-                            pool_core::host::process::why_late(l.pid)
-                        )
-                    })
-                    .collect();
-                let e = peer(
-                    format!(
-                        "shared pool `{}`: {} attached but did not reach the barrier within \
-                         {:.0} s; check the process, or raise --barrier-timeout for very large \
-                         pools (a rank prefaulting a very large shard)",
-                        s.name,
-                        named.join(", "),
-                        s.barrier_timeout_secs
-                    ),
-                    late.iter().map(|l| l.rank).collect(),
-                    late.first().and_then(|l| known(l.pid)),
-                );
-                fail_all(&mut self.links, &e);
-                return Err(e);
+            let marks = marks(s, &self.links, true);
+            match barrier.settle(&marks, Instant::now(), pool_core::host::process::why_late) {
+                Some(Verdict::Go) => break,
+                Some(Verdict::Failed {
+                    message,
+                    ranks,
+                    pid,
+                }) => {
+                    let e = peer(message, ranks, pid);
+                    fail_all(&mut self.links, &e);
+                    return Err(e);
+                }
+                None => std::thread::sleep(TICK.min(Duration::from_millis(2))),
             }
-            std::thread::sleep(TICK.min(Duration::from_millis(2)));
         }
         for l in &self.links {
             let _ = send(&l.fd, &Message::Go, &[]);
@@ -943,7 +954,7 @@ mod tests {
             rank: 1,
             pid: 1,
             fd: ours,
-            arrived: None,
+            arrived: false,
         }];
         let why = "shared pool `unit`: rank 2 (pid 7) died before the barrier completed";
         let sharing = pool_core::SharingConfig {
