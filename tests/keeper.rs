@@ -739,7 +739,9 @@ fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
         let err = stderr_of(&mut ranks[r]);
         assert_eq!(st.code(), Some(1), "rank {r}: {err}");
         assert!(
-            err.contains(&format!("rank 2 (pid {victim}) died before the barrier completed")),
+            err.contains(&format!(
+                "rank 2 (pid {victim}) died before the barrier completed"
+            )),
             "rank {r}: {err}"
         );
     }
@@ -775,7 +777,9 @@ fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
     let err = fails(&out, 1);
     assert!(
         err.contains("failed before rank 3 attached")
-            && err.contains(&format!("rank 1 (pid {dead}) died before the barrier completed")),
+            && err.contains(&format!(
+                "rank 1 (pid {dead}) died before the barrier completed"
+            )),
         "{err}"
     );
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());

@@ -546,7 +546,7 @@ fn joining_a_live_pool_with_another_size_is_a_clear_error() {
         .expect("creator gives up after its attach timeout");
     let cerr = stderr_of(creator);
     assert_eq!(st.code(), Some(1), "{cerr}");
-    assert!(cerr.contains("rank 1 never attached"), "{cerr}");
+    assert!(cerr.contains("rank(s) 1 never attached"), "{cerr}");
     assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 }
 

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
+use crate::barrier::{Barrier, Deadline, Event, Failure, Mark, Verdict};
 use crate::sys::{Blamed, Ctl, MAX_BLAMED};
 use pool_core::Region;
 use pool_core::SharingConfig;
@@ -46,6 +47,7 @@ use pool_core::file::{self, FileId, FileMapping, PoolFile};
 use pool_core::file::{SharedView, ofd_byte_locked, ofd_lock_byte};
 use pool_core::gc::{DEFAULT_CONTROL_DIR, ctl_path};
 use pool_core::host::capacity;
+use pool_core::host::process::why_late;
 use pool_core::interrupt::Cancel;
 use pool_core::plugin::RankBarrier;
 use pool_core::{Context, Error, Result, TeardownIssue};
@@ -809,10 +811,20 @@ impl Session {
         if ctl.header.arrived.fetch_add(1, Ordering::AcqRel) + 1 == world {
             ctl.header.done.store(1, Ordering::Release);
         }
-        let attach_deadline =
-            self.started + Duration::from_secs_f64(self.sharing.attach_timeout_secs);
-        let barrier_deadline =
-            Instant::now() + Duration::from_secs_f64(self.sharing.barrier_timeout_secs);
+        // Each rank judges the others from their slots, as a holder does
+        // from its sockets: through the one barrier.
+        let barrier = Barrier {
+            pool: format!("shared pool `{}`", self.sharing.name),
+            world,
+            attach: Deadline {
+                at: self.started + Duration::from_secs_f64(self.sharing.attach_timeout_secs),
+                secs: self.sharing.attach_timeout_secs,
+            },
+            barrier: Deadline {
+                at: Instant::now() + Duration::from_secs_f64(self.sharing.barrier_timeout_secs),
+                secs: self.sharing.barrier_timeout_secs,
+            },
+        };
         loop {
             if ctl.header.done.load(Ordering::Acquire) == 1 {
                 return Ok(());
@@ -822,57 +834,63 @@ impl Session {
                 self.fail(&format!("rank {me} was interrupted: {e}"), &[]);
                 return Err(e);
             }
-            for r in (0..world).filter(|r| *r != me) {
+            let mut marks = Vec::with_capacity(world as usize);
+            let mut problem = None;
+            for r in 0..world {
                 let slot = &ctl.slots[r as usize];
                 let pid = slot.pid.load(Ordering::Relaxed);
-                // What rank `r` did, whom that blames (`r`, then whom `r`
-                // blamed if it failed), and its pid where the message names it.
-                let problem = match slot.state.load(Ordering::Acquire) {
-                    SLOT_FAILED => Some((
-                        format!("rank {r} (pid {pid}) failed: {}", read_msg(&slot.msg)),
-                        read_blamed(r, &slot.blamed),
-                        known(pid),
-                    )),
-                    SLOT_EMPTY if Instant::now() >= attach_deadline => Some((
-                        format!(
-                            "rank {r} never attached within {:.0} s; start all {world} ranks, or raise --attach-timeout",
-                            self.sharing.attach_timeout_secs
-                        ),
-                        vec![r],
-                        None,
-                    )),
-                    SLOT_ATTACHED | SLOT_ARRIVED
-                        if !ofd_byte_locked(self.ctl_fd.as_fd(), LOCK_BASE + i64::from(r))
-                            .unwrap_or(true) =>
-                    {
-                        Some((
-                            format!("rank {r} (pid {pid}) died before the barrier completed"),
-                            vec![r],
-                            known(pid),
-                        ))
-                    }
-                    SLOT_ATTACHED if Instant::now() >= barrier_deadline => Some((
-                        format!(
-                            "rank {r} (pid {pid}: {}) attached but did not reach the barrier within \
-                             {:.0} s; check the process, or raise --barrier-timeout for very large \
-                             pools (a rank prefaulting a very large shard)",
-                            pool_core::host::process::why_late(pid),
-                            self.sharing.barrier_timeout_secs
-                        ),
-                        vec![r],
-                        known(pid),
-                    )),
-                    _ => None,
-                };
-                // A rank that passed the barrier may exit at once: only a
-                // barrier that is still open makes its absence a failure.
-                if let Some((p, ranks, pid)) = problem
-                    && ctl.header.done.load(Ordering::Acquire) == 0
-                {
-                    let msg = format!("shared pool `{}`: {p}", self.sharing.name);
-                    self.fail(&msg, &ranks);
-                    return Err(peer(msg, ranks, pid));
+                let state = slot.state.load(Ordering::Acquire);
+                if state == SLOT_EMPTY {
+                    continue;
                 }
+                // A rank that failed is named with whom it blamed.
+                if state == SLOT_FAILED {
+                    problem = problem.or(Some(Failure {
+                        message: format!(
+                            "shared pool `{}`: rank {r} (pid {pid}) failed: {}",
+                            self.sharing.name,
+                            read_msg(&slot.msg)
+                        ),
+                        ranks: read_blamed(r, &slot.blamed),
+                        pid: known(pid),
+                    }));
+                    continue;
+                }
+                let mark = Mark {
+                    rank: r,
+                    pid,
+                    arrived: state == SLOT_ARRIVED,
+                    present: r == me
+                        || ofd_byte_locked(self.ctl_fd.as_fd(), LOCK_BASE + i64::from(r))
+                            .unwrap_or(true),
+                };
+                if !mark.present {
+                    problem = problem.or_else(|| barrier.on(&mark, &Event::Gone));
+                }
+                marks.push(mark);
+            }
+            let failed = match problem {
+                Some(f) => Some(f),
+                None => match barrier.settle(&marks, Instant::now(), why_late) {
+                    Some(Verdict::Failed {
+                        message,
+                        ranks,
+                        pid,
+                    }) => Some(Failure {
+                        message,
+                        ranks,
+                        pid,
+                    }),
+                    Some(Verdict::Go) | None => None,
+                },
+            };
+            // A rank that passed the barrier may exit at once: only a
+            // barrier that is still open makes its absence a failure.
+            if let Some(f) = failed
+                && ctl.header.done.load(Ordering::Acquire) == 0
+            {
+                self.fail(&f.message, &f.ranks);
+                return Err(peer(f.message, f.ranks, f.pid));
             }
             std::thread::sleep(POLL);
         }
@@ -1260,7 +1278,7 @@ mod tests {
         let d = Dirs::new("absent");
         let mut m = attach(&d, &sharing(&d, 2, 0, 0.3), 4, &[]).unwrap();
         let e = m.rendezvous(Ok(()), None).unwrap_err();
-        assert!(e.to_string().contains("rank 1 never attached"), "{e}");
+        assert!(e.to_string().contains("rank(s) 1 never attached"), "{e}");
         assert_eq!(blamed(&e), (vec![1], None), "{e}");
         m.teardown();
         assert!(d.left().is_empty(), "{:?}", d.left());
