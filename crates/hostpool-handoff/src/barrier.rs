@@ -163,9 +163,20 @@ impl Barrier {
     }
 }
 
-/// A pid as `SO_PEERCRED` gives it: 0 means unknown.
-fn known(pid: u32) -> Option<u32> {
+/// A pid as `SO_PEERCRED` and the control file give it: 0 means unknown.
+pub(crate) fn known(pid: u32) -> Option<u32> {
     (pid != 0).then_some(pid)
+}
+
+/// A [`pool_core::Error::Peer`]: `message` blames `ranks` (in the order it
+/// names them), the first of them, or the one peer it names only by pid,
+/// being process `pid`.
+pub(crate) fn peer(message: String, ranks: Vec<u32>, pid: Option<u32>) -> pool_core::Error {
+    pool_core::Error::Peer {
+        message,
+        ranks,
+        pid,
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use crate::barrier::{known, peer};
 use crate::lease::{how_to_start, keeper_error, socket_name};
 use crate::message::{LeaseInfo, Message};
 use crate::wire::{self, Handover, Received};
@@ -40,21 +41,6 @@ pub(crate) enum Holder {
         attach_timeout_secs: f64,
         barrier_timeout_secs: f64,
     },
-}
-
-/// A peer error: `message` blames `ranks`, the first of them (or the one
-/// process it names by pid) being `pid`.
-fn peer(message: String, ranks: Vec<u32>, pid: Option<u32>) -> Error {
-    Error::Peer {
-        message,
-        ranks,
-        pid,
-    }
-}
-
-/// A pid as `SO_PEERCRED` gives it: 0 means unknown.
-fn known(pid: u32) -> Option<u32> {
-    (pid != 0).then_some(pid)
 }
 
 impl Holder {
@@ -698,6 +684,12 @@ mod tests {
             assert!(
                 text.contains("file 0 is 4 KiB long, shorter than its 8 MiB extent"),
                 "{holder:?}: {text}"
+            );
+            // A keeper's is the keeper's error, naming it.
+            assert_eq!(
+                matches!(e, Error::Keeper { .. }),
+                matches!(holder, Holder::Keeper { .. }),
+                "{holder:?}: {e:?}"
             );
             let joined = join_with(holder.clone(), vec![(memfd(8 * MIB), whole)]).unwrap();
             assert_eq!(joined.size.mapped(), 8 * MIB, "{holder:?}");

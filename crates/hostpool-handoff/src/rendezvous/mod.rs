@@ -15,26 +15,12 @@ use pool_core::file::Attachment;
 use pool_core::shared::{Role, SharedPoolSpec, SharingReport, shard};
 use pool_core::{Error, Result};
 
+use crate::barrier::{known, peer};
+
 mod file;
 mod socket;
 
 pub use socket::Refusal;
-
-/// An [`Error::Peer`]: `message` blames `ranks` (in the order it names
-/// them), the first of them, or the one peer it names only by pid, being
-/// process `pid`.
-fn peer(message: String, ranks: Vec<u32>, pid: Option<u32>) -> Error {
-    Error::Peer {
-        message,
-        ranks,
-        pid,
-    }
-}
-
-/// A pid as the control file and `SO_PEERCRED` give it: 0 means unknown.
-fn known(pid: u32) -> Option<u32> {
-    (pid != 0).then_some(pid)
-}
 
 /// Create or join a shared pool and map all of it, over the rendezvous
 /// `spec.sharing` names. The creator checks capacity, creates and sizes the
