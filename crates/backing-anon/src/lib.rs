@@ -20,7 +20,7 @@ mod doctor;
 use pool_core::host::{capacity, thp};
 use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
 use pool_core::plugin::{Backing, BackingPlan, BackingPlugin, Mapping};
-use pool_core::{AnonMapOptions, Mmap};
+use pool_core::{AnonMapOptions, Mmap, Placeholder};
 use pool_core::{Context, Error, PoolConfig, Region, Result, TeardownIssue};
 use pool_core::{PageSize, format_bytes, round_to_page};
 use serde::{Deserialize, Serialize};
@@ -172,6 +172,19 @@ impl Backing for AnonBacking {
 }
 
 /// A live anonymous mapping.
+/// A failed `munmap` of `span`, for the report.
+fn munmap_issue(span: pool_core::Span, e: &std::io::Error) -> TeardownIssue {
+    TeardownIssue::log(
+        "munmap",
+        format!(
+            "{:#x}+{} ({}): {e}",
+            span.addr,
+            span.len,
+            format_bytes(span.len)
+        ),
+    )
+}
+
 #[derive(Debug)]
 struct AnonMapping {
     mmap: Mmap,
@@ -184,17 +197,19 @@ impl Mapping for AnonMapping {
 
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
         let span = self.mmap.region().span();
-        match self.mmap.unmap() {
-            Ok(()) => Vec::new(),
-            Err(e) => vec![TeardownIssue::log(
-                "munmap",
-                format!(
-                    "{:#x}+{} ({}): {e}",
-                    span.addr,
-                    span.len,
-                    format_bytes(span.len)
-                ),
-            )],
+        self.mmap
+            .unmap()
+            .err()
+            .map(|e| munmap_issue(span, &e))
+            .into_iter()
+            .collect()
+    }
+
+    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        let span = self.mmap.region().span();
+        match self.mmap.unmap_keeping_range() {
+            Ok(p) => (Vec::new(), Some(p)),
+            Err(e) => (vec![munmap_issue(span, &e)], None),
         }
     }
 }

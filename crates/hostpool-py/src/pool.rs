@@ -48,7 +48,7 @@ struct State {
     /// but releases the buffer export at once, so a tensor it made can
     /// outlive `close()`; its pointer then reaches zero pages of ours, never
     /// memory mapped there later.
-    placeholders: Vec<pool_core::Placeholder>,
+    placeholder: Option<pool_core::Placeholder>,
 }
 
 /// A host-memory pool: built, prefaulted, pinned and registered as asked.
@@ -95,7 +95,7 @@ impl PyPool {
             state: Mutex::new(State {
                 pool: Some(pool),
                 closed: None,
-                placeholders: Vec::new(),
+                placeholder: None,
             }),
             info,
         }))
@@ -108,9 +108,9 @@ impl PyPool {
         plan.map_err(|e| errors::to_py(py, &e, None))
     }
 
-    /// Tear down, keeping the address range (see [`State::placeholders`]).
-    fn teardown(py: Python<'_>, pool: Pool) -> (PoolReport, Vec<pool_core::Placeholder>) {
-        let torn = py.detach(|| pool_core::with_placeholders(|| pool.teardown()));
+    /// Tear down, keeping the address range (see [`State::placeholder`]).
+    fn teardown(py: Python<'_>, pool: Pool) -> (PoolReport, Option<pool_core::Placeholder>) {
+        let torn = py.detach(|| pool.teardown_keeping_range());
         logs::flush(py);
         torn
     }
@@ -408,7 +408,7 @@ impl PyPool {
         }
         let mut state = this.lock();
         state.closed = Some(report);
-        state.placeholders = kept;
+        state.placeholder = kept;
         Ok(issues)
     }
 

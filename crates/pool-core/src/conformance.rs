@@ -76,6 +76,7 @@ pub fn run(suite: &Suite) -> Vec<Failure> {
                 prefault_residency(config, suite.populates_at_map),
             ),
             ("teardown leaves nothing", teardown_leaves_nothing(config)),
+            ("teardown keeps the range", teardown_keeps_the_range(config)),
         ] {
             if let Err(message) = result {
                 failures.push(Failure {
@@ -315,6 +316,53 @@ pub fn teardown_leaves_nothing(config: &PoolConfig) -> Result<(), String> {
     } else {
         Err(left.join("; "))
     }
+}
+
+/// [`Pool::teardown_keeping_range`] gives the memory and the files back
+/// but keeps the address range reserved by a placeholder of zero pages
+/// (what the Python package's `close()` relies on, so that a pointer a
+/// caller kept never reaches memory mapped there later); dropping the
+/// placeholder unmaps the range.
+///
+/// # Errors
+/// What did not hold: no placeholder (a backing with a mapping of its own
+/// must implement `Mapping::teardown_keeping_range`), another range, the
+/// pool's bytes still readable, a file left, a teardown issue.
+pub fn teardown_keeps_the_range(config: &PoolConfig) -> Result<(), String> {
+    let pool = build(config)?;
+    let region = pool.region().ok_or("built pool has no region")?;
+    let (start, len) = (region.addr() as usize, region.mapped_len());
+    if !region.write_byte(0, 0xa5) {
+        return Err("the pool's first byte cannot be written".into());
+    }
+    let files: Vec<PathBuf> = pool.files();
+    let (report, kept) = pool.teardown_keeping_range();
+    if !report.teardown_issues.is_empty() {
+        return Err(format!("teardown issues: {:?}", report.teardown_issues));
+    }
+    let kept = kept.ok_or(
+        "no placeholder: the backing's mapping does not implement \
+         Mapping::teardown_keeping_range, so a kept address may reach memory mapped there later",
+    )?;
+    if (kept.addr(), kept.len() as u64) != (start, len) {
+        return Err(format!(
+            "the placeholder covers {:#x}+{}, the pool was {start:#x}+{len}",
+            kept.addr(),
+            kept.len()
+        ));
+    }
+    if kept.first_byte().is_some_and(|b| b != 0) {
+        return Err("the pool's bytes are still readable at its address after teardown".into());
+    }
+    if let Some(f) = files.iter().find(|f| std::fs::symlink_metadata(f).is_ok()) {
+        return Err(format!("file {} still exists", f.display()));
+    }
+    let end = start as u64 + len;
+    drop(kept);
+    if maps_within(start as u64, end)?.contains(&(start as u64, end)) {
+        return Err("dropping the placeholder left its mapping".into());
+    }
+    Ok(())
 }
 
 /// A bad config fails, before mapping, with the expected words.

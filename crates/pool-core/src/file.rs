@@ -21,7 +21,7 @@ use rustix::fs::{Mode, OFlags};
 use crate::error::{Context, Error, Result, TeardownIssue};
 use crate::layout::{Extent, MappedSize, PageSize, format_bytes};
 use crate::plugin::{FilePlan, Mapping, RankBarrier};
-use crate::sys::{FixedMapError, Mmap, Region, Reservation};
+use crate::sys::{FixedMapError, Mmap, Placeholder, Region, Reservation};
 
 /// A shared control file's view and its open-file-description locks: what
 /// a rendezvous over a control file (`hostpool-handoff`'s) builds on.
@@ -533,6 +533,13 @@ pub trait Attachment: Send + Sync + std::fmt::Debug {
     /// pool is built it must hold no named file, so that teardown gives back
     /// only the calling process's view.
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue>;
+
+    /// As [`Attachment::teardown`], keeping the region's address range
+    /// reserved until the returned placeholder is dropped (see
+    /// [`Mapping::teardown_keeping_range`]). The default keeps nothing.
+    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        (self.teardown(), None)
+    }
 }
 
 /// A pool's attachment keeps its region mapped for as long as it lives, so
@@ -644,10 +651,29 @@ impl FileMapping {
 
     /// Unmap, close, and unlink still-linked files by inode.
     pub fn release(self) -> Vec<TeardownIssue> {
+        self.release_with(false).0
+    }
+
+    /// As [`FileMapping::release`], keeping the address range reserved
+    /// ([`Mmap::unmap_keeping_range`]): the files' memory is given back all
+    /// the same.
+    pub fn release_keeping_range(self) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        self.release_with(true)
+    }
+
+    fn release_with(self, keep_range: bool) -> (Vec<TeardownIssue>, Option<Placeholder>) {
         let FileMapping { mmap, mut files } = self;
         let mut issues = Vec::new();
         let span = mmap.region().span();
-        if let Err(e) = mmap.unmap() {
+        let (unmapped, kept) = if keep_range {
+            match mmap.unmap_keeping_range() {
+                Ok(p) => (Ok(()), Some(p)),
+                Err(e) => (Err(e), None),
+            }
+        } else {
+            (mmap.unmap(), None)
+        };
+        if let Err(e) = unmapped {
             issues.push(TeardownIssue::log(
                 "munmap",
                 format!(
@@ -659,7 +685,7 @@ impl FileMapping {
             ));
         }
         issues.extend(files.unlink_all());
-        issues
+        (issues, kept)
     }
 }
 
@@ -725,6 +751,10 @@ impl Mapping for FileMapping {
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
         self.release()
     }
+
+    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        self.release_keeping_range()
+    }
 }
 
 impl Attachment for FileMapping {
@@ -742,6 +772,10 @@ impl Attachment for FileMapping {
 
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
         self.release()
+    }
+
+    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        self.release_keeping_range()
     }
 }
 

@@ -72,7 +72,7 @@ pub use size::{ByteSize, SizeError};
 pub use sys::child_writes_byte;
 pub use sys::{
     AnonMapOptions, FixedMapError, Mmap, Placeholder, Region, Reservation, Span, base_page_size,
-    populate_write_supported, with_placeholders,
+    populate_write_supported,
 };
 pub use time::rfc3339;
 

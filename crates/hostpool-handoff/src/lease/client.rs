@@ -10,12 +10,12 @@ use super::{LeaseInfo, address, how_to_start, keeper_error, socket_name};
 use crate::join::{self, Holder, Joining, Offer};
 use crate::message::Message;
 use crate::wire::{self, Received};
-use pool_core::Region;
 use pool_core::file::Attachment;
 use pool_core::file::{FileMapping, MapContext};
 use pool_core::interrupt::Cancel;
 use pool_core::plugin::RankBarrier;
 use pool_core::{Error, Extent, Result, TeardownIssue};
+use pool_core::{Placeholder, Region};
 
 /// Connect to the keeper of `name`.
 fn connect(name: &str) -> Result<OwnedFd> {
@@ -230,13 +230,28 @@ impl Attachment for LeasedMapping {
     }
 
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
-        let LeasedMapping { inner, conn, .. } = *self;
-        let issues = Box::new(inner).teardown();
+        self.release(false).0
+    }
+
+    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        self.release(true)
+    }
+}
+
+impl LeasedMapping {
+    /// Unmap (keeping the range if asked), then release the lease.
+    fn release(self, keep_range: bool) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        let LeasedMapping { inner, conn, .. } = self;
+        let released = if keep_range {
+            inner.release_keeping_range()
+        } else {
+            (inner.release(), None)
+        };
         pool_core::failpoint::stall("keeper-release");
         if let Some(conn) = conn {
             // Unmapped first: the keeper may clear the pool once it reads this.
             let _ = wire::send(&conn, &Message::Release, &[]);
         }
-        issues
+        released
     }
 }

@@ -40,7 +40,6 @@ use rustix::fs::{FlockOperation, Mode, OFlags};
 use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
 use crate::barrier::{Barrier, Deadline, Event, Failure, Mark, Verdict};
 use crate::sys::{Blamed, Ctl, MAX_BLAMED};
-use pool_core::Region;
 use pool_core::SharingConfig;
 use pool_core::file::Attachment;
 use pool_core::file::{self, FileId, FileMapping, PoolFile};
@@ -52,6 +51,7 @@ use pool_core::interrupt::Cancel;
 use pool_core::plugin::RankBarrier;
 use pool_core::{Context, Error, Result, TeardownIssue};
 use pool_core::{Extent, PageSize, format_bytes};
+use pool_core::{Placeholder, Region};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"HOSTPOOL");
 /// 2: each slot, and the header's creator failure, records whom it blamed.
@@ -1099,13 +1099,27 @@ impl Attachment for SharedMapping {
     }
 
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
-        let SharedMapping { inner, session, .. } = *self;
-        let mut issues = inner.release();
+        self.release(false).0
+    }
+
+    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        self.release(true)
+    }
+}
+
+impl SharedMapping {
+    fn release(self, keep_range: bool) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        let SharedMapping { inner, session, .. } = self;
+        let (mut issues, kept) = if keep_range {
+            inner.release_keeping_range()
+        } else {
+            (inner.release(), None)
+        };
         if !session.passed() {
             // Never passed the barrier: make sure nothing is left behind.
             issues.extend(session.unlink_all());
         }
-        issues
+        (issues, kept)
     }
 }
 

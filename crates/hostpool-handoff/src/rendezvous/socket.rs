@@ -35,7 +35,6 @@ use crate::barrier::{Barrier, Deadline, Event, Mark, Verdict};
 use crate::join::{self, Holder, Joining};
 use crate::message::Message;
 use crate::wire::{self, TICK, os, readable, send, seqpacket};
-use pool_core::Region;
 use pool_core::file::Attachment;
 use pool_core::file::{self, FileMapping, PoolFile};
 use pool_core::interrupt::Cancel;
@@ -43,6 +42,7 @@ use pool_core::plugin::RankBarrier;
 use pool_core::shared::{RefusalTerms, Refusals};
 use pool_core::{Error, Result, TeardownIssue};
 use pool_core::{Extent, format_bytes};
+use pool_core::{Placeholder, Region};
 
 /// What a rank tells its peers about `e`: the message with its causes (the
 /// errno of a failed call), and whom it blames when `e` is an
@@ -886,8 +886,11 @@ impl Attachment for SocketMapping {
     }
 
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
-        let SocketMapping { inner, .. } = *self;
-        inner.release()
+        self.inner.release()
+    }
+
+    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        self.inner.release_keeping_range()
     }
 }
 

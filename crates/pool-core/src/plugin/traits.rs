@@ -16,7 +16,7 @@ use crate::config::PoolConfig;
 use crate::error::{Result, TeardownIssue};
 use crate::host::capacity::CapacityCheck;
 use crate::layout::{Extent, MappedSize};
-use crate::sys::Region;
+use crate::sys::{Placeholder, Region};
 
 /// A collective the ranks meet at once their shards are prefaulted. The
 /// embedding engine can implement it with its own (for example a
@@ -228,6 +228,15 @@ pub trait Mapping: Send + Sync + fmt::Debug {
     /// pins and registrations are then skipped, being the parent's), so it
     /// gives back only the calling process's view.
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue>;
+
+    /// As [`Mapping::teardown`], but the region's address range stays
+    /// reserved ([`crate::Mmap::unmap_keeping_range`]) until the returned
+    /// placeholder is dropped, for an embedder whose callers may keep the
+    /// address past the pool (`Pool::teardown_keeping_range`). The default
+    /// keeps nothing: a backing that maps with [`crate::Mmap`] overrides it.
+    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        (self.teardown(), None)
+    }
 }
 
 /// What a pinner or registrar is told besides the region: the settings of

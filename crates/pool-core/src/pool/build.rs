@@ -737,4 +737,10 @@ impl Attachment for OwnMapping {
     fn teardown(self: Box<Self>) -> Vec<crate::TeardownIssue> {
         self.0.teardown()
     }
+
+    fn teardown_keeping_range(
+        self: Box<Self>,
+    ) -> (Vec<crate::TeardownIssue>, Option<crate::Placeholder>) {
+        self.0.teardown_keeping_range()
+    }
 }

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::{Observer, Phase, Pool, PoolReport, Quiet, timed};
 use crate::background::PinStatus;
+use crate::sys::Placeholder;
 
 impl Pool {
     /// Tear down in reverse (deregister, unpin, unmap/close/unlink) and return
@@ -21,14 +22,32 @@ impl Pool {
         self.report.clone()
     }
 
+    /// As [`Pool::teardown`], but the pool's address range stays reserved
+    /// until the returned [`Placeholder`] is dropped: private zero pages
+    /// (no memory until written) in place of the pool, so that an address
+    /// a caller kept past the pool (a `torch.frombuffer` tensor keeps the
+    /// pointer, not the buffer) never reaches memory mapped there later.
+    /// The pool's memory, files, pins and registrations are given back as
+    /// always. `None` when the backing cannot keep its range (its
+    /// [`crate::plugin::Mapping::teardown_keeping_range`] is the default),
+    /// the replacement failed (an issue in the report), or the pool came
+    /// through `fork`.
+    pub fn teardown_keeping_range(mut self) -> (PoolReport, Option<Placeholder>) {
+        let kept = self.release_with(&Quiet, true);
+        (self.report.clone(), kept)
+    }
+
     fn release(&mut self, observer: &dyn Observer) {
-        if self.mapping.is_none() {
-            return;
-        }
+        let _ = self.release_with(observer, false);
+    }
+
+    fn release_with(&mut self, observer: &dyn Observer, keep_range: bool) -> Option<Placeholder> {
+        self.mapping.as_ref()?;
         if let Some(owner) = self.inherited_from() {
             self.release_inherited(owner);
-            return;
+            return None;
         }
+        let mut kept = None;
         let (issues, secs) = timed(observer, Phase::Teardown, self.report.mapped_bytes, || {
             let mut issues = Vec::new();
             // A background pin stops after its current chunk and unpins, so
@@ -55,12 +74,20 @@ impl Pool {
                 issues.extend(pin.unpin());
             }
             if let Some(owner) = self.mapping.take() {
-                issues.extend(owner.into_mapping().teardown());
+                let mapping = owner.into_mapping();
+                if keep_range {
+                    let (undone, placeholder) = mapping.teardown_keeping_range();
+                    issues.extend(undone);
+                    kept = placeholder;
+                } else {
+                    issues.extend(mapping.teardown());
+                }
             }
             issues
         });
         self.report.phases.teardown = Some(secs);
         self.report.teardown_issues.extend(issues);
+        kept
     }
 }
 

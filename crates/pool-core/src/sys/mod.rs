@@ -24,7 +24,7 @@ pub mod numa;
 mod region;
 mod worker;
 
-pub use region::{FixedMapError, Mmap, Placeholder, Region, Reservation, Span, with_placeholders};
+pub use region::{FixedMapError, Mmap, Placeholder, Region, Reservation, Span};
 pub(crate) use worker::{Holds, Owner};
 
 /// The base page size of this machine (4 KiB on x86-64).
@@ -108,17 +108,17 @@ pub unsafe fn unmap(addr: *mut u8, len: usize) -> io::Result<()> {
 /// Replace `[addr, addr + len)` with fresh private zero pages that reserve
 /// the range (`mmap(MAP_FIXED | MAP_ANONYMOUS | MAP_NORESERVE)`), releasing
 /// what was mapped there as `munmap` would; `PROT_NONE` where the kernel
-/// refuses read-write (strict overcommit).
+/// refuses read-write (strict overcommit). Whether the pages are readable.
 ///
 /// # Safety
 /// As for [`unmap`]: the range is the caller's, and what was mapped there is
 /// never used again through the caller's own references.
-pub unsafe fn replace_with_placeholder(addr: *mut u8, len: usize) -> io::Result<()> {
+pub unsafe fn replace_with_placeholder(addr: *mut u8, len: usize) -> io::Result<bool> {
     let flags = MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::NORESERVE;
     for prot in [ProtFlags::READ | ProtFlags::WRITE, ProtFlags::empty()] {
         // SAFETY: MAP_FIXED replaces only the caller's own range.
         match unsafe { rustix::mm::mmap_anonymous(addr.cast(), len, prot, flags) } {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(!prot.is_empty()),
             Err(e) if prot.is_empty() => return Err(e.into()),
             Err(_) => {}
         }
@@ -555,9 +555,8 @@ mod tests {
         let mmap = Mmap::anonymous(size, opts).unwrap();
         mmap.region().write_pattern(4096, 7);
         let addr = mmap.region().addr() as usize;
-        let ((), kept) = with_placeholders(|| mmap.unmap().unwrap());
-        assert_eq!(kept.len(), 1);
-        assert_eq!((kept[0].addr(), kept[0].len()), (addr, 8 << 20));
+        let kept = mmap.unmap_keeping_range().unwrap();
+        assert_eq!((kept.addr(), kept.len()), (addr, 8 << 20));
         assert!(mapped_at(addr), "the range stays reserved");
         // SAFETY: the placeholder's private zero pages, mapped read-write
         // and owned by `kept`: the pool's data is gone.
@@ -565,7 +564,7 @@ mod tests {
         assert_eq!(first, 0);
         drop(kept);
         assert!(!mapped_at(addr), "dropping the placeholder unmaps it");
-        // Outside the scope, release unmaps as always.
+        // Unmapped otherwise, as always.
         let mmap = Mmap::anonymous(size, opts).unwrap();
         let addr = mmap.region().addr() as usize;
         mmap.unmap().unwrap();

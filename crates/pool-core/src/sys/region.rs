@@ -377,44 +377,47 @@ impl Mmap {
         this.release()
     }
 
-    fn release(&self) -> io::Result<()> {
-        let len = mapped_usize(self.size)?;
-        if PLACEHOLDERS.with_borrow(Option::is_some) {
-            // SAFETY: as for `unmap` below.
-            match unsafe { super::replace_with_placeholder(self.base.as_ptr(), len) } {
-                Ok(()) => {
-                    PLACEHOLDERS.with_borrow_mut(|p| {
-                        if let Some(list) = p {
-                            list.push(Placeholder {
-                                base: self.base,
-                                len,
-                            });
-                        }
-                    });
-                    return Ok(());
+    /// Release the pool's memory but keep its address range reserved: the
+    /// mapping is replaced in place (`MAP_FIXED`, atomically: no other
+    /// mapping of this process can take the range meanwhile) by a
+    /// [`Placeholder`], which unmaps it when dropped.
+    ///
+    /// # Errors
+    /// The errno of the replacement; the range is then unmapped as by
+    /// [`Mmap::unmap`] (and that call's errno, if it fails too, is logged).
+    pub fn unmap_keeping_range(self) -> io::Result<Placeholder> {
+        let this = std::mem::ManuallyDrop::new(self);
+        let len = mapped_usize(this.size)?;
+        // SAFETY: our own mapping, consumed here; Regions borrowing it are
+        // gone (this takes self by value).
+        match unsafe { super::replace_with_placeholder(this.base.as_ptr(), len) } {
+            Ok(readable) => Ok(Placeholder {
+                base: this.base,
+                len,
+                readable,
+            }),
+            Err(e) => {
+                if let Err(u) = this.release() {
+                    tracing::warn!("munmap of {:p}+{len} failed: {u}", this.base);
                 }
-                Err(e) => tracing::warn!(
-                    "could not keep {:p}+{len} reserved after the pool ({e}); unmapping it",
-                    self.base
-                ),
+                Err(e)
             }
         }
+    }
+
+    fn release(&self) -> io::Result<()> {
+        let len = mapped_usize(self.size)?;
         // SAFETY: our own mapping; Regions borrowing it are gone (unmap
         // consumes self, drop runs last).
         unsafe { super::unmap(self.base.as_ptr(), len) }
     }
 }
 
-thread_local! {
-    /// Inside [`with_placeholders`] on this thread: the placeholders made.
-    static PLACEHOLDERS: std::cell::RefCell<Option<Vec<Placeholder>>> =
-        const { std::cell::RefCell::new(None) };
-}
-
 /// The address range a pool was mapped at, after the pool was released:
 /// private zero pages (`MAP_NORESERVE`, no memory until written) that keep
 /// the range from being reused until this value is dropped, when it is
-/// unmapped. Made by [`with_placeholders`].
+/// unmapped. Made by [`Mmap::unmap_keeping_range`], for a pool by
+/// `Pool::teardown_keeping_range`.
 ///
 /// It is for embedders that hand the pool's address to code that may keep
 /// it past the pool (a `torch.frombuffer` tensor keeps the pointer but not
@@ -426,6 +429,8 @@ thread_local! {
 pub struct Placeholder {
     base: NonNull<u8>,
     len: usize,
+    /// Its pages are readable (not `PROT_NONE`).
+    readable: bool,
 }
 
 // SAFETY: a range this value owns, never accessed through it; only unmapped.
@@ -434,6 +439,16 @@ unsafe impl Send for Placeholder {}
 unsafe impl Sync for Placeholder {}
 
 impl Placeholder {
+    /// The first byte of the range (its private zero pages: never the
+    /// pool's data), for a check that the pool's memory is gone; `None`
+    /// where the placeholder is `PROT_NONE`.
+    pub fn first_byte(&self) -> Option<u8> {
+        // SAFETY: the placeholder's own mapping, mapped readable (checked
+        // just before), alive while `self` is borrowed.
+        self.readable
+            .then(|| unsafe { std::ptr::read_volatile(self.base.as_ptr()) })
+    }
+
     /// The range's start.
     pub fn addr(&self) -> usize {
         self.base.as_ptr() as usize
@@ -460,16 +475,6 @@ impl Drop for Placeholder {
             );
         }
     }
-}
-
-/// Run `f`, and have every pool mapping it releases on this thread replaced
-/// by a [`Placeholder`] instead of unmapped; returns `f`'s value and the
-/// placeholders, which unmap their ranges when dropped.
-pub fn with_placeholders<T>(f: impl FnOnce() -> T) -> (T, Vec<Placeholder>) {
-    let outer = PLACEHOLDERS.with_borrow_mut(|p| p.replace(Vec::new()));
-    let value = f();
-    let made = PLACEHOLDERS.with_borrow_mut(|p| std::mem::replace(p, outer));
-    (value, made.unwrap_or_default())
 }
 
 impl Drop for Mmap {
