@@ -340,9 +340,13 @@ fn every_crate_depends_only_on_what_the_design_allows() {
         wrong.is_empty(),
         "edges docs/design.md does not allow: {wrong:?}"
     );
-    // The core depends on no crate of the workspace; the keeper, a daemon,
-    // is linked by the CLI alone.
-    assert!(allowed["pool-core"].is_empty());
+    // The core depends on the node's facts alone, which depend on no crate
+    // of the workspace; the keeper, a daemon, is linked by the CLI alone.
+    assert!(allowed["hostpool-node"].is_empty());
+    assert_eq!(
+        allowed["pool-core"].iter().collect::<Vec<_>>(),
+        ["hostpool-node"]
+    );
     let keeper_users: Vec<&String> = allowed
         .iter()
         .filter(|(_, deps)| deps.contains("hostpool-keeper"))

@@ -6,7 +6,7 @@
 //! what to tell them; the decisions (who failed, who died, who never came,
 //! who is late, and when everyone may go) are made here, once, and are
 //! unit-tested without a socket. The joiner's side is
-//! [`crate::join::arrive`].
+//! `join::arrive`.
 //!
 //! The file rendezvous has no holder: each rank reads the others' slots in
 //! the control file and judges for itself, with the same wording.

@@ -17,7 +17,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use crate::barrier::{known, peer};
-use crate::lease::{how_to_start, keeper_error, socket_name};
+use crate::kept::{how_to_start, keeper_error, socket_name};
 use crate::message::{LeaseInfo, Message};
 use crate::wire::{self, Handover, Received};
 use pool_core::file::{self, FileMapping, MapContext};

@@ -22,6 +22,7 @@ use pool_core::{PoolConfig, Result};
 
 pub mod barrier;
 mod join;
+mod kept;
 pub mod lease;
 mod message;
 pub mod rendezvous;

@@ -148,28 +148,12 @@ pub fn delay(var: &str) {
 #[inline(always)]
 pub fn delay(_var: &str) {}
 
-/// The variable that moves the root of sysfs, in a build with the feature:
-/// a test lays out `bus/pci/devices/<id>/numa_node` and
-/// `devices/system/node/...` of a machine it imitates (two NUMA nodes, GPUs
-/// on each) there.
+/// The variable that moves the root of sysfs, and where sysfs is: the node
+/// facts' (`hostpool-node`, whose `failpoints` feature this crate's turns
+/// on).
 #[cfg(feature = "failpoints")]
-pub const SYSFS_ROOT_ENV: &str = "HOSTPOOL_TEST_SYSFS_ROOT";
-
-/// Where sysfs is: `/sys`, or in a build with the feature the directory
-/// `HOSTPOOL_TEST_SYSFS_ROOT` names.
-#[cfg(feature = "failpoints")]
-pub fn sysfs_root() -> std::path::PathBuf {
-    std::env::var_os(SYSFS_ROOT_ENV)
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| "/sys".into(), std::path::PathBuf::from)
-}
-
-/// Where sysfs is: `/sys`, always, in a build without the feature.
-#[cfg(not(feature = "failpoints"))]
-#[inline(always)]
-pub fn sysfs_root() -> std::path::PathBuf {
-    "/sys".into()
-}
+pub use hostpool_node::SYSFS_ROOT_ENV;
+pub use hostpool_node::sysfs_root;
 
 #[cfg(all(test, feature = "failpoints"))]
 mod tests {

@@ -1,15 +1,14 @@
-//! Facts about this node that several plugins read, each read in one
-//! place: filesystems, their space and the mount table ([`fs`]), the cgroup
-//! walk that finds the limits binding this process ([`cgroup`]), memory and
-//! the capacity checks made of it and of the cgroup limits ([`capacity`]),
-//! the memlock bound ([`memlock`]), NUMA topology and placement ([`numa`]),
-//! transparent huge pages ([`thp`]), and what a process is doing and holds
-//! ([`process`]).
+//! Facts about this node that several plugins read, and the checks made of
+//! them. The facts are `hostpool-node`'s, re-exported here: filesystems,
+//! their space and the mount table ([`fs`]), the cgroup walk that finds the
+//! limits binding this process ([`cgroup`]), what a process is doing and
+//! holds ([`process`]), transparent huge pages ([`thp`]). The checks and
+//! actions are the core's: capacity checks of memory and cgroup limits
+//! ([`capacity`], with the memory facts), the memlock bound ([`memlock`]),
+//! NUMA placement and its verification ([`numa`], with the topology).
 
 pub mod capacity;
-pub mod cgroup;
-pub mod fs;
 pub mod memlock;
 pub mod numa;
-pub mod process;
-pub mod thp;
+
+pub use hostpool_node::{cgroup, fs, process, thp};

@@ -94,7 +94,7 @@ fn smaps_sum(text: &str, addr: u64, len: u64, field: &str) -> u64 {
 
 /// A `Name:   1234 kB` line of a `/proc/PID/status` or `/proc/meminfo`
 /// text, in bytes (a figure without a unit as it is).
-pub(super) fn kb_field(text: &str, field: &str) -> Option<u64> {
+pub(crate) fn kb_field(text: &str, field: &str) -> Option<u64> {
     let rest = text
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;

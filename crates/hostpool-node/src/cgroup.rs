@@ -5,7 +5,7 @@
 //! Limits are hierarchical: a group can use no more than the tightest limit
 //! of any of its ancestors, so a nested group without a limit of its own
 //! (or with a looser one) is bound by its parent's. Every reader of a
-//! cgroup limit (the memory limit of [`capacity`](super::capacity), a
+//! cgroup limit (the memory limit of [`memory`](crate::memory), a
 //! huge-page backing's hugetlb limits) goes through [`limits`] or
 //! [`tightest`].
 //!
@@ -237,7 +237,7 @@ mod tests {
     }
 
     fn memory() -> Controller {
-        crate::host::capacity::memory_controller()
+        crate::memory::memory_controller()
     }
 
     fn hugetlb_2m() -> Controller {
