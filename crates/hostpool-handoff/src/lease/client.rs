@@ -123,8 +123,18 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
         stall: "keeper-passing-fds",
     })?;
     pool_core::failpoint::stall("keeper-attached");
+    // The join maps a welcome only against a plan, which a lease has not.
     let Offer::Lease { info, backing } = joined.offer else {
-        return Err(Error::config("the keeper answered as a creator"));
+        return Err(keeper_error(
+            name,
+            format!(
+                "the process on {} (pid {}) answered as a shared pool's creator, not a keeper",
+                socket_name(name),
+                joined.pid
+            ),
+            Some(joined.pid),
+            false,
+        ));
     };
     let shard = match &sharing {
         Some(s) => pool_core::shared::shard(joined.size, s)?,
