@@ -249,6 +249,23 @@ impl<'a> Region<'a> {
         Ok(())
     }
 
+    /// `extent` as eight-byte words that every process mapping the memory
+    /// may load and store atomically: for a structure kept in the pool
+    /// itself (a kept pool's index), whose writers and readers may be other
+    /// processes, or a process that died half way.
+    ///
+    /// # Errors
+    /// `ERANGE` for an extent outside the region or not on a page boundary.
+    pub fn words(&self, extent: Extent) -> io::Result<&'a [AtomicU64]> {
+        let (addr, len) = self.range(extent)?;
+        // SAFETY: `[addr, addr + len)` is inside the region (checked by
+        // `range`), mapped read-write for 'a; `addr` is page-aligned, so
+        // eight-byte aligned, and AtomicU64 has u64's size and is valid for
+        // every bit pattern; every access of this library to pool memory is
+        // atomic or the kernel's.
+        Ok(unsafe { std::slice::from_raw_parts(addr.cast::<AtomicU64>(), len / 8) })
+    }
+
     /// `madvise(MADV_HUGEPAGE)` over the whole region.
     ///
     /// # Errors
