@@ -8,8 +8,10 @@ huge page test that finds no mount fails instead of skipping.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -141,3 +143,29 @@ def shared_mapped(pid: int) -> int:
             lo, hi = (int(x, 16) for x in fields[0].split("-"))
             total += hi - lo
     return total
+
+
+@pytest.fixture
+def keeper(hostpool_bin):
+    """Start `hostpool keep --name NAME --json ARGS`; stopped (SIGTERM, exit 0) afterwards."""
+    started = []
+
+    def start(name, *args):
+        p = subprocess.Popen(
+            [str(hostpool_bin), "keep", "--name", name, "--json", "--backing", "shm-segmented", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(p)
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        ready = json.loads(line)
+        assert ready["name"] == name
+        return ready
+
+    yield start
+    for p in started:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=10) == 0, p.stderr.read()

@@ -16,32 +16,6 @@ import hostpool
 MiB = 1 << 20
 
 
-@pytest.fixture
-def keeper(hostpool_bin):
-    """Start `hostpool keep --name NAME --json ARGS`; stopped (SIGTERM, exit 0) afterwards."""
-    started = []
-
-    def start(name, *args):
-        p = subprocess.Popen(
-            [str(hostpool_bin), "keep", "--name", name, "--json", "--backing", "shm-segmented", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        started.append(p)
-        line = p.stdout.readline()
-        assert line, p.stderr.read()
-        ready = json.loads(line)
-        assert ready["name"] == name
-        return ready
-
-    yield start
-    for p in started:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(timeout=10) == 0, p.stderr.read()
-
-
 def test_a_pool_leased_from_a_keeper_comes_resident_and_keeps_its_bytes(keeper):
     name = f"py-keep-{os.getpid()}"
     ready = keeper(name, "--size", "8MiB", "--content", "keep")

@@ -362,6 +362,21 @@ impl<'a> Index<'a> {
         Ok((index, Start::Warm(entries)))
     }
 
+    /// The index already in `words`, attached before (by this process or
+    /// another) for `capacity` slots: cheap (no check of the header), for
+    /// a writer that attached once and comes back for each operation.
+    /// `None` when `words` holds no index of that capacity (or is short).
+    pub fn resume(words: &'a [AtomicU64], capacity: u64) -> Option<Index<'a>> {
+        let words = &words[..words_for(capacity).filter(|n| *n <= words.len())?];
+        (words[H_MAGIC].load(Ordering::Acquire) == MAGIC
+            && words[H_CAPACITY].load(Ordering::Relaxed) == capacity)
+            .then(|| Index {
+                words,
+                capacity,
+                seed: words[H_SEED].load(Ordering::Acquire),
+            })
+    }
+
     /// The records this index holds.
     pub fn capacity(&self) -> u64 {
         self.capacity

@@ -61,6 +61,12 @@ fn a_new_index_is_cold_then_warm_with_its_entries_in_order_of_use() {
     index.unrecord(6).unwrap();
     assert_eq!(index.get(6).unwrap(), None);
     assert_eq!(index.len(), 3);
+    // Resumed for each operation, as a binding does: the same records.
+    let resumed = Index::resume(&mem, 8).unwrap();
+    assert_eq!(resumed.entries(), index.entries());
+    assert!(Index::resume(&mem, 7).is_none(), "another capacity");
+    assert!(Index::resume(&memory(1), 1).is_none(), "no index");
+    assert!(Index::resume(&mem[..10], 8).is_none(), "too short");
 }
 
 #[test]

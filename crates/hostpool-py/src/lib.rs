@@ -15,6 +15,7 @@ mod build;
 mod config;
 mod convert;
 mod errors;
+mod index;
 mod logs;
 mod pool;
 mod shared;
@@ -80,6 +81,15 @@ fn plan<'py>(py: Python<'py>, source: &Bound<'py, PyAny>) -> PyResult<Bound<'py,
     convert::json_dict(py, "the plan", &plan.report())
 }
 
+/// The bytes the index of `slots` slots takes in a pool of `page_size`-byte
+/// pages (a whole number of pages): what to add to a pool that keeps one
+/// (`Pool.index`).
+#[pyfunction]
+#[pyo3(signature = (slots, page_size = 4096))]
+fn index_bytes(slots: u64, page_size: u64) -> PyResult<u64> {
+    index::index_bytes(slots, page_size)
+}
+
 #[pymodule]
 fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install();
@@ -90,6 +100,8 @@ fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::add_classes(m)?;
     m.add_class::<pool::PyPool>()?;
     m.add_class::<shared::PyShared>()?;
+    m.add_class::<index::PyKvIndex>()?;
+    m.add_function(wrap_pyfunction!(index_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(plugins, m)?)?;
     m.add_function(wrap_pyfunction!(check_config, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;

@@ -67,6 +67,33 @@ impl PyPool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// An index's way to this pool's memory ([`crate::index::Reach`]).
+    fn reach(
+        pool: &Bound<'_, PyAny>,
+        f: &mut dyn FnMut(pool_core::Region<'_>) -> PyResult<()>,
+    ) -> PyResult<()> {
+        let pool = pool.cast::<PyPool>()?;
+        pool.get().with_region(pool.py(), f)
+    }
+
+    /// Run `f` on the pool's memory under its lock (a `close()` waits for
+    /// it); an error when the pool is closed.
+    fn with_region<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(pool_core::Region<'_>) -> PyResult<T>,
+    ) -> PyResult<T> {
+        let state = self.lock();
+        let region = state.pool.as_ref().and_then(Pool::region).ok_or_else(|| {
+            errors::raise(
+                py,
+                errors::Kind::Error,
+                "the pool is closed: its memory is gone".into(),
+            )
+        })?;
+        f(region)
+    }
+
     fn from_plan(
         py: Python<'_>,
         plan: PoolPlan,
@@ -476,6 +503,52 @@ impl PyPool {
             .iter()
             .map(|r| (base + r.offset, r.len, dev_id))
             .collect())
+    }
+
+    /// The crash-consistent index of what this pool's `slots` hold (a
+    /// kept pool's, read back by the next engine): attached at `offset`
+    /// (default: the pool's last `hostpool.index_bytes(slots, page_size)`
+    /// bytes) for the identity `fingerprint` (an ordered dict of the
+    /// fields that decide what a slot's bytes mean). Warm with its
+    /// records when the identity and the slots are the same; otherwise
+    /// cold (emptied), saying why (`cold_reason`, `cold_field`).
+    #[pyo3(signature = (slots, fingerprint, *, offset = None))]
+    fn index(
+        slf: &Bound<'_, Self>,
+        slots: u64,
+        fingerprint: &Bound<'_, PyAny>,
+        offset: Option<u64>,
+    ) -> PyResult<crate::index::PyKvIndex> {
+        let py = slf.py();
+        let fields: Vec<(String, String)> = fingerprint
+            .call_method0("items")?
+            .try_iter()?
+            .map(|kv| {
+                let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = kv?.extract()?;
+                Ok((k.str()?.to_string(), v.str()?.to_string()))
+            })
+            .collect::<PyResult<_>>()?;
+        let this = slf.get();
+        let len = crate::index::index_bytes(slots, this.info.page)?;
+        let offset = match offset {
+            Some(o) => o,
+            None => this.info.mapped.checked_sub(len).ok_or_else(|| {
+                errors::raise(
+                    py,
+                    errors::Kind::Config,
+                    format!(
+                        "an index of {slots} slots takes {len} bytes, more than the pool's {}",
+                        this.info.mapped
+                    ),
+                )
+            })?,
+        };
+        crate::index::PyKvIndex::attach(
+            (slf.as_any(), PyPool::reach),
+            (slots, offset),
+            fields,
+            (this.info.mapped, this.info.page),
+        )
     }
 
     /// A writable memoryview of `nbytes` bytes at `offset` (zero copy).

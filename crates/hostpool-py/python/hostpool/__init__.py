@@ -35,7 +35,7 @@ from ._errors import (
     PinError,
     PoolBusyError,
 )
-from ._hostpool import Pool, Shared, __version__, check_config, plan, plugins
+from ._hostpool import KvIndex, Pool, Shared, __version__, check_config, index_bytes, plan, plugins
 
 # A library adds no handler of its own: the application configures logging
 # (without one, Python prints warnings and errors to stderr).
@@ -46,6 +46,7 @@ __all__ = [
     "ConfigError",
     "Error",
     "KeeperError",
+    "KvIndex",
     "NotAvailableError",
     "PeerError",
     "PinError",
@@ -54,6 +55,7 @@ __all__ = [
     "Shared",
     "__version__",
     "check_config",
+    "index_bytes",
     "plan",
     "plugins",
 ]

@@ -18,6 +18,9 @@ def plugins() -> dict[str, list[dict[str, str]]]:
 def check_config(source: str | os.PathLike[str] | dict[str, Any]) -> None:
     """Parse and plan a pool config as `Pool.from_config` would, building nothing; `ConfigError` when it is wrong."""
 
+def index_bytes(slots: int, page_size: int = 4096) -> int:
+    """The bytes `Pool.index` takes for `slots` slots in a pool of `page_size`-byte pages."""
+
 def plan(source: str | os.PathLike[str] | dict[str, Any]) -> dict[str, Any]:
     """The plan of a pool config, as `hostpool plan --json`: backing, sizes, and every capacity check
     (`capacity`: `resource`, `source`, `need`, `free`, `verdict`, `remedy`; `fits`). Builds nothing."""
@@ -207,6 +210,10 @@ class Pool:
         """`(addr, len, dev_id)` of the pool split at `max_region` on block boundaries, for `register_memory`."""
     def view(self, offset: int, nbytes: int) -> memoryview:
         """A writable memoryview of `nbytes` bytes at `offset` (zero copy); `ValueError` outside the pool."""
+    def index(self, slots: int, fingerprint: dict[str, Any], *, offset: int | None = None) -> KvIndex:
+        """The crash-consistent index of what `slots` slots hold, at `offset` (default: the pool's
+        last `index_bytes(slots, page_size)` bytes), for the identity `fingerprint` (ordered
+        fields). Warm with its records when identity and slots match, else cold and emptied."""
     def __enter__(self) -> Self: ...
     def __exit__(
         self,
@@ -227,4 +234,37 @@ class Pool:
         """A DLPack capsule of the pool as a 1-D uint8 CPU tensor (versioned when max_version >= (1, 0))."""
     def __dlpack_device__(self) -> tuple[int, int]:
         """(1, 0): kDLCPU."""
+    def __len__(self) -> int: ...
+
+class KvIndex:
+    """The index of a pool's slots (`Pool.index`): record a slot's key once its bytes are
+    written, unrecord it before they are overwritten, read every record back after a restart.
+    A writer killed at any moment leaves each slot empty or whole."""
+
+    @property
+    def warm(self) -> bool: ...
+    @property
+    def cold_reason(self) -> str | None: ...
+    @property
+    def cold_field(self) -> tuple[str, str | None, str | None] | None:
+        """(field, stored, now) when a fingerprint field differed."""
+    @property
+    def restored(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def extent(self) -> tuple[int, int]: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def fingerprint(self) -> dict[str, str]: ...
+    def record(self, slot: int, key: bytes) -> int: ...
+    def record_many(self, slots: Sequence[int], keys: Sequence[bytes]) -> None: ...
+    def unrecord(self, slot: int) -> None: ...
+    def unrecord_many(self, slots: Sequence[int]) -> None: ...
+    def touch(self, slot: int) -> None: ...
+    def get(self, slot: int) -> bytes | None: ...
+    def entries(self) -> list[tuple[int, bytes]]:
+        """Every record, oldest use first."""
+    def clear(self) -> None: ...
     def __len__(self) -> int: ...

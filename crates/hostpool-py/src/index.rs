@@ -1,0 +1,286 @@
+//! `Pool.index(...)`: the crash-consistent index of what a kept pool holds
+//! (`hostpool-index`), in a page-aligned region of the pool itself, for an
+//! engine's offloading manager: record a slot's key once its bytes are
+//! written, unrecord it before they are overwritten, read every record back
+//! after a restart. Each call is a few atomic stores into the pool, under
+//! the pool's lock (so a `close()` cannot unmap it meanwhile): no system
+//! call per block.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use hostpool_index::{Cold, Fingerprint, Index, Start};
+use pool_core::Extent;
+
+use crate::errors;
+
+/// How an index reaches its pool's memory: runs the closure on the pool's
+/// region under the pool's lock, or raises when the pool is closed. The
+/// pool gives it (`Pool.index`), so this module names no pool.
+pub type Reach =
+    fn(&Bound<'_, PyAny>, &mut dyn FnMut(pool_core::Region<'_>) -> PyResult<()>) -> PyResult<()>;
+
+/// The index of a pool's slots (see `Pool.index`).
+#[pyclass(module = "hostpool._hostpool", name = "KvIndex", frozen)]
+#[derive(Debug)]
+pub struct PyKvIndex {
+    pool: Py<PyAny>,
+    reach: Reach,
+    extent: Extent,
+    capacity: u64,
+    cold: Option<Cold>,
+    restored: usize,
+    digest: String,
+    fields: Vec<(String, String)>,
+}
+
+/// The bytes an index of `slots` records takes in a pool of `page`-byte
+/// pages: a whole number of pages.
+pub fn index_bytes(slots: u64, page: u64) -> PyResult<u64> {
+    hostpool_index::bytes_for(slots)
+        .and_then(|b| b.checked_next_multiple_of(page.max(1)))
+        .ok_or_else(|| PyValueError::new_err(format!("an index of {slots} slots is too large")))
+}
+
+fn index_error(py: Python<'_>, e: &hostpool_index::Error) -> PyErr {
+    match e {
+        hostpool_index::Error::NoSlot { .. } | hostpool_index::Error::KeyTooLong { .. } => {
+            PyValueError::new_err(e.to_string())
+        }
+        _ => errors::raise(py, errors::Kind::Config, e.to_string()),
+    }
+}
+
+impl PyKvIndex {
+    /// Attach to the index at `offset` of `pool` (of `mapped` bytes in
+    /// `page`-byte pages) for `slots` and `fingerprint`.
+    pub fn attach(
+        (pool, reach): (&Bound<'_, PyAny>, Reach),
+        (slots, offset): (u64, u64),
+        fingerprint: Vec<(String, String)>,
+        (mapped, page): (u64, u64),
+    ) -> PyResult<PyKvIndex> {
+        let py = pool.py();
+        let fp = Fingerprint::new(fingerprint.clone())
+            .map_err(|e| errors::raise(py, errors::Kind::Config, e.to_string()))?;
+        let len = index_bytes(slots, page)?;
+        let extent = Extent { offset, len };
+        let start = run(pool, reach, |region| {
+            let words = region.words(extent).map_err(|_| {
+                errors::raise(
+                    py,
+                    errors::Kind::Config,
+                    format!(
+                        "an index of {slots} slots takes {len} bytes at a page-aligned offset \
+                         inside the pool: offset {offset} of a pool of {} bytes ({}-byte pages) \
+                         is not; give the pool {len} bytes more, at its end",
+                        mapped, page
+                    ),
+                )
+            })?;
+            Index::attach(words, slots, &fp)
+                .map(|(_, start)| start)
+                .map_err(|e| index_error(py, &e))
+        })?;
+        let (cold, restored) = match start {
+            Start::Warm(entries) => (None, entries.len()),
+            Start::Cold(why) => (Some(why), 0),
+        };
+        Ok(PyKvIndex {
+            pool: pool.clone().unbind(),
+            reach,
+            extent,
+            capacity: slots,
+            cold,
+            restored,
+            digest: fp.digest(),
+            fields: fingerprint,
+        })
+    }
+
+    /// Run `f` on the index, under the pool's lock.
+    fn with<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Index<'_>) -> Result<T, hostpool_index::Error>,
+    ) -> PyResult<T> {
+        run(self.pool.bind(py), self.reach, |region| {
+            let index = region
+                .words(self.extent)
+                .ok()
+                .and_then(|w| Index::resume(w, self.capacity))
+                .ok_or_else(|| {
+                    errors::raise(
+                        py,
+                        errors::Kind::Error,
+                        "the pool's index was overwritten (another attach formatted it for \
+                         another number of slots, or the pool was cleared)"
+                            .into(),
+                    )
+                })?;
+            f(&index).map_err(|e| index_error(py, &e))
+        })
+    }
+}
+
+/// `f` on the pool's region, through `reach`.
+fn run<T>(
+    pool: &Bound<'_, PyAny>,
+    reach: Reach,
+    f: impl FnOnce(pool_core::Region<'_>) -> PyResult<T>,
+) -> PyResult<T> {
+    let mut f = Some(f);
+    let mut out = None;
+    reach(pool, &mut |region| {
+        if let Some(f) = f.take() {
+            out = Some(f(region)?);
+        }
+        Ok(())
+    })?;
+    out.ok_or_else(|| PyValueError::new_err("the pool's memory was not reached"))
+}
+
+#[pymethods]
+impl PyKvIndex {
+    /// Whether the index came back warm (the same identity, its records
+    /// kept).
+    #[getter]
+    fn warm(&self) -> bool {
+        self.cold.is_none()
+    }
+
+    /// Why it started cold (`None` when warm): a sentence for the log.
+    #[getter]
+    fn cold_reason(&self) -> Option<String> {
+        self.cold.as_ref().map(ToString::to_string)
+    }
+
+    /// The fingerprint field that differed, with the stored and the new
+    /// value, when that is why it started cold.
+    #[getter]
+    fn cold_field(&self) -> Option<(String, Option<String>, Option<String>)> {
+        match &self.cold {
+            Some(Cold::Differs(d)) => Some((d.field.clone(), d.stored.clone(), d.now.clone())),
+            _ => None,
+        }
+    }
+
+    /// How many records the attach found.
+    #[getter]
+    fn restored(&self) -> usize {
+        self.restored
+    }
+
+    /// The slots it indexes.
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Where it is in the pool: `(offset, nbytes)`.
+    #[getter]
+    fn extent(&self) -> (u64, u64) {
+        (self.extent.offset, self.extent.len)
+    }
+
+    /// The fingerprint's digest (32 hex digits).
+    #[getter]
+    fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The fingerprint, as given.
+    #[getter]
+    fn fingerprint<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in &self.fields {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Record that `slot` holds the bytes of `key`, written completely.
+    /// Returns its stamp.
+    fn record(&self, py: Python<'_>, slot: u64, key: &[u8]) -> PyResult<u64> {
+        self.with(py, |i| i.record(slot, key))
+    }
+
+    /// Record many: `slots[i]` holds `keys[i]`.
+    fn record_many(&self, py: Python<'_>, slots: Vec<u64>, keys: Vec<Vec<u8>>) -> PyResult<()> {
+        if slots.len() != keys.len() {
+            return Err(PyValueError::new_err(format!(
+                "record_many: {} slots for {} keys",
+                slots.len(),
+                keys.len()
+            )));
+        }
+        self.with(py, |i| {
+            slots
+                .iter()
+                .zip(&keys)
+                .try_for_each(|(s, k)| i.record(*s, k).map(|_| ()))
+        })
+    }
+
+    /// Unrecord `slot` (before its bytes are overwritten, or when evicted).
+    fn unrecord(&self, py: Python<'_>, slot: u64) -> PyResult<()> {
+        self.with(py, |i| i.unrecord(slot))
+    }
+
+    /// Unrecord many slots.
+    fn unrecord_many(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<()> {
+        self.with(py, |i| slots.iter().try_for_each(|s| i.unrecord(*s)))
+    }
+
+    /// Note a use of `slot`'s key (it becomes the most recent).
+    fn touch(&self, py: Python<'_>, slot: u64) -> PyResult<()> {
+        self.with(py, |i| i.touch(slot))
+    }
+
+    /// The key `slot` holds, or `None`.
+    fn get<'py>(&self, py: Python<'py>, slot: u64) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let entry = self.with(py, |i| i.get(slot))?;
+        Ok(entry.map(|e| PyBytes::new(py, &e.key)))
+    }
+
+    /// Every record, oldest use first: a list of `(slot, key)`.
+    fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let entries = self.with(py, |i| Ok(i.entries()))?;
+        let list = PyList::empty(py);
+        for e in entries {
+            list.append(PyTuple::new(
+                py,
+                [
+                    e.slot.into_pyobject(py)?.into_any(),
+                    PyBytes::new(py, &e.key).into_any(),
+                ],
+            )?)?;
+        }
+        Ok(list)
+    }
+
+    /// Unrecord every slot.
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |i| {
+            i.clear();
+            Ok(())
+        })
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |i| Ok(i.len()))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "KvIndex(capacity={}, {}, digest={})",
+            self.capacity,
+            match &self.cold {
+                None => format!("warm, {} restored", self.restored),
+                Some(why) => format!("cold: {why}"),
+            },
+            self.digest
+        )
+    }
+}
