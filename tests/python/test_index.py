@@ -3,6 +3,7 @@ read back by the next engine (issue 29's index)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -117,6 +118,35 @@ def test_a_kept_pools_index_survives_engines_killed_mid_store(keeper):
             assert idx.warm, idx.cold_reason
             assert idx.restored >= SLOTS - 1, "every slot but the one cut short is recorded"
             assert entries_hold_their_bytes(pool, idx) == []
+
+
+def keep_status(hostpool_bin, name):
+    out = subprocess.run(
+        [str(hostpool_bin), "keep", "status", "--name", name, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)[0]
+
+
+def test_keep_status_shows_the_index_records_and_identity(keeper, hostpool_bin):
+    name = f"py-index-status-{os.getpid()}"
+    size = SLOTS * BLOCK + hostpool.index_bytes(SLOTS)
+    keeper(name, "--size", str(size), "--content", "keep")
+    assert keep_status(hostpool_bin, name)["index"] is None, "no index yet"
+    with hostpool.Pool(keeper=name) as pool:
+        idx = pool.index(SLOTS, FP)
+        idx.record_many(list(range(10)), [bytes([i]) * 36 for i in range(10)])
+        idx.unrecord(3)
+        digest = idx.digest
+    st = keep_status(hostpool_bin, name)["index"]
+    assert st == {"slots": SLOTS, "records": 9, "digest": digest, "model": FP["model"]}, st
+    text = subprocess.run(
+        [str(hostpool_bin), "keep", "status", "--name", name], capture_output=True, text=True, timeout=30
+    ).stdout
+    assert f"index: 9 of {SLOTS} slots recorded, model {FP['model']}, fingerprint {digest}" in text, text
 
 
 def test_a_cleared_kept_pool_or_another_identity_starts_cold(keeper):

@@ -106,10 +106,19 @@ pub enum Error {
     Fingerprint(String),
 }
 
-/// The words an index of `capacity` records takes.
+/// The first word of an index's trailer: its last two words, this and its
+/// capacity, by which a reader that knows only where the index ends (a
+/// keeper reading its pool's tail) finds where it starts ([`locate`]).
+pub const TRAILER_MAGIC: u64 = u64::from_le_bytes(*b"HPINDEXT");
+const TRAILER_WORDS: usize = 2;
+
+/// The words an index of `capacity` records takes (its header, records and
+/// trailer).
 pub fn words_for(capacity: u64) -> Option<usize> {
     let records = usize::try_from(capacity).ok()?;
-    records.checked_mul(RECORD_WORDS)?.checked_add(HEADER_WORDS)
+    records
+        .checked_mul(RECORD_WORDS)?
+        .checked_add(HEADER_WORDS + TRAILER_WORDS)
 }
 
 /// The bytes an index of `capacity` records takes.
@@ -339,7 +348,8 @@ impl<'a> Index<'a> {
                 have: words.len() as u64 * 8,
             });
         }
-        let words = &words[..need];
+        let trailer = &words[words.len() - TRAILER_WORDS..];
+        let words = &words[..need - TRAILER_WORDS];
         let cold = match read_header(words) {
             Header::None => Some(Cold::NoIndex),
             Header::Torn => Some(Cold::Unreadable),
@@ -351,6 +361,8 @@ impl<'a> Index<'a> {
         };
         if let Some(why) = cold {
             let index = format(words, capacity, fingerprint);
+            trailer[1].store(capacity, Ordering::Relaxed);
+            trailer[0].store(TRAILER_MAGIC, Ordering::Release);
             return Ok((index, Start::Cold(why)));
         }
         let index = Index {
@@ -367,7 +379,7 @@ impl<'a> Index<'a> {
     /// a writer that attached once and comes back for each operation.
     /// `None` when `words` holds no index of that capacity (or is short).
     pub fn resume(words: &'a [AtomicU64], capacity: u64) -> Option<Index<'a>> {
-        let words = &words[..words_for(capacity).filter(|n| *n <= words.len())?];
+        let words = &words[..words_for(capacity).filter(|n| *n <= words.len())? - TRAILER_WORDS];
         (words[H_MAGIC].load(Ordering::Acquire) == MAGIC
             && words[H_CAPACITY].load(Ordering::Relaxed) == capacity)
             .then(|| Index {
@@ -537,6 +549,53 @@ impl<'a> Index<'a> {
             let _ = self.unrecord(slot);
         }
     }
+}
+
+/// What an index holds, for a status line: its slots, how many are
+/// recorded, and the identity of what was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// Its slots.
+    pub capacity: u64,
+    /// Slots recorded (whole records only).
+    pub records: usize,
+    /// The stored fingerprint.
+    pub fingerprint: Fingerprint,
+}
+
+/// The index that ends where `words` end (a pool's tail, as `Pool.index`
+/// places it by default), its extent rounded up to `page` bytes as the
+/// engine gave it: found by its trailer, `None` when there is none (no
+/// index, a cleared pool, or one torn).
+pub fn locate(words: &[AtomicU64], page: u64) -> Option<&[AtomicU64]> {
+    let n = words.len();
+    if n < TRAILER_WORDS || words[n - 2].load(Ordering::Acquire) != TRAILER_MAGIC {
+        return None;
+    }
+    let capacity = words[n - 1].load(Ordering::Relaxed);
+    let bytes = bytes_for(capacity)?.checked_next_multiple_of(page.max(8))?;
+    let len = usize::try_from(bytes / 8).ok()?;
+    words.get(n.checked_sub(len)?..)
+}
+
+/// The summary of the index in `words` (as [`locate`] gives it), reading
+/// it without changing it; `None` when it holds no valid index.
+pub fn summary(words: &[AtomicU64]) -> Option<Summary> {
+    let n = words.len();
+    let capacity = words.get(n.checked_sub(1)?)?.load(Ordering::Relaxed);
+    let Header::Valid {
+        capacity: stored,
+        fingerprint,
+    } = read_header(words.get(..words_for(capacity)?)?)
+    else {
+        return None;
+    };
+    let index = Index::resume(words, capacity).filter(|_| stored == capacity)?;
+    Some(Summary {
+        capacity,
+        records: index.len(),
+        fingerprint,
+    })
 }
 
 fn unpack(len: u64, key: &[u64; KEY_WORDS]) -> Vec<u8> {

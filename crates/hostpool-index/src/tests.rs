@@ -70,6 +70,28 @@ fn a_new_index_is_cold_then_warm_with_its_entries_in_order_of_use() {
 }
 
 #[test]
+fn a_reader_that_knows_only_where_the_index_ends_finds_and_sums_it_up() {
+    // A pool of 64 words whose last `len` words are the index, rounded up
+    // to a 4 KiB page.
+    let bytes = bytes_for(8).unwrap().next_multiple_of(4096);
+    let len = (bytes / 8) as usize;
+    let pool: Vec<AtomicU64> = (0..len + 64).map(|_| AtomicU64::new(0)).collect();
+    assert!(locate(&pool, 4096).is_none(), "no index yet");
+    let (index, _) = Index::attach(&pool[64..], 8, &fp("16")).unwrap();
+    index.record(2, b"a").unwrap();
+    index.record(5, b"b").unwrap();
+    let found = locate(&pool, 4096).unwrap();
+    assert_eq!(found.len(), len);
+    let s = summary(found).unwrap();
+    assert_eq!((s.capacity, s.records), (8, 2));
+    assert_eq!(s.fingerprint, fp("16"));
+    assert_eq!(s.fingerprint.get("model"), Some("Qwen/Qwen3-0.6B"));
+    // A torn header: no summary.
+    pool[64 + H_FP_TEXT].fetch_xor(1, Ordering::Relaxed);
+    assert_eq!(summary(found), None);
+}
+
+#[test]
 fn another_identity_or_size_starts_cold_naming_why_and_empties_the_index() {
     let mem = memory(4);
     let (index, _) = Index::attach(&mem, 4, &fp("16")).unwrap();

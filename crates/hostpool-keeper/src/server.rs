@@ -1192,8 +1192,35 @@ impl Serving {
             "previous": self.previous,
             "tag": self.tag,
             "last_clear_seconds": self.last_clear_seconds,
+            "index": index_status(pool, self.page),
         })
     }
+}
+
+/// The index an engine keeps at the pool's tail (`Pool.index`), read
+/// without changing it: its slots, the records it holds, and the digest of
+/// the fingerprint with the model it names; `null` when there is none.
+fn index_status(pool: &Pool, page: u64) -> Value {
+    let Some(region) = pool.region() else {
+        return Value::Null;
+    };
+    let whole = Extent {
+        offset: 0,
+        len: region.mapped_len(),
+    };
+    let summary = region
+        .words(whole)
+        .ok()
+        .and_then(|w| hostpool_index::locate(w, page))
+        .and_then(hostpool_index::summary);
+    summary.map_or(Value::Null, |s| {
+        json!({
+            "slots": s.capacity,
+            "records": s.records,
+            "digest": s.fingerprint.digest(),
+            "model": s.fingerprint.get("model"),
+        })
+    })
 }
 
 /// Send a lease: its info and the pool's figures, with the files'

@@ -274,6 +274,16 @@ fn human_status(v: &Value) -> String {
             p["ended_at"].as_str().unwrap_or("?")
         );
     }
+    if let Some(i) = v["index"].as_object() {
+        let _ = writeln!(
+            t,
+            "  index: {} of {} slots recorded, model {}, fingerprint {}",
+            i["records"],
+            i["slots"],
+            i["model"].as_str().unwrap_or("(none)"),
+            i["digest"].as_str().unwrap_or("?")
+        );
+    }
     if let Some(b) = v["broken"].as_str() {
         let _ = writeln!(t, "  broken: {b}");
     }
