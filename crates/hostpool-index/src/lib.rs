@@ -569,13 +569,23 @@ pub struct Summary {
 /// index, a cleared pool, or one torn).
 pub fn locate(words: &[AtomicU64], page: u64) -> Option<&[AtomicU64]> {
     let n = words.len();
-    if n < TRAILER_WORDS || words[n - 2].load(Ordering::Acquire) != TRAILER_MAGIC {
+    let tail = words.get(n.checked_sub(TRAILER_WORDS)?..)?;
+    let trailer = [
+        tail[0].load(Ordering::Acquire),
+        tail[1].load(Ordering::Relaxed),
+    ];
+    let len = usize::try_from(extent_len(trailer, page)? / 8).ok()?;
+    words.get(n.checked_sub(len)?..)
+}
+
+/// The bytes of the index whose last two words are `trailer`, rounded up
+/// to `page` as its extent is: where it starts, counted back from where it
+/// ends. `None` when `trailer` is no index's.
+pub fn extent_len(trailer: [u64; 2], page: u64) -> Option<u64> {
+    if trailer[0] != TRAILER_MAGIC {
         return None;
     }
-    let capacity = words[n - 1].load(Ordering::Relaxed);
-    let bytes = bytes_for(capacity)?.checked_next_multiple_of(page.max(8))?;
-    let len = usize::try_from(bytes / 8).ok()?;
-    words.get(n.checked_sub(len)?..)
+    bytes_for(trailer[1])?.checked_next_multiple_of(page.max(8))
 }
 
 /// The summary of the index in `words` (as [`locate`] gives it), reading

@@ -260,7 +260,7 @@ impl Keeper {
 
     /// The keeper's status, as `hostpool keep status --json` prints it.
     pub fn status(&self) -> Value {
-        self.serving.status(&self.memory.pool)
+        self.serving.status(&self.memory)
     }
 
     /// Serve leases until stopped: the first stop request (`stops` ≥ 1)
@@ -635,7 +635,7 @@ impl Serving {
             }
             match msg {
                 Message::Status => {
-                    let _ = wire::send(&conn, &Message::StatusOf(self.status(&memory.pool)), &[]);
+                    let _ = wire::send(&conn, &Message::StatusOf(self.status(memory)), &[]);
                 }
                 hello @ Message::Hello { .. } => self.hello(memory, conn, uid, pid, hello),
                 _ => {}
@@ -1149,7 +1149,8 @@ impl Serving {
         }
     }
 
-    fn status(&self, pool: &Pool) -> Value {
+    fn status(&self, memory: &Memory) -> Value {
+        let pool = &memory.pool;
         let state = match (&self.state, &self.lease, self.stopping) {
             (_, _, true) => "stopping",
             (State::Broken(_), _, _) => "broken",
@@ -1192,7 +1193,7 @@ impl Serving {
             "previous": self.previous,
             "tag": self.tag,
             "last_clear_seconds": self.last_clear_seconds,
-            "index": index_status(pool, self.page),
+            "index": index_status(&memory.files, self.mapped, self.page),
         })
     }
 }
@@ -1200,19 +1201,27 @@ impl Serving {
 /// The index an engine keeps at the pool's tail (`Pool.index`), read
 /// without changing it: its slots, the records it holds, and the digest of
 /// the fingerprint with the model it names; `null` when there is none.
-fn index_status(pool: &Pool, page: u64) -> Value {
-    let Some(region) = pool.region() else {
-        return Value::Null;
-    };
-    let whole = Extent {
-        offset: 0,
-        len: region.mapped_len(),
-    };
-    let summary = region
-        .words(whole)
-        .ok()
-        .and_then(|w| hostpool_index::locate(w, page))
-        .and_then(hostpool_index::summary);
+///
+/// Read from the files with `pread`, never through the mapping: a holder
+/// may have truncated a file in a directory (tmpfs, hugetlbfs: they take
+/// no seals), and a read past its end through the mapping is a SIGBUS,
+/// where `pread` returns short and the index reads as none.
+fn index_status(files: &[(OwnedFd, Extent)], mapped: u64, page: u64) -> Value {
+    let trailer = read_range(files, mapped.saturating_sub(16), 16).map(|b| {
+        let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        [word(0), word(1)]
+    });
+    let summary = trailer
+        .and_then(|t| hostpool_index::extent_len(t, page))
+        .filter(|len| *len <= mapped)
+        .and_then(|len| read_range(files, mapped - len, len))
+        .and_then(|bytes| {
+            let words: Vec<std::sync::atomic::AtomicU64> = bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])).into())
+                .collect();
+            hostpool_index::summary(&words)
+        });
     summary.map_or(Value::Null, |s| {
         json!({
             "slots": s.capacity,
@@ -1221,6 +1230,30 @@ fn index_status(pool: &Pool, page: u64) -> Value {
             "model": s.fingerprint.get("model"),
         })
     })
+}
+
+/// The pool's bytes `[offset, offset + len)`, read from the files that
+/// tile it; `None` when a file is short (truncated) or a read fails.
+fn read_range(files: &[(OwnedFd, Extent)], offset: u64, len: u64) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; usize::try_from(len).ok()?];
+    let end = offset.checked_add(len)?;
+    for (fd, e) in files {
+        let (start, stop) = (offset.max(e.offset), end.min(e.end()));
+        if start >= stop {
+            continue;
+        }
+        let dst =
+            &mut out[usize::try_from(start - offset).ok()?..usize::try_from(stop - offset).ok()?];
+        let mut done = 0;
+        while done < dst.len() {
+            let at = start - e.offset + done as u64;
+            match rustix::io::pread(fd, &mut dst[done..], at) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => done += n,
+            }
+        }
+    }
+    Some(out)
 }
 
 /// Send a lease: its info and the pool's figures, with the files'
