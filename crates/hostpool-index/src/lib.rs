@@ -306,8 +306,10 @@ impl std::fmt::Display for Cold {
 /// How an attach found the index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Start {
-    /// The same identity: these entries, oldest use first.
-    Warm(Vec<Entry>),
+    /// The same identity: its records are kept ([`Index::entries`] reads
+    /// them; the attach itself reads only the header, so it costs the same
+    /// whatever the index holds).
+    Warm,
     /// Cold, and why; the index is now empty, with the new identity.
     Cold(Cold),
 }
@@ -322,9 +324,9 @@ pub struct Index<'a> {
 
 impl<'a> Index<'a> {
     /// Attach to the index in `words` for `capacity` slots and the identity
-    /// `fingerprint`: warm with its entries when it holds the same identity
-    /// and capacity, or cold (formatted afresh: empty, a new seed) saying
-    /// why.
+    /// `fingerprint`: warm when it holds the same identity and capacity (its
+    /// header alone is read: the records are read when asked for), or cold
+    /// (formatted afresh: empty, a new seed) saying why.
     ///
     /// # Errors
     /// [`Error::Empty`] or [`Error::TooSmall`].
@@ -370,8 +372,7 @@ impl<'a> Index<'a> {
             capacity,
             seed: words[H_SEED].load(Ordering::Acquire),
         };
-        let entries = index.entries();
-        Ok((index, Start::Warm(entries)))
+        Ok((index, Start::Warm))
     }
 
     /// The index already in `words`, attached before (by this process or

@@ -79,7 +79,7 @@ fn entries_of(mapping: &pool_core::file::FileMapping) -> Vec<Entry> {
         })
         .unwrap();
     match Index::attach(words, CAPACITY, &fingerprint()).unwrap() {
-        (_, Start::Warm(entries)) => entries,
+        (index, Start::Warm) => index.entries(),
         (_, Start::Cold(why)) => panic!("the index went cold: {why}"),
     }
 }
@@ -107,7 +107,7 @@ fn child_writes_records_until_killed() {
         .unwrap();
     let (index, start) = Index::attach(words, CAPACITY, &fingerprint()).unwrap();
     assert!(
-        matches!(start, Start::Warm(_)),
+        matches!(start, Start::Warm),
         "the parent formatted it: {start:?}"
     );
     // Each round writes its own stretch of slots, then wraps around them

@@ -30,7 +30,6 @@ pub struct PyKvIndex {
     extent: Extent,
     capacity: u64,
     cold: Option<Cold>,
-    restored: usize,
     digest: String,
     fields: Vec<(String, String)>,
 }
@@ -83,9 +82,9 @@ impl PyKvIndex {
                 .map(|(_, start)| start)
                 .map_err(|e| index_error(py, &e))
         })?;
-        let (cold, restored) = match start {
-            Start::Warm(entries) => (None, entries.len()),
-            Start::Cold(why) => (Some(why), 0),
+        let cold = match start {
+            Start::Warm => None,
+            Start::Cold(why) => Some(why),
         };
         Ok(PyKvIndex {
             pool: pool.clone().unbind(),
@@ -93,7 +92,6 @@ impl PyKvIndex {
             extent,
             capacity: slots,
             cold,
-            restored,
             digest: fp.digest(),
             fields: fingerprint,
         })
@@ -166,10 +164,12 @@ impl PyKvIndex {
         }
     }
 
-    /// How many records the attach found.
+    /// How many records the index holds now (those a warm attach found,
+    /// until the engine records or unrecords): counted when asked, so the
+    /// attach itself reads only the header.
     #[getter]
-    fn restored(&self) -> usize {
-        self.restored
+    fn restored(&self, py: Python<'_>) -> PyResult<usize> {
+        self.__len__(py)
     }
 
     /// The slots it indexes.
@@ -277,7 +277,7 @@ impl PyKvIndex {
             "KvIndex(capacity={}, {}, digest={})",
             self.capacity,
             match &self.cold {
-                None => format!("warm, {} restored", self.restored),
+                None => "warm".to_string(),
                 Some(why) => format!("cold: {why}"),
             },
             self.digest

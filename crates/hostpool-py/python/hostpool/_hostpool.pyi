@@ -249,7 +249,8 @@ class KvIndex:
     def cold_field(self) -> tuple[str, str | None, str | None] | None:
         """(field, stored, now) when a fingerprint field differed."""
     @property
-    def restored(self) -> int: ...
+    def restored(self) -> int:
+        """The records the index holds now (counted when asked: the attach reads only the header)."""
     @property
     def capacity(self) -> int: ...
     @property
