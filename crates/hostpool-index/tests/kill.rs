@@ -70,14 +70,19 @@ fn map(fd: OwnedFd) -> pool_core::file::FileMapping {
     .unwrap()
 }
 
-fn entries_of(mapping: &pool_core::file::FileMapping) -> Vec<Entry> {
-    let region = mapping.region();
-    let words = region
+/// The index's words: all of the mapping.
+fn words_of(mapping: &pool_core::file::FileMapping) -> &[std::sync::atomic::AtomicU64] {
+    mapping
+        .region()
         .words(Extent {
             offset: 0,
             len: len(),
         })
-        .unwrap();
+        .unwrap()
+}
+
+fn entries_of(mapping: &pool_core::file::FileMapping) -> Vec<Entry> {
+    let words = words_of(mapping);
     match Index::attach(words, CAPACITY, &fingerprint()).unwrap() {
         (index, Start::Warm) => index.entries(),
         (_, Start::Cold(why)) => panic!("the index went cold: {why}"),
@@ -98,13 +103,7 @@ fn child_writes_records_until_killed() {
         .open(path)
         .unwrap();
     let mapping = map(OwnedFd::from(file));
-    let region = mapping.region();
-    let words = region
-        .words(Extent {
-            offset: 0,
-            len: len(),
-        })
-        .unwrap();
+    let words = words_of(&mapping);
     let (index, start) = Index::attach(words, CAPACITY, &fingerprint()).unwrap();
     assert!(
         matches!(start, Start::Warm),
@@ -135,17 +134,8 @@ fn a_writer_killed_at_any_moment_leaves_only_whole_records() {
     rustix::fs::ftruncate(&fd, len()).unwrap();
     let path = format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd());
     let mapping = map(fd);
-    {
-        let region = mapping.region();
-        let words = region
-            .words(Extent {
-                offset: 0,
-                len: len(),
-            })
-            .unwrap();
-        let (_, start) = Index::attach(words, CAPACITY, &fingerprint()).unwrap();
-        assert!(matches!(start, Start::Cold(_)));
-    }
+    let (_, start) = Index::attach(words_of(&mapping), CAPACITY, &fingerprint()).unwrap();
+    assert!(matches!(start, Start::Cold(_)));
     let exe = std::env::current_exe().unwrap();
     let mut seen = 0usize;
     for round in 0..50u64 {
