@@ -19,7 +19,7 @@ mod doctor;
 
 use pool_core::host::{capacity, thp};
 use pool_core::plugin::{AutoClaim, AutoQuery, PrefaultCost, parse_table};
-use pool_core::plugin::{Backing, BackingPlan, BackingPlugin, Mapping};
+use pool_core::plugin::{Backing, BackingPlan, BackingPlugin, Mapping, unmap_at_teardown};
 use pool_core::{AnonMapOptions, Mmap, Placeholder};
 use pool_core::{Context, Error, PoolConfig, Region, Result, TeardownIssue};
 use pool_core::{PageSize, format_bytes, round_to_page};
@@ -172,19 +172,6 @@ impl Backing for AnonBacking {
 }
 
 /// A live anonymous mapping.
-/// A failed `munmap` of `span`, for the report.
-fn munmap_issue(span: pool_core::Span, e: &std::io::Error) -> TeardownIssue {
-    TeardownIssue::log(
-        "munmap",
-        format!(
-            "{:#x}+{} ({}): {e}",
-            span.addr,
-            span.len,
-            format_bytes(span.len)
-        ),
-    )
-}
-
 #[derive(Debug)]
 struct AnonMapping {
     mmap: Mmap,
@@ -196,21 +183,11 @@ impl Mapping for AnonMapping {
     }
 
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
-        let span = self.mmap.region().span();
-        self.mmap
-            .unmap()
-            .err()
-            .map(|e| munmap_issue(span, &e))
-            .into_iter()
-            .collect()
+        unmap_at_teardown(self.mmap, false).0
     }
 
     fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
-        let span = self.mmap.region().span();
-        match self.mmap.unmap_keeping_range() {
-            Ok(p) => (Vec::new(), Some(p)),
-            Err(e) => (vec![munmap_issue(span, &e)], None),
-        }
+        unmap_at_teardown(self.mmap, true)
     }
 }
 

@@ -49,27 +49,31 @@ pub struct Failure {
     pub pid: Option<u32>,
 }
 
+impl From<Failure> for pool_core::Error {
+    /// The peer error this rank fails with.
+    fn from(f: Failure) -> pool_core::Error {
+        peer(f.message, f.ranks, f.pid)
+    }
+}
+
+impl From<Failure> for crate::Message {
+    /// What the holder tells its ranks.
+    fn from(f: Failure) -> crate::Message {
+        crate::Message::Failed {
+            message: f.message,
+            ranks: f.ranks,
+            pid: f.pid,
+        }
+    }
+}
+
 /// What the ranks are told once the barrier settles.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// Every rank is here and arrived: go.
     Go,
     /// The pool (or the lease) failed.
-    Failed {
-        message: String,
-        ranks: Vec<u32>,
-        pid: Option<u32>,
-    },
-}
-
-impl From<Failure> for Verdict {
-    fn from(f: Failure) -> Verdict {
-        Verdict::Failed {
-            message: f.message,
-            ranks: f.ranks,
-            pid: f.pid,
-        }
-    }
+    Failed(Failure),
 }
 
 /// The barrier of `world` ranks of one pool.
@@ -85,6 +89,27 @@ pub struct Barrier {
 }
 
 impl Barrier {
+    /// The barrier of a shared pool's ranks: its world and timeouts, with
+    /// the deadlines they give.
+    pub fn shared(
+        sharing: &pool_core::SharingConfig,
+        attach_at: Instant,
+        barrier_at: Instant,
+    ) -> Barrier {
+        Barrier {
+            pool: format!("shared pool `{}`", sharing.name),
+            world: sharing.world,
+            attach: Deadline {
+                at: attach_at,
+                secs: sharing.attach_timeout_secs,
+            },
+            barrier: Deadline {
+                at: barrier_at,
+                secs: sharing.barrier_timeout_secs,
+            },
+        }
+    }
+
     /// The failure `event` of the rank `mark` causes (none for an arrival
     /// without error).
     pub fn on(&self, mark: &Mark, event: &Event) -> Option<Failure> {
@@ -124,7 +149,7 @@ impl Barrier {
                 .filter(|k| !marks.iter().any(|m| m.rank == *k))
                 .collect();
             let list: Vec<String> = missing.iter().map(u32::to_string).collect();
-            return Some(Verdict::Failed {
+            return Some(Verdict::Failed(Failure {
                 message: format!(
                     "{}: rank(s) {} never attached within {:.0} s; start all {} ranks, or raise \
                      --attach-timeout",
@@ -135,7 +160,7 @@ impl Barrier {
                 ),
                 ranks: missing,
                 pid: None,
-            });
+            }));
         }
         if now < self.barrier.at {
             return None;
@@ -148,7 +173,7 @@ impl Barrier {
             .iter()
             .map(|m| format!("rank {} (pid {}: {})", m.rank, m.pid, why_late(m.pid)))
             .collect();
-        Some(Verdict::Failed {
+        Some(Verdict::Failed(Failure {
             message: format!(
                 "{}: {} attached but did not reach the barrier within {:.0} s; check the \
                  process, or raise --barrier-timeout for very large pools (a rank prefaulting a \
@@ -159,7 +184,7 @@ impl Barrier {
             ),
             ranks: late.iter().map(|m| m.rank).collect(),
             pid: late.first().and_then(|m| known(m.pid)),
-        })
+        }))
     }
 }
 
@@ -256,11 +281,11 @@ mod tests {
         let b = barrier(4, now);
         let marks = [mark(0, true), mark(2, false)];
         assert_eq!(b.settle(&marks, now + Duration::from_secs(4), late), None);
-        let Some(Verdict::Failed {
+        let Some(Verdict::Failed(Failure {
             message,
             ranks,
             pid,
-        }) = b.settle(&marks, now + Duration::from_secs(5), late)
+        })) = b.settle(&marks, now + Duration::from_secs(5), late)
         else {
             panic!("the attach deadline fails the barrier");
         };
@@ -273,11 +298,11 @@ mod tests {
         let b = barrier(2, now);
         let marks = [mark(0, true), mark(1, false)];
         assert_eq!(b.settle(&marks, now + Duration::from_secs(9), late), None);
-        let Some(Verdict::Failed {
+        let Some(Verdict::Failed(Failure {
             message,
             ranks,
             pid,
-        }) = b.settle(&marks, now + Duration::from_secs(10), late)
+        })) = b.settle(&marks, now + Duration::from_secs(10), late)
         else {
             panic!("the barrier deadline fails the barrier");
         };

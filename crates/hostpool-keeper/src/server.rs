@@ -947,15 +947,7 @@ impl Serving {
         };
         let msg = match verdict {
             Verdict::Go => Message::Go,
-            Verdict::Failed {
-                message,
-                ranks,
-                pid,
-            } => Message::Failed {
-                message,
-                ranks,
-                pid,
-            },
+            Verdict::Failed(f) => Message::from(f),
         };
         for r in &lease.ranks {
             if let Some(fd) = &r.fd {
@@ -1006,7 +998,7 @@ impl Serving {
             return None;
         }
         let verdict = match failure {
-            Some(f) => Verdict::from(f),
+            Some(f) => Verdict::Failed(f),
             None => {
                 let marks: Vec<Mark> = lease.ranks.iter().map(Rank::mark).collect();
                 lease
@@ -1014,7 +1006,7 @@ impl Serving {
                     .settle(&marks, now, pool_core::host::process::why_late)?
             }
         };
-        let Verdict::Failed { message, pid, .. } = &verdict else {
+        let Verdict::Failed(Failure { message, pid, .. }) = &verdict else {
             lease.live = true;
             return Some(verdict);
         };
@@ -1434,7 +1426,8 @@ mod tests {
             };
             let failure = s.on_rank(1, event).expect("a failure naming rank 1");
             assert_eq!((failure.ranks.clone(), failure.pid), (vec![1], Some(301)));
-            let Some(Verdict::Failed { message, .. }) = s.settle(Some(failure), now) else {
+            let Some(Verdict::Failed(Failure { message, .. })) = s.settle(Some(failure), now)
+            else {
                 panic!("the lease fails");
             };
             let what = if died {
@@ -1464,11 +1457,11 @@ mod tests {
         granted(&mut s, &hello("eng", 3, 2, None), 402, now);
         assert_eq!(s.settle(None, now), None);
         let later = now + Duration::from_secs(6);
-        let Some(Verdict::Failed {
+        let Some(Verdict::Failed(Failure {
             message,
             ranks,
             pid,
-        }) = s.settle(None, later)
+        })) = s.settle(None, later)
         else {
             panic!("the attach deadline fails the lease");
         };
@@ -1480,11 +1473,11 @@ mod tests {
         granted(&mut s, &hello("eng", 2, 1, None), 501, now);
         s.on_rank(0, RankEvent::Arrived(None));
         let much_later = now + Duration::from_secs(11);
-        let Some(Verdict::Failed {
+        let Some(Verdict::Failed(Failure {
             message,
             ranks,
             pid,
-        }) = s.settle(None, much_later)
+        })) = s.settle(None, much_later)
         else {
             panic!("the barrier deadline fails the lease");
         };

@@ -655,35 +655,11 @@ impl FileMapping {
     }
 
     /// As [`FileMapping::release`], keeping the address range reserved
-    /// ([`Mmap::unmap_keeping_range`]): the files' memory is given back all
-    /// the same.
-    pub fn release_keeping_range(self) -> (Vec<TeardownIssue>, Option<Placeholder>) {
-        self.release_with(true)
-    }
-
-    fn release_with(self, keep_range: bool) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+    /// when `keep_range` ([`crate::plugin::unmap_at_teardown`]): the files'
+    /// memory is given back all the same.
+    pub fn release_with(self, keep_range: bool) -> (Vec<TeardownIssue>, Option<Placeholder>) {
         let FileMapping { mmap, mut files } = self;
-        let mut issues = Vec::new();
-        let span = mmap.region().span();
-        let (unmapped, kept) = if keep_range {
-            match mmap.unmap_keeping_range() {
-                Ok(p) => (Ok(()), Some(p)),
-                Err(e) => (Err(e), None),
-            }
-        } else {
-            (mmap.unmap(), None)
-        };
-        if let Err(e) = unmapped {
-            issues.push(TeardownIssue::log(
-                "munmap",
-                format!(
-                    "{:#x}+{} ({}): {e}",
-                    span.addr,
-                    span.len,
-                    format_bytes(span.len)
-                ),
-            ));
-        }
+        let (mut issues, kept) = crate::plugin::unmap_at_teardown(mmap, keep_range);
         issues.extend(files.unlink_all());
         (issues, kept)
     }
@@ -753,7 +729,7 @@ impl Mapping for FileMapping {
     }
 
     fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
-        self.release_keeping_range()
+        self.release_with(true)
     }
 }
 
@@ -775,7 +751,7 @@ impl Attachment for FileMapping {
     }
 
     fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
-        self.release_keeping_range()
+        self.release_with(true)
     }
 }
 

@@ -252,11 +252,7 @@ impl LeasedMapping {
     /// Unmap (keeping the range if asked), then release the lease.
     fn release(self, keep_range: bool) -> (Vec<TeardownIssue>, Option<Placeholder>) {
         let LeasedMapping { inner, conn, .. } = self;
-        let released = if keep_range {
-            inner.release_keeping_range()
-        } else {
-            (inner.release(), None)
-        };
+        let released = inner.release_with(keep_range);
         pool_core::failpoint::stall("keeper-release");
         if let Some(conn) = conn {
             // Unmapped first: the keeper may clear the pool once it reads this.

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
 use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
-use crate::barrier::{Barrier, Deadline, Event, Failure, Mark, Verdict};
+use crate::barrier::{Barrier, Event, Failure, Mark, Verdict};
 use crate::sys::{Blamed, Ctl, MAX_BLAMED};
 use pool_core::SharingConfig;
 use pool_core::file::Attachment;
@@ -813,18 +813,11 @@ impl Session {
         }
         // Each rank judges the others from their slots, as a holder does
         // from its sockets: through the one barrier.
-        let barrier = Barrier {
-            pool: format!("shared pool `{}`", self.sharing.name),
-            world,
-            attach: Deadline {
-                at: self.started + Duration::from_secs_f64(self.sharing.attach_timeout_secs),
-                secs: self.sharing.attach_timeout_secs,
-            },
-            barrier: Deadline {
-                at: Instant::now() + Duration::from_secs_f64(self.sharing.barrier_timeout_secs),
-                secs: self.sharing.barrier_timeout_secs,
-            },
-        };
+        let barrier = Barrier::shared(
+            &self.sharing,
+            self.started + Duration::from_secs_f64(self.sharing.attach_timeout_secs),
+            Instant::now() + Duration::from_secs_f64(self.sharing.barrier_timeout_secs),
+        );
         loop {
             if ctl.header.done.load(Ordering::Acquire) == 1 {
                 return Ok(());
@@ -869,28 +862,18 @@ impl Session {
                 }
                 marks.push(mark);
             }
-            let failed = match problem {
-                Some(f) => Some(f),
-                None => match barrier.settle(&marks, Instant::now(), why_late) {
-                    Some(Verdict::Failed {
-                        message,
-                        ranks,
-                        pid,
-                    }) => Some(Failure {
-                        message,
-                        ranks,
-                        pid,
-                    }),
+            let failed =
+                problem.or_else(|| match barrier.settle(&marks, Instant::now(), why_late) {
+                    Some(Verdict::Failed(f)) => Some(f),
                     Some(Verdict::Go) | None => None,
-                },
-            };
+                });
             // A rank that passed the barrier may exit at once: only a
             // barrier that is still open makes its absence a failure.
             if let Some(f) = failed
                 && ctl.header.done.load(Ordering::Acquire) == 0
             {
                 self.fail(&f.message, &f.ranks);
-                return Err(peer(f.message, f.ranks, f.pid));
+                return Err(f.into());
             }
             std::thread::sleep(POLL);
         }
@@ -1110,11 +1093,7 @@ impl Attachment for SharedMapping {
 impl SharedMapping {
     fn release(self, keep_range: bool) -> (Vec<TeardownIssue>, Option<Placeholder>) {
         let SharedMapping { inner, session, .. } = self;
-        let (mut issues, kept) = if keep_range {
-            inner.release_keeping_range()
-        } else {
-            (inner.release(), None)
-        };
+        let (mut issues, kept) = inner.release_with(keep_range);
         if !session.passed() {
             // Never passed the barrier: make sure nothing is left behind.
             issues.extend(session.unlink_all());

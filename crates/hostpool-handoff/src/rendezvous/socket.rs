@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use rustix::net::{SocketAddrUnix, SocketFlags, SocketType};
 
 use super::{Role, SharedPoolSpec, SharingReport, peer, shard};
-use crate::barrier::{Barrier, Deadline, Event, Mark, Verdict};
+use crate::barrier::{Barrier, Event, Mark, Verdict};
 use crate::join::{self, Holder, Joining};
 use crate::message::Message;
 use crate::wire::{self, TICK, os, readable, send, seqpacket};
@@ -193,18 +193,11 @@ fn create(
         .collect();
     let expect = hello_of(&spec);
     // Whatever ends the wait for the joiners, those already welcomed hear why.
-    let barrier = Barrier {
-        pool: format!("shared pool `{}`", sharing.name),
-        world: sharing.world,
-        attach: Deadline {
-            at: attach_deadline,
-            secs: sharing.attach_timeout_secs,
-        },
-        barrier: Deadline {
-            at: attach_deadline + Duration::from_secs_f64(sharing.barrier_timeout_secs),
-            secs: sharing.barrier_timeout_secs,
-        },
-    };
+    let barrier = Barrier::shared(
+        sharing,
+        attach_deadline,
+        attach_deadline + Duration::from_secs_f64(sharing.barrier_timeout_secs),
+    );
     if let Err(e) = accept_joiners(&spec, &expect, &listener, &fds, &mut links, &barrier) {
         // A peer error is relayed as it is; any other is the creator's own.
         let own = match &e {
@@ -254,13 +247,10 @@ fn accept_joiners(
     let sharing = spec.sharing;
     while links.len() + 1 < sharing.world as usize {
         let marks = marks(sharing, links, false);
-        if let Some(Verdict::Failed {
-            message,
-            ranks,
-            pid,
-        }) = barrier.settle(&marks, Instant::now(), pool_core::host::process::why_late)
+        if let Some(Verdict::Failed(f)) =
+            barrier.settle(&marks, Instant::now(), pool_core::host::process::why_late)
         {
-            return Err(peer(message, ranks, pid));
+            return Err(f.into());
         }
         spec.cancel.check()?;
         // A joiner that is already attached may die, or arrive, meanwhile.
@@ -645,7 +635,7 @@ fn watch(links: &mut [Link], barrier: &Barrier, cancel: &Cancel) -> Option<Error
             Ok(Received::Gone) | Err(_) => Event::Gone,
         };
         if let Some(f) = barrier.on(&l.mark(), &event) {
-            return Some(peer(f.message, f.ranks, f.pid));
+            return Some(f.into());
         }
         l.arrived = true;
     }
@@ -801,13 +791,12 @@ impl SocketMapping {
             fail_all(&mut self.links, &e);
             return Err(e);
         }
-        let barrier = Barrier {
-            barrier: Deadline {
-                at: Instant::now() + Duration::from_secs_f64(s.barrier_timeout_secs),
-                secs: s.barrier_timeout_secs,
-            },
-            ..barrier.clone()
-        };
+        // The barrier's deadline counts from the creator's own arrival.
+        let barrier = Barrier::shared(
+            s,
+            barrier.attach.at,
+            Instant::now() + Duration::from_secs_f64(s.barrier_timeout_secs),
+        );
         loop {
             if let Err(e) = self.cancel.check() {
                 let why = peer(
@@ -825,12 +814,8 @@ impl SocketMapping {
             let marks = marks(s, &self.links, true);
             match barrier.settle(&marks, Instant::now(), pool_core::host::process::why_late) {
                 Some(Verdict::Go) => break,
-                Some(Verdict::Failed {
-                    message,
-                    ranks,
-                    pid,
-                }) => {
-                    let e = peer(message, ranks, pid);
+                Some(Verdict::Failed(f)) => {
+                    let e = Error::from(f);
                     fail_all(&mut self.links, &e);
                     return Err(e);
                 }
@@ -890,7 +875,7 @@ impl Attachment for SocketMapping {
     }
 
     fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
-        self.inner.release_keeping_range()
+        self.inner.release_with(true)
     }
 }
 

@@ -40,7 +40,7 @@ pub use cost::{CostInputs, PREFAULT_CEILING_GBPS, Predicted, REGISTER_SECONDS_PE
 pub use doctor::{DoctorContext, DoctorFn, Finding, Level, PoolFacts, split_reason};
 pub use traits::{
     Backing, BackingPlan, CreateFile, ExtentReport, FilePlan, Mapping, MemorySource, Pin,
-    PinContext, Pinner, RankBarrier, Recheck, Registrar, Registration,
+    PinContext, Pinner, RankBarrier, Recheck, Registrar, Registration, unmap_at_teardown,
 };
 
 use crate::config::PoolConfig;

@@ -16,7 +16,7 @@ use crate::config::PoolConfig;
 use crate::error::{Result, TeardownIssue};
 use crate::host::capacity::CapacityCheck;
 use crate::layout::{Extent, MappedSize};
-use crate::sys::{Placeholder, Region};
+use crate::sys::{Mmap, Placeholder, Region};
 
 /// A collective the ranks meet at once their shards are prefaulted. The
 /// embedding engine can implement it with its own (for example a
@@ -237,6 +237,41 @@ pub trait Mapping: Send + Sync + fmt::Debug {
     fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
         (self.teardown(), None)
     }
+}
+
+/// Unmap a mapping's memory at teardown, keeping its address range
+/// reserved when `keep_range` ([`Mmap::unmap_keeping_range`]): a failed
+/// call is the report's issue, naming the range. What a [`Mapping`] over
+/// an [`Mmap`] does in both of its teardowns.
+pub fn unmap_at_teardown(
+    mmap: Mmap,
+    keep_range: bool,
+) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+    let span = mmap.region().span();
+    let (unmapped, kept) = if keep_range {
+        match mmap.unmap_keeping_range() {
+            Ok(p) => (Ok(()), Some(p)),
+            Err(e) => (Err(e), None),
+        }
+    } else {
+        (mmap.unmap(), None)
+    };
+    let issues = unmapped
+        .err()
+        .map(|e| {
+            TeardownIssue::log(
+                "munmap",
+                format!(
+                    "{:#x}+{} ({}): {e}",
+                    span.addr,
+                    span.len,
+                    crate::layout::format_bytes(span.len)
+                ),
+            )
+        })
+        .into_iter()
+        .collect();
+    (issues, kept)
 }
 
 /// What a pinner or registrar is told besides the region: the settings of

@@ -230,21 +230,14 @@ impl<'a> Region<'a> {
     /// # Errors
     /// `ERANGE` for an extent outside the region or not on a page boundary.
     pub fn zero(&self, extent: Extent) -> io::Result<()> {
-        let (addr, len) = self.range(extent)?;
         // A page boundary is eight-byte aligned; a tail shorter than a word
         // goes byte by byte.
-        let words = len / 8;
-        // SAFETY: `[addr, addr + len)` is inside the region (checked by
-        // `range`), mapped read-write for 'a; `addr` is page-aligned, so
-        // eight-byte aligned, and AtomicU64 has u64's size; every access of
-        // this library to pool memory is atomic or the kernel's, so no
-        // non-atomic access races these stores.
-        let slice = unsafe { std::slice::from_raw_parts(addr.cast::<AtomicU64>(), words) };
-        for w in slice {
+        let words = self.words(extent)?;
+        for w in words {
             w.store(0, Ordering::Relaxed);
         }
-        for off in (words * 8)..len {
-            self.write_byte(extent.offset + off as u64, 0);
+        for off in (words.len() as u64 * 8)..extent.len {
+            self.write_byte(extent.offset + off, 0);
         }
         Ok(())
     }
@@ -450,9 +443,10 @@ pub struct Placeholder {
     readable: bool,
 }
 
-// SAFETY: a range this value owns, never accessed through it; only unmapped.
+// SAFETY: a range this value owns, accessed through it only by an atomic
+// load (`first_byte`) and unmapped once, on drop.
 unsafe impl Send for Placeholder {}
-// SAFETY: `&Placeholder` gives access to nothing.
+// SAFETY: `&Placeholder` gives only an atomic load of one byte.
 unsafe impl Sync for Placeholder {}
 
 impl Placeholder {
@@ -460,10 +454,14 @@ impl Placeholder {
     /// pool's data), for a check that the pool's memory is gone; `None`
     /// where the placeholder is `PROT_NONE`.
     pub fn first_byte(&self) -> Option<u8> {
-        // SAFETY: the placeholder's own mapping, mapped readable (checked
-        // just before), alive while `self` is borrowed.
-        self.readable
-            .then(|| unsafe { std::ptr::read_volatile(self.base.as_ptr()) })
+        self.readable.then(|| {
+            // SAFETY: the placeholder's own mapping, mapped readable
+            // (checked just before), alive while `self` is borrowed; read
+            // atomically, since a stale pointer of the caller's may write it
+            // meanwhile.
+            let byte = unsafe { AtomicU8::from_ptr(self.base.as_ptr()) };
+            byte.load(Ordering::Relaxed)
+        })
     }
 
     /// The range's start.
