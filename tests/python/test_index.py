@@ -56,6 +56,61 @@ def test_an_index_records_and_gives_back_its_slots_oldest_first():
             pool.index(SLOTS, {"a=b": "c"})
 
 
+def test_find_survey_and_touch_many_answer_from_the_key_table():
+    nbytes = hostpool.index_bytes(SLOTS)
+    with hostpool.Pool(4 * MiB + nbytes) as pool:
+        idx = pool.index(SLOTS, FP)
+        assert idx.find(b"k") is None
+        assert idx.survey() == (list(range(SLOTS)), [])
+        keys = [bytes([i]) * 36 for i in range(6)]
+        idx.record_many([10, 3, 7, 0, 200, 5], keys)
+        assert idx.find(keys[1]) == 3 and idx.find(b"") is None
+        assert idx.find(b"k" * 65) is None, "too long: never recorded"
+        assert idx.find_many([keys[4], b"absent", keys[0]]) == [200, None, 10]
+        assert idx.find_many([]) == []
+        idx.touch_many([10, 3])
+        free, recorded = idx.survey()
+        assert recorded == [7, 0, 200, 5, 10, 3], "oldest use first"
+        assert free == sorted(set(range(SLOTS)) - set(recorded))
+        assert recorded == [slot for slot, _ in idx.entries()]
+        idx.unrecord(7)
+        idx.record(3, b"another")
+        assert idx.find_many([keys[2], keys[1], b"another"]) == [None, None, 3]
+        with pytest.raises(ValueError, match="outside the index of 256"):
+            idx.touch_many([1, SLOTS])
+        with pytest.raises(TypeError):
+            idx.find_many(["str is no key"])
+        again = pool.index(SLOTS, FP)
+        assert again.warm and again.find(b"another") == 3
+        idx.clear()
+        assert idx.find(keys[0]) is None and idx.survey()[1] == []
+    with pytest.raises(hostpool.Error, match="closed"):
+        idx.find(b"k")
+
+
+def test_the_next_lease_finds_the_recorded_slots_without_reading_them(keeper):
+    name = f"py-index-find-{os.getpid()}"
+    size = SLOTS * BLOCK + hostpool.index_bytes(SLOTS)
+    keeper(name, "--size", str(size), "--content", "keep")
+    keys = [i.to_bytes(4, "little") * 9 for i in range(SLOTS)]
+    with hostpool.Pool(keeper=name) as pool:
+        idx = pool.index(SLOTS, FP)
+        idx.record_many(list(range(SLOTS)), keys)
+        idx.unrecord_many(list(range(0, SLOTS, 4)))
+        idx.touch_many([1, 2])
+    with hostpool.Pool(keeper=name) as pool:
+        idx = pool.index(SLOTS, FP)
+        assert idx.warm, idx.cold_reason
+        found = idx.find_many(keys)
+        assert found == [None if s % 4 == 0 else s for s in range(SLOTS)]
+        free, recorded = idx.survey()
+        assert free == list(range(0, SLOTS, 4))
+        assert recorded[-2:] == [1, 2] and sorted(recorded) == [s for s in range(SLOTS) if s % 4]
+        idx.record(0, b"new in lease two")
+    with hostpool.Pool(keeper=name) as pool:
+        assert pool.index(SLOTS, FP).find(b"new in lease two") == 0
+
+
 WRITER = """
 import sys, hostpool
 name, slots, block, fp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), eval(sys.argv[4])
@@ -118,6 +173,11 @@ def test_a_kept_pools_index_survives_engines_killed_mid_store(keeper):
             assert idx.warm, idx.cold_reason
             assert idx.restored >= SLOTS - 1, "every slot but the one cut short is recorded"
             assert entries_hold_their_bytes(pool, idx) == []
+            entries = idx.entries()
+            found = idx.find_many([key for _, key in entries])
+            wrong = [(s, f) for (s, _), f in zip(entries, found) if f not in (s, None)]
+            assert wrong == [], "find names only a slot that holds its key"
+            assert found.count(None) <= 1, "only the record whose bucket was cut short is missed"
 
 
 def keep_status(hostpool_bin, name):

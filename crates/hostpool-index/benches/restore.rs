@@ -1,8 +1,11 @@
 //! The index at the scale issue 29 names: one million slots. How fast a
 //! restarted engine gets every record back (attach warm: the header's check
 //! and every record's), against reading the same words once in the same
-//! run (the limit: the records must be read); and what a record and an
-//! unrecord cost the engine's hot path.
+//! run (the limit: the records must be read); what a record and an
+//! unrecord cost the engine's hot path; what a lookup costs through the key
+//! table (a key present, a key absent, and the first hit after a warm
+//! attach: a restarted engine's time to its first hit); and a survey of
+//! every slot (free, and recorded oldest first).
 //!
 //! Run with `cargo bench -p hostpool-index --bench restore`, nothing else
 //! running; the figures are in `docs/measurements.md`.
@@ -13,6 +16,10 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use hostpool_index::{Fingerprint, Index, Start, words_for};
+
+/// A stride through the slots (a prime), so successive lookups land on
+/// other cache lines, as a restarted engine's do.
+const STRIDE: u64 = 104_729;
 
 const SLOTS: u64 = 1_000_000;
 
@@ -67,6 +74,39 @@ fn restore(c: &mut Criterion) {
                 entries
             }
             _ => panic!("the index went cold"),
+        })
+    });
+    g.bench_function("survey (free ascending, recorded oldest first)", |b| {
+        b.iter(|| {
+            let survey = index.survey();
+            assert_eq!(survey.recorded.len() as u64, SLOTS);
+            survey
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("index-find");
+    g.throughput(Throughput::Elements(1));
+    let mut n = 0u64;
+    g.bench_function("find a present key", |b| {
+        b.iter(|| {
+            n = (n + STRIDE) % SLOTS;
+            assert_eq!(index.find(black_box(&key(n))), Some(n));
+        })
+    });
+    g.bench_function("find an absent key", |b| {
+        b.iter(|| {
+            n = (n + STRIDE) % SLOTS;
+            assert_eq!(index.find(black_box(&key(SLOTS + n))), None);
+        })
+    });
+    g.bench_function("attach warm + find one key (time to the first hit)", |b| {
+        b.iter(|| {
+            n = (n + STRIDE) % SLOTS;
+            match Index::attach(black_box(&words), SLOTS, &fp) {
+                Ok((index, Start::Warm)) => assert_eq!(index.find(&key(n)), Some(n)),
+                _ => panic!("the index went cold"),
+            }
         })
     });
     g.finish();

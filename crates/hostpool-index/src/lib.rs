@@ -29,18 +29,39 @@
 //!   size, layout or parallel rank (or no index at all, or a torn header)
 //!   starts cold, names the field that differed, and formats the index
 //!   afresh, empty, under a new seed, so no record of before can validate.
+//! - **A key is found without reading the records.** After the records, a
+//!   key table (open addressing, linear probing, a power of two of buckets,
+//!   at least two per slot) maps a key's hash to its slot, so a restarted
+//!   engine answers a lookup in a few loads however many slots the index
+//!   has ([`Index::find`]). A bucket is one word: the slot plus one in its
+//!   low half, a tag (the key's hash under the seed, never zero) in its high
+//!   half; zero is empty. The table is a hint that every read validates: a
+//!   bucket counts only when the record at its slot reads whole and holds
+//!   the very key asked for. So it needs no crash consistency of its own: a
+//!   writer killed between publishing a record and inserting its bucket
+//!   leaves a record [`Index::find`] misses (a miss is always safe), and a
+//!   bucket whose slot was unrecorded or recorded for another key is
+//!   rejected, then reused by a later insert (stale). A bucket never goes
+//!   back to empty (that would cut the probe runs through it) until the
+//!   whole table is cleared; the header keeps the farthest any insert has
+//!   placed a key from its home bucket, which bounds every probe, so a
+//!   table whose buckets all went non-empty over a long churn still answers
+//!   a missing key in a few probes.
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 /// The first word of a formatted index.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HPINDEX1");
 /// The layout's version.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 /// The longest key in bytes (vLLM's key is its block hash, 32 bytes for
 /// sha256, and a 4-byte group index).
 pub const MAX_KEY: usize = 64;
 /// The longest fingerprint text in bytes.
 pub const MAX_FINGERPRINT: usize = 4096;
+/// The most records an index holds: a bucket of the key table names its
+/// slot plus one in 32 bits.
+pub const MAX_CAPACITY: u64 = u32::MAX as u64 - 1;
 
 const KEY_WORDS: usize = MAX_KEY / 8;
 const FP_WORDS: usize = MAX_FINGERPRINT / 8;
@@ -56,9 +77,12 @@ const H_FP_TEXT: usize = 5;
 const H_CHECK: usize = H_FP_TEXT + FP_WORDS;
 /// The last stamp given (outside the checked words: it moves).
 const H_CLOCK: usize = H_CHECK + 1;
-/// Words before the first record (the header, its check and the clock,
-/// rounded up to a 64-byte line).
-const HEADER_WORDS: usize = (H_CLOCK + 1).next_multiple_of(8);
+/// The farthest from its home bucket an insert has placed a key in the key
+/// table (outside the checked words: it moves): no probe goes further.
+const H_FARTHEST: usize = H_CLOCK + 1;
+/// Words before the first record (the header, its check, the clock and the
+/// farthest probe, rounded up to a 64-byte line).
+const HEADER_WORDS: usize = (H_FARTHEST + 1).next_multiple_of(8);
 
 // A record, in words.
 const R_STAMP: usize = 0;
@@ -86,6 +110,12 @@ pub enum Error {
     /// No records asked for.
     #[error("an index needs at least one record")]
     Empty,
+    /// More records asked for than [`MAX_CAPACITY`].
+    #[error("an index holds at most {MAX_CAPACITY} records, and {capacity} were asked for")]
+    TooLarge {
+        /// Records asked for.
+        capacity: u64,
+    },
     /// A slot past the index's capacity.
     #[error("slot {slot} is outside the index of {capacity} records")]
     NoSlot {
@@ -112,13 +142,32 @@ pub enum Error {
 pub const TRAILER_MAGIC: u64 = u64::from_le_bytes(*b"HPINDEXT");
 const TRAILER_WORDS: usize = 2;
 
-/// The words an index of `capacity` records takes (its header, records and
-/// trailer).
+/// The words an index of `capacity` records takes (its header, records,
+/// key table and trailer); `None` past [`MAX_CAPACITY`].
 pub fn words_for(capacity: u64) -> Option<usize> {
-    let records = usize::try_from(capacity).ok()?;
-    records
+    table_start(capacity)?
+        .checked_add(buckets_for(capacity)?)?
+        .checked_add(TRAILER_WORDS)
+}
+
+/// Where the key table starts: after the records, on a 64-byte line.
+fn table_start(capacity: u64) -> Option<usize> {
+    if capacity > MAX_CAPACITY {
+        return None;
+    }
+    usize::try_from(capacity)
+        .ok()?
         .checked_mul(RECORD_WORDS)?
-        .checked_add(HEADER_WORDS + TRAILER_WORDS)
+        .checked_next_multiple_of(8)?
+        .checked_add(HEADER_WORDS)
+}
+
+/// The key table's buckets: a power of two, at least two per record.
+fn buckets_for(capacity: u64) -> Option<usize> {
+    usize::try_from(capacity)
+        .ok()?
+        .checked_mul(2)?
+        .checked_next_power_of_two()
 }
 
 /// The bytes an index of `capacity` records takes.
@@ -136,6 +185,44 @@ fn hash(words: impl IntoIterator<Item = u64>) -> u64 {
         }
     }
     h.max(1)
+}
+
+/// A key's hash under `seed` for the key table: the key's words (its
+/// `len` bytes, zero-padded), each mixed in with splitmix64's finalizer.
+/// Its low bits choose the home bucket, its high half is the tag.
+fn key_hash(seed: u64, len: u64, key: &[u64; KEY_WORDS]) -> u64 {
+    fn mix(mut x: u64) -> u64 {
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    }
+    let used = usize::try_from(len).map_or(KEY_WORDS, |l| l.div_ceil(8).min(KEY_WORDS));
+    let mut h = mix(seed ^ len.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    for w in &key[..used] {
+        h = mix(h ^ *w);
+    }
+    h
+}
+
+/// A hash's tag: its high half, never zero.
+fn tag(hash: u64) -> u64 {
+    (hash >> 32).max(1)
+}
+
+/// A bucket naming `slot` under `tag`.
+fn bucket(slot: u64, tag: u64) -> u64 {
+    (tag << 32) | (slot + 1)
+}
+
+/// A key packed into words, as a record holds it.
+fn pack(key: &[u8]) -> [u64; KEY_WORDS] {
+    let mut packed = [0u64; KEY_WORDS];
+    for (w, c) in packed.iter_mut().zip(key.chunks(8)) {
+        let mut b = [0u8; 8];
+        b[..c.len()].copy_from_slice(c);
+        *w = u64::from_le_bytes(b);
+    }
+    packed
 }
 
 /// The identity of what a pool's slots hold: named fields in a fixed
@@ -303,6 +390,17 @@ impl std::fmt::Display for Cold {
     }
 }
 
+/// The slots of an index, once over (see [`Index::survey`]): what a
+/// restarted manager needs at its first store.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Survey {
+    /// The slots with no record (or one torn), ascending: free to store
+    /// into.
+    pub free: Vec<u64>,
+    /// The slots with a record, oldest use first: the order to evict in.
+    pub recorded: Vec<u64>,
+}
+
 /// How an attach found the index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Start {
@@ -317,7 +415,10 @@ pub enum Start {
 /// An index over a run of words (see the crate's documentation).
 #[derive(Debug)]
 pub struct Index<'a> {
+    /// The header and the records.
     words: &'a [AtomicU64],
+    /// The key table.
+    table: &'a [AtomicU64],
     capacity: u64,
     seed: u64,
 }
@@ -329,7 +430,7 @@ impl<'a> Index<'a> {
     /// (formatted afresh: empty, a new seed) saying why.
     ///
     /// # Errors
-    /// [`Error::Empty`] or [`Error::TooSmall`].
+    /// [`Error::Empty`], [`Error::TooLarge`] or [`Error::TooSmall`].
     pub fn attach(
         words: &'a [AtomicU64],
         capacity: u64,
@@ -337,6 +438,9 @@ impl<'a> Index<'a> {
     ) -> Result<(Index<'a>, Start), Error> {
         if capacity == 0 {
             return Err(Error::Empty);
+        }
+        if capacity > MAX_CAPACITY {
+            return Err(Error::TooLarge { capacity });
         }
         let need = words_for(capacity).ok_or(Error::TooSmall {
             capacity,
@@ -367,27 +471,34 @@ impl<'a> Index<'a> {
             trailer[0].store(TRAILER_MAGIC, Ordering::Release);
             return Ok((index, Start::Cold(why)));
         }
-        let index = Index {
-            words,
-            capacity,
-            seed: words[H_SEED].load(Ordering::Acquire),
-        };
+        let index = Index::over(words, capacity, words[H_SEED].load(Ordering::Acquire));
         Ok((index, Start::Warm))
+    }
+
+    /// The index over `words` (its header, records and key table, as
+    /// [`words_for`] sizes them less the trailer) under `seed`.
+    fn over(words: &'a [AtomicU64], capacity: u64, seed: u64) -> Index<'a> {
+        let start = table_start(capacity).expect("a capacity words_for accepted");
+        let (words, table) = words.split_at(start);
+        Index {
+            words,
+            table,
+            capacity,
+            seed,
+        }
     }
 
     /// The index already in `words`, attached before (by this process or
     /// another) for `capacity` slots: cheap (no check of the header), for
     /// a writer that attached once and comes back for each operation.
-    /// `None` when `words` holds no index of that capacity (or is short).
+    /// `None` when `words` holds no index of this version and that capacity
+    /// (or is short).
     pub fn resume(words: &'a [AtomicU64], capacity: u64) -> Option<Index<'a>> {
         let words = &words[..words_for(capacity).filter(|n| *n <= words.len())? - TRAILER_WORDS];
         (words[H_MAGIC].load(Ordering::Acquire) == MAGIC
+            && words[H_VERSION].load(Ordering::Relaxed) == VERSION
             && words[H_CAPACITY].load(Ordering::Relaxed) == capacity)
-            .then(|| Index {
-                words,
-                capacity,
-                seed: words[H_SEED].load(Ordering::Acquire),
-            })
+            .then(|| Index::over(words, capacity, words[H_SEED].load(Ordering::Acquire)))
     }
 
     /// The records this index holds.
@@ -420,7 +531,9 @@ impl<'a> Index<'a> {
     }
 
     /// Record that `slot` holds the bytes of `key`, written completely;
-    /// its stamp is the index's next. Returns the stamp.
+    /// its stamp is the index's next. Returns the stamp. The record is
+    /// published first, then its key put in the key table ([`Index::find`]
+    /// misses it in between).
     ///
     /// # Errors
     /// [`Error::NoSlot`], [`Error::KeyTooLong`].
@@ -429,14 +542,136 @@ impl<'a> Index<'a> {
             return Err(Error::KeyTooLong { len: key.len() });
         }
         let r = self.record_words(slot)?;
-        let mut packed = [0u64; KEY_WORDS];
-        for (w, c) in packed.iter_mut().zip(key.chunks(8)) {
-            let mut b = [0u8; 8];
-            b[..c.len()].copy_from_slice(c);
-            *w = u64::from_le_bytes(b);
-        }
+        let packed = pack(key);
         self.publish(slot, r, key.len() as u64, &packed);
-        Ok(r[R_STAMP].load(Ordering::Relaxed))
+        let stamp = r[R_STAMP].load(Ordering::Relaxed);
+        self.insert(slot, key.len() as u64, &packed);
+        Ok(stamp)
+    }
+
+    /// The bucket `distance` past `hash`'s home bucket.
+    fn bucket_at(&self, hash: u64, distance: usize) -> &AtomicU64 {
+        // The table's length is a power of two: the mask wraps around it.
+        &self.table[(hash as usize).wrapping_add(distance) & (self.table.len() - 1)]
+    }
+
+    /// How far a probe goes: past the farthest any key was placed from its
+    /// home bucket, never round the table more than once.
+    fn probes(&self) -> usize {
+        let farthest = self.words[H_FARTHEST].load(Ordering::Acquire);
+        usize::try_from(farthest)
+            .map_or(usize::MAX, |f| f.saturating_add(1))
+            .min(self.table.len())
+    }
+
+    /// Note that a key was placed `distance` from its home bucket, before
+    /// its bucket is stored (a probe must reach it once it is there).
+    fn reach(&self, distance: usize) {
+        let distance = distance as u64;
+        if self.words[H_FARTHEST].load(Ordering::Relaxed) < distance {
+            self.words[H_FARTHEST].fetch_max(distance, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether the bucket `b` no longer finds anything: its slot is empty,
+    /// or holds a key of another tag. Such a bucket may be reused (never
+    /// emptied). Read by the one writer, whose records are all whole, so
+    /// the record's check is not computed (the cost of a stored key): a
+    /// record torn by a writer killed before only wastes a bucket when its
+    /// words happen to give the tag, and a whole record is judged as
+    /// [`Index::find`] would.
+    fn stale(&self, b: u64) -> bool {
+        let slot = (b & u64::from(u32::MAX)).wrapping_sub(1);
+        let Ok(r) = self.record_words(slot) else {
+            return true;
+        };
+        if r[R_CHECK].load(Ordering::Acquire) == 0 {
+            return true;
+        }
+        let len = r[R_LEN].load(Ordering::Relaxed);
+        if len > MAX_KEY as u64 {
+            return true;
+        }
+        let mut key = [0u64; KEY_WORDS];
+        for (v, w) in key.iter_mut().zip(&r[R_KEY..R_CHECK]) {
+            *v = w.load(Ordering::Relaxed);
+        }
+        tag(key_hash(self.seed, len, &key)) != b >> 32
+    }
+
+    /// Put `key`, just recorded at `slot`, in the key table: probing from
+    /// its home bucket, stop at a bucket that already names it; otherwise
+    /// store it in the first bucket that is empty or stale, looking on
+    /// (for one that names it) no further than an empty bucket and the
+    /// farthest probe. A table with no such bucket (which cannot happen with
+    /// two buckets per record, at most one live per record) leaves the key
+    /// unfound: a miss.
+    fn insert(&self, slot: u64, len: u64, key: &[u64; KEY_WORDS]) {
+        let hash = key_hash(self.seed, len, key);
+        let want = bucket(slot, tag(hash));
+        let probes = self.probes();
+        let mut reuse = None;
+        for distance in 0..self.table.len() {
+            let b = self.bucket_at(hash, distance).load(Ordering::Acquire);
+            if b == want {
+                // Placed there for this key, or (under the same tag) for
+                // the slot's key before: either way found from here.
+                self.reach(distance);
+                return;
+            }
+            if b == 0 {
+                reuse = Some(reuse.unwrap_or(distance));
+                break;
+            }
+            if reuse.is_none() && self.stale(b) {
+                reuse = Some(distance);
+            }
+            if reuse.is_some() && distance + 1 >= probes {
+                break;
+            }
+        }
+        if let Some(distance) = reuse {
+            self.reach(distance);
+            self.bucket_at(hash, distance)
+                .store(want, Ordering::Release);
+        }
+    }
+
+    /// The slot recorded for `key`, if any: a probe of the key table from
+    /// the key's home bucket to an empty one (or the farthest any key was
+    /// placed), each bucket of its tag checked against its slot's record,
+    /// read and validated as [`Index::get`] reads it. A few loads, whatever
+    /// the index holds; it allocates nothing. A key recorded in several
+    /// slots gives one of them; a record whose writer was killed before its
+    /// bucket was stored is not found (a miss).
+    pub fn find(&self, key: &[u8]) -> Option<u64> {
+        if key.len() > MAX_KEY {
+            return None;
+        }
+        let packed = pack(key);
+        let len = key.len() as u64;
+        let hash = key_hash(self.seed, len, &packed);
+        let tag = tag(hash);
+        for distance in 0..self.probes() {
+            let b = self.bucket_at(hash, distance).load(Ordering::Acquire);
+            if b == 0 {
+                return None;
+            }
+            if b >> 32 != tag {
+                continue;
+            }
+            let slot = (b & u64::from(u32::MAX)).wrapping_sub(1);
+            let Ok(r) = self.record_words(slot) else {
+                continue;
+            };
+            if self
+                .read(slot, r)
+                .is_some_and(|(_, l, k)| l == len && k == packed)
+            {
+                return Some(slot);
+            }
+        }
+        None
     }
 
     /// Write a record: its stores, in order ([`Index::stores`]), with a
@@ -522,6 +757,30 @@ impl<'a> Index<'a> {
         }))
     }
 
+    /// Every slot once over: the free ones ascending, the recorded ones
+    /// oldest use first (records whose check fails are free). One pass
+    /// over the records, then a sort of the recorded ones by stamp.
+    pub fn survey(&self) -> Survey {
+        let mut free = Vec::new();
+        let mut recorded = Vec::new();
+        for slot in 0..self.capacity {
+            let stamp = self
+                .record_words(slot)
+                .ok()
+                .and_then(|r| self.read(slot, r))
+                .map(|(stamp, _, _)| stamp);
+            match stamp {
+                Some(stamp) => recorded.push((stamp, slot)),
+                None => free.push(slot),
+            }
+        }
+        recorded.sort_unstable();
+        Survey {
+            free,
+            recorded: recorded.into_iter().map(|(_, slot)| slot).collect(),
+        }
+    }
+
     /// Every recorded slot, oldest use first (records whose check fails,
     /// torn by a process killed while writing them, are left out).
     pub fn entries(&self) -> Vec<Entry> {
@@ -544,11 +803,16 @@ impl<'a> Index<'a> {
         self.len() == 0
     }
 
-    /// Unrecord every slot.
+    /// Unrecord every slot, and empty the key table.
     pub fn clear(&self) {
         for slot in 0..self.capacity {
             let _ = self.unrecord(slot);
         }
+        for b in self.table {
+            b.store(0, Ordering::Relaxed);
+        }
+        fence(Ordering::Release);
+        self.words[H_FARTHEST].store(0, Ordering::Release);
     }
 }
 
@@ -668,18 +932,15 @@ fn new_seed(previous: u64) -> u64 {
 
 /// Format `words` as an empty index for `capacity` slots and
 /// `fingerprint`: the magic first cleared (a process killed while
-/// formatting leaves no index), the records emptied, the header written,
+/// formatting leaves no index), the records and the key table emptied, the
+/// header written,
 /// its check, then the magic.
 fn format<'a>(words: &'a [AtomicU64], capacity: u64, fingerprint: &Fingerprint) -> Index<'a> {
     let previous = words[H_SEED].load(Ordering::Relaxed);
     words[H_MAGIC].store(0, Ordering::Release);
     fence(Ordering::Release);
     let seed = new_seed(previous);
-    let index = Index {
-        words,
-        capacity,
-        seed,
-    };
+    let index = Index::over(words, capacity, seed);
     index.clear();
     let text = fingerprint.text();
     words[H_VERSION].store(VERSION, Ordering::Relaxed);

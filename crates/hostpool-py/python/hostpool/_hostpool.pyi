@@ -238,8 +238,9 @@ class Pool:
 
 class KvIndex:
     """The index of a pool's slots (`Pool.index`): record a slot's key once its bytes are
-    written, unrecord it before they are overwritten, read every record back after a restart.
-    A writer killed at any moment leaves each slot empty or whole."""
+    written, unrecord it before they are overwritten, read every record back after a restart,
+    or find a key's slot without reading them. A writer killed at any moment leaves each slot
+    empty or whole, and `find` never names a slot that does not hold its key."""
 
     @property
     def warm(self) -> bool: ...
@@ -264,7 +265,14 @@ class KvIndex:
     def unrecord(self, slot: int) -> None: ...
     def unrecord_many(self, slots: Sequence[int]) -> None: ...
     def touch(self, slot: int) -> None: ...
+    def touch_many(self, slots: Sequence[int]) -> None:
+        """Touch each slot in order: the last becomes the most recent."""
     def get(self, slot: int) -> bytes | None: ...
+    def find(self, key: bytes) -> int | None:
+        """The slot recorded for `key`: a few loads of the key table, whatever the index holds."""
+    def find_many(self, keys: Sequence[bytes]) -> list[int | None]: ...
+    def survey(self) -> tuple[list[int], list[int]]:
+        """(free slots ascending, recorded slots oldest use first)."""
     def entries(self) -> list[tuple[int, bytes]]:
         """Every record, oldest use first."""
     def clear(self) -> None: ...
