@@ -159,15 +159,20 @@ with hostpool.Pool(keeper=name, shared=hostpool.Shared(engine, 2, rank)) as pool
 """
 
 
-def test_the_ranks_of_one_engine_share_one_lease(keeper):
+def _ranks(name, engine):
+    """Ranks 0 and 1 of `engine` leasing kept pool `name` (the RANK script)."""
     import sys
 
+    return [subprocess.Popen([sys.executable, "-c", RANK, name, engine, str(r)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for r in (0, 1)]
+
+
+def test_the_ranks_of_one_engine_share_one_lease(keeper):
     name = f"py-ranks-{os.getpid()}"
     keeper(name, "--size", "8MiB")
     engine = f"py-engine-{os.getpid()}"
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, name, engine, str(r)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in (0, 1)]
+    ranks = _ranks(name, engine)
     try:
         said = [json.loads(p.stdout.readline() or "null") for p in ranks]
         assert all(said), [p.stderr.read() for p in ranks]
@@ -181,6 +186,64 @@ def test_the_ranks_of_one_engine_share_one_lease(keeper):
         # Both map the same memory: rank 1 reads what rank 0 wrote.
         assert [p.stdout.readline().strip() for p in ranks] == ["rank0", "rank0"]
         assert [p.wait(timeout=10) for p in ranks] == [0, 0]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+
+
+def _status(hostpool_bin, name):
+    out = subprocess.run([str(hostpool_bin), "keep", "status", "--name", name, "--json"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    [status] = json.loads(out.stdout)
+    return status
+
+
+def test_a_companion_maps_its_engines_lease_and_the_lease_ends_after_it(keeper, hostpool_bin):
+    """Issue 29: vLLM's scheduler is none of its engine's ranks, yet it keeps the
+    kept pool's index: it maps the lease its ranks hold as their companion."""
+    name = f"py-comp-{os.getpid()}"
+    keeper(name, "--size", "8MiB", "--content", "keep")
+    engine = f"py-engine-{os.getpid()}"
+    companion = {"keeper": name, "keeper_companion_of": engine}
+    # No lease of the engine yet: a companion starts none.
+    with pytest.raises(hostpool.KeeperError, match=f"no lease of engine `{engine}`") as e:
+        hostpool.Pool.from_config(companion)
+    assert not e.value.absent
+    # Its keys are a companion's, never a rank's.
+    with pytest.raises(hostpool.ConfigError, match="`sharing` is for an engine's ranks"):
+        hostpool.Pool.from_config({**companion, "sharing": {"name": engine, "world": 2, "rank": 0}})
+    ranks = _ranks(name, engine)
+    try:
+        said = [json.loads(p.stdout.readline() or "null") for p in ranks]
+        assert all(said), [p.stderr.read() for p in ranks]
+        with pytest.raises(hostpool.KeeperError, match=f"leased by engine `{engine}`"):
+            hostpool.Pool.from_config({"keeper": name, "keeper_companion_of": "another-engine"})
+        pool = hostpool.Pool.from_config(companion)
+        lease = pool.report["keeper"]
+        # The same lease: no generation of its own, the whole pool mapped.
+        assert lease["generation"] == said[0]["lease"]["generation"] == 1
+        assert lease["companion_of"] == engine and pool.nbytes == 8 * MiB
+        assert bytes(pool.view(100, 5)) == b"rank0"
+        status = _status(hostpool_bin, name)
+        assert status["lease"]["companions"] == [{"pid": os.getpid(), "uid": os.getuid()}]
+        for p in ranks:
+            p.stdin.write("\n")
+            p.stdin.flush()
+        assert [p.wait(timeout=10) for p in ranks] == [0, 0]
+        # The ranks released; the lease lasts while the companion maps the pool.
+        assert _status(hostpool_bin, name)["state"] == "leased"
+        pool.view(200, 4)[:] = b"kept"
+        pool.close()
+        deadline = time.monotonic() + 10
+        while _status(hostpool_bin, name)["state"] != "idle":
+            assert time.monotonic() < deadline, _status(hostpool_bin, name)
+            time.sleep(0.05)
+        with hostpool.Pool(keeper=name) as again:
+            assert again.report["keeper"]["generation"] == 2
+            assert again.report["keeper"]["previous"]["how"] == "closed"
+            assert bytes(again.view(200, 4)) == b"kept"
     finally:
         for p in ranks:
             if p.poll() is None:

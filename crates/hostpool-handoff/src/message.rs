@@ -25,11 +25,16 @@ pub enum Message {
         extents: Vec<(u64, u64)>,
     },
     /// An engine's rank asks a keeper for a lease, as rank `rank` of
-    /// `world` of the engine `engine`.
+    /// `world` of the engine `engine`; or, with `companion`, a process of
+    /// that engine that is none of its ranks (vLLM's scheduler) asks to map
+    /// the lease its ranks hold: it joins no barrier, counts no
+    /// generation, and the lease ends only once it went too.
     Hello {
         world: u32,
         rank: u32,
         engine: String,
+        #[serde(default)]
+        companion: bool,
         size: Option<u64>,
         page: Option<u64>,
         tag: Option<String>,

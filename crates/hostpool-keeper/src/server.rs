@@ -89,6 +89,10 @@ struct Lease {
     barrier: Barrier,
     tag: Option<String>,
     ranks: Vec<Rank>,
+    /// Processes of the engine that map the lease without being one of its
+    /// ranks (`keeper_companion_of`: vLLM's scheduler, which keeps the
+    /// pool's index): no barrier; the lease ends once they went too.
+    companions: Vec<Rank>,
     /// Every rank attached and arrived (a world of 1: at once).
     live: bool,
     /// The lease failed; its ranks were told and are going.
@@ -326,7 +330,7 @@ impl Keeper {
         });
         // Whoever is still attached hears that the keeper is going.
         if let Some(lease) = &self.serving.lease {
-            for r in &lease.ranks {
+            for r in lease.ranks.iter().chain(&lease.companions) {
                 if let Some(fd) = &r.fd {
                     let _ = wire::send(
                         fd,
@@ -645,7 +649,13 @@ impl Serving {
 
     /// An engine's rank asks for a lease.
     fn hello(&mut self, memory: &Memory, conn: OwnedFd, uid: u32, pid: u32, hello: Message) {
-        let Message::Hello { rank, tag, .. } = &hello else {
+        let Message::Hello {
+            rank,
+            tag,
+            companion,
+            ..
+        } = &hello
+        else {
             return;
         };
         pool_core::failpoint::stall("keeper-hello");
@@ -692,6 +702,18 @@ impl Serving {
         let Some(lease) = self.lease.as_mut() else {
             return;
         };
+        if *companion {
+            tracing::info!("kept pool `{name}`: pid {pid} maps the lease as a companion");
+            lease.companions.push(Rank {
+                rank: 0,
+                pid,
+                uid,
+                fd: sent.is_ok().then_some(conn),
+                arrived: true,
+                released: false,
+            });
+            return;
+        }
         if lease.tag.is_none() {
             lease.tag.clone_from(tag);
         }
@@ -729,6 +751,7 @@ impl Serving {
             world,
             rank,
             engine,
+            companion,
             size,
             page,
             attach_timeout_secs,
@@ -773,6 +796,9 @@ impl Serving {
                 message,
                 pid: None,
             };
+        }
+        if *companion {
+            return self.companion_answer(engine);
         }
         self.failed.retain(|f| f.until > now);
         if let Some(f) = self
@@ -858,12 +884,54 @@ impl Serving {
             },
             tag: None,
             ranks: Vec::new(),
+            companions: Vec::new(),
             live: false,
             failed: false,
             died: None,
             generation: self.generation,
         });
         Answer::Grant
+    }
+
+    /// A companion of `engine` (a process of the engine that is none of its
+    /// ranks) is granted the lease that engine's ranks hold, and refused
+    /// when none is in force: it joins a lease, never starts one.
+    fn companion_answer(&self, engine: &str) -> Answer {
+        let name = &self.config.name;
+        let refuse = |message: String, pid: Option<u32>| Answer::Refuse {
+            usage: false,
+            message,
+            pid,
+        };
+        match &self.lease {
+            Some(l) if l.engine == engine && !engine.is_empty() && !l.failed => Answer::Grant,
+            Some(l) if l.engine == engine && !engine.is_empty() => refuse(
+                format!(
+                    "the lease of engine `{engine}` on kept pool `{name}` failed; its companion \
+                     has nothing to map"
+                ),
+                l.ranks.first().map(|r| r.pid),
+            ),
+            Some(l) => {
+                let holder = l.ranks.first().map(|r| r.pid);
+                refuse(
+                    format!(
+                        "kept pool `{name}` is leased by engine `{}` (pid {}), not `{engine}`: a \
+                         companion maps the lease of its own engine",
+                        l.engine,
+                        holder.unwrap_or(0)
+                    ),
+                    holder,
+                )
+            }
+            None => refuse(
+                format!(
+                    "no lease of engine `{engine}` is in force on kept pool `{name}`: a companion \
+                     maps the lease its engine's ranks hold, so start it once they attached"
+                ),
+                None,
+            ),
+        }
     }
 
     /// Why an engine's size, page size, world or rank do not fit the pool.
@@ -919,20 +987,9 @@ impl Serving {
         let Some(lease) = self.lease.as_ref() else {
             return;
         };
-        let mut events = Vec::new();
-        for (i, r) in lease.ranks.iter().enumerate() {
-            let Some(fd) = &r.fd else { continue };
-            if !wire::ready(fd) {
-                continue;
-            }
-            let event =
-                match wire::recv::<Message>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
-                    Ok(Received::Msg(Message::Arrived { error })) => RankEvent::Arrived(error),
-                    Ok(Received::Msg(Message::Release)) => RankEvent::Released,
-                    Ok(Received::Msg(_) | Received::TimedOut) => continue,
-                    Ok(Received::Gone) | Err(_) => RankEvent::Gone,
-                };
-            events.push((i, event));
+        let events = read_events(&lease.ranks);
+        for (i, event) in read_events(&lease.companions) {
+            self.on_companion(i, event);
         }
         let mut failure = None;
         for (i, event) in events {
@@ -952,6 +1009,28 @@ impl Serving {
         for r in &lease.ranks {
             if let Some(fd) = &r.fd {
                 let _ = wire::send(fd, &msg, &[]);
+            }
+        }
+    }
+
+    /// What companion `index` of the lease said or did: released, or gone
+    /// (without a release, it died, and the lease ends as `died`). It is
+    /// in no barrier, so it fails nothing.
+    fn on_companion(&mut self, index: usize, event: RankEvent) {
+        let Some(lease) = self.lease.as_mut() else {
+            return;
+        };
+        let Some(c) = lease.companions.get_mut(index) else {
+            return;
+        };
+        match event {
+            RankEvent::Arrived(_) => {}
+            RankEvent::Released => c.released = true,
+            RankEvent::Gone => {
+                c.fd = None;
+                if !c.released {
+                    lease.died.get_or_insert(c.pid);
+                }
             }
         }
     }
@@ -1029,15 +1108,17 @@ impl Serving {
         self.lease.as_ref().is_some_and(|l| {
             l.ranks
                 .iter()
+                .chain(&l.companions)
                 .any(|r| r.fd.as_ref().is_some_and(wire::ready))
         })
     }
 
-    /// Whether the lease in force has ended: every rank's connection is gone.
+    /// Whether the lease in force has ended: every rank's connection is
+    /// gone, and every companion's.
     fn lease_over(&self) -> bool {
-        self.lease
-            .as_ref()
-            .is_some_and(|l| !l.ranks.is_empty() && l.ranks.iter().all(|r| r.fd.is_none()))
+        self.lease.as_ref().is_some_and(|l| {
+            !l.ranks.is_empty() && l.ranks.iter().chain(&l.companions).all(|r| r.fd.is_none())
+        })
     }
 
     /// Take the pool back from the lease that ended: how it ended becomes
@@ -1160,6 +1241,7 @@ impl Serving {
                 "generation": l.generation,
                 "live": l.live,
                 "ranks": l.ranks.iter().filter(|r| r.fd.is_some()).map(|r| json!({"rank": r.rank, "pid": r.pid, "uid": r.uid})).collect::<Vec<_>>(),
+                "companions": l.companions.iter().filter(|r| r.fd.is_some()).map(|r| json!({"pid": r.pid, "uid": r.uid})).collect::<Vec<_>>(),
             })
         });
         json!({
@@ -1188,6 +1270,26 @@ impl Serving {
             "index": index_status(&memory.files, self.mapped, self.page),
         })
     }
+}
+
+/// What the connections of a lease's ranks (or companions) said since:
+/// arrived, released, or gone, by their place in `ranks`.
+fn read_events(ranks: &[Rank]) -> Vec<(usize, RankEvent)> {
+    let mut events = Vec::new();
+    for (i, r) in ranks.iter().enumerate() {
+        let Some(fd) = &r.fd else { continue };
+        if !wire::ready(fd) {
+            continue;
+        }
+        let event = match wire::recv::<Message>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
+            Ok(Received::Msg(Message::Arrived { error })) => RankEvent::Arrived(error),
+            Ok(Received::Msg(Message::Release)) => RankEvent::Released,
+            Ok(Received::Msg(_) | Received::TimedOut) => continue,
+            Ok(Received::Gone) | Err(_) => RankEvent::Gone,
+        };
+        events.push((i, event));
+    }
+    events
 }
 
 /// The index an engine keeps at the pool's tail (`Pool.index`), read
@@ -1328,12 +1430,21 @@ mod tests {
             world,
             rank,
             engine: engine.into(),
+            companion: false,
             size,
             page: None,
             tag: None,
             attach_timeout_secs: 5.0,
             barrier_timeout_secs: 5.0,
         }
+    }
+
+    fn companion(engine: &str) -> Message {
+        let mut h = hello(engine, 1, 0, None);
+        if let Message::Hello { companion, .. } = &mut h {
+            *companion = true;
+        }
+        h
     }
 
     /// A hello granted: the rank joins the lease with a connection of its
@@ -1381,6 +1492,55 @@ mod tests {
             "{message}"
         );
         assert_eq!(s.generation, 1, "a refusal counts no generation");
+    }
+
+    #[test]
+    fn a_companion_maps_its_engines_lease_alone_and_the_lease_ends_after_it() {
+        let mut s = serving("zero");
+        let now = Instant::now();
+        // No lease yet: a companion starts none.
+        let (usage, message, _) = refused(s.answer(&companion("eng"), || None, now));
+        assert!(
+            !usage && message.contains("no lease of engine `eng`"),
+            "{message}"
+        );
+        assert!(s.lease.is_none() && s.generation == 0);
+        granted(&mut s, &hello("eng", 2, 0, None), 600, now);
+        granted(&mut s, &hello("eng", 2, 1, None), 601, now);
+        // Another engine's companion is refused, naming the holder.
+        let (_, message, pid) = refused(s.answer(&companion("other"), || None, now));
+        assert!(message.contains("leased by engine `eng`"), "{message}");
+        assert_eq!(pid, Some(600));
+        // Its own engine's companion is granted, counting no generation,
+        // and stands in no barrier: the ranks alone make it go.
+        assert_eq!(s.answer(&companion("eng"), || None, now), Answer::Grant);
+        assert_eq!(s.generation, 1);
+        s.lease.as_mut().unwrap().companions.push(Rank {
+            rank: 0,
+            pid: 602,
+            uid: 0,
+            fd: Some(conn()),
+            arrived: true,
+            released: false,
+        });
+        s.on_rank(0, RankEvent::Arrived(None));
+        s.on_rank(1, RankEvent::Arrived(None));
+        assert_eq!(s.settle(None, now), Some(Verdict::Go));
+        // The ranks release; the lease is not over while the companion maps it.
+        for i in 0..2 {
+            s.on_rank(i, RankEvent::Released);
+            s.on_rank(i, RankEvent::Gone);
+        }
+        assert!(!s.lease_over(), "the companion still maps the pool");
+        // A companion that dies ends the lease as died, naming it.
+        s.on_companion(0, RankEvent::Gone);
+        assert!(s.lease_over());
+        assert!(
+            s.end_lease(now),
+            "content = zero clears after the companion went"
+        );
+        let previous = s.previous.clone().unwrap();
+        assert_eq!((previous.pid, previous.how), (602, LeaseEnd::Died));
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub const POOL_KEYS: &[&str] = &[
     "keeper_tag",
     "keeper_fallback",
     "keeper_attach_timeout_secs",
+    "keeper_companion_of",
     "huge_pages",
 ];
 
@@ -239,6 +240,9 @@ impl PoolConfig {
                 self.keeper_attach_timeout_secs
                     .is_some()
                     .then_some("keeper_attach_timeout_secs"),
+                self.keeper_companion_of
+                    .is_some()
+                    .then_some("keeper_companion_of"),
             ];
             if let Some(key) = stray.into_iter().flatten().next() {
                 return Err(Error::config(format!(
@@ -249,6 +253,20 @@ impl PoolConfig {
             return Ok(());
         };
         check_name("keeper", keeper)?;
+        if let Some(engine) = &self.keeper_companion_of {
+            check_name("keeper_companion_of", engine)?;
+            let ranked = [
+                self.sharing.is_some().then_some("sharing"),
+                self.keeper_tag.is_some().then_some("keeper_tag"),
+                (self.keeper_fallback != KeeperFallback::Fail).then_some("keeper_fallback"),
+            ];
+            if let Some(key) = ranked.into_iter().flatten().next() {
+                return Err(Error::config(format!(
+                    "`{key}` is for an engine's ranks; a companion (`keeper_companion_of = \
+                     \"{engine}\"`) maps the lease they hold and is none of them: drop `{key}`"
+                )));
+            }
+        }
         if let Some(tag) = &self.keeper_tag
             && tag.len() > MAX_KEEPER_TAG_BYTES
         {
@@ -415,6 +433,12 @@ pub struct PoolConfig {
     /// attach timeout, else [`DEFAULT_ATTACH_TIMEOUT_SECS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keeper_attach_timeout_secs: Option<f64>,
+    /// Map the lease that this engine's ranks hold, as a process of the
+    /// engine that is none of its ranks (vLLM's scheduler, which keeps the
+    /// kept pool's index): no rank, no barrier, no generation of its own.
+    /// The keeper refuses it unless a lease of this engine is in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keeper_companion_of: Option<String>,
     /// Huge pages with `backing = "auto"`: required, prefer (fall back to
     /// 4 KiB pages when they run short, and say so) or off; unset, the
     /// backing `auto` picks from `dir` decides.
@@ -598,6 +622,7 @@ impl Default for PoolConfig {
             keeper: None,
             keeper_tag: None,
             keeper_fallback: KeeperFallback::Fail,
+            keeper_companion_of: None,
             keeper_attach_timeout_secs: None,
             huge_pages: None,
             size_given: false,
@@ -845,6 +870,7 @@ mod tests {
             keeper: Some("kv0".into()),
             keeper_tag: Some("t".into()),
             keeper_attach_timeout_secs: Some(5.0),
+            keeper_companion_of: Some("e0".into()),
             huge_pages: Some(HugePages::Prefer),
             ..PoolConfig::default()
         };
@@ -858,6 +884,24 @@ mod tests {
             keys, want,
             "POOL_KEYS must list exactly the fields of PoolConfig"
         );
+    }
+
+    #[test]
+    fn a_companion_names_a_keeper_and_takes_no_rank_keys() {
+        let parse =
+            |text: &str| PoolConfig::parse(text, Format::Toml).and_then(|c| c.validate_keeper());
+        assert!(parse("keeper = \"kv0\"\nkeeper_companion_of = \"vllm-e0\"\n").is_ok());
+        let err = |text: &str| parse(text).unwrap_err().to_string();
+        let msg = err("keeper_companion_of = \"vllm-e0\"\n");
+        assert!(
+            msg.contains("`keeper_companion_of` goes with `keeper"),
+            "{msg}"
+        );
+        let msg = err("keeper = \"kv0\"\nkeeper_companion_of = \"vllm-e0\"\n\
+             [sharing]\nname = \"vllm-e0\"\nworld = 2\nrank = 0\n");
+        assert!(msg.contains("`sharing` is for an engine's ranks"), "{msg}");
+        let msg = err("keeper = \"kv0\"\nkeeper_companion_of = \"a b\"\n");
+        assert!(msg.contains("keeper_companion_of name `a b`"), "{msg}");
     }
 
     #[test]

@@ -87,9 +87,12 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
     };
     let started = Instant::now();
     let sharing = config.sharing.clone();
-    let (world, rank, engine) = sharing
-        .as_ref()
-        .map_or((1, 0, String::new()), |s| (s.world, s.rank, s.name.clone()));
+    let companion = config.keeper_companion_of.clone();
+    let (world, rank, engine) = match (&sharing, &companion) {
+        (Some(s), _) => (s.world, s.rank, s.name.clone()),
+        (None, Some(engine)) => (1, 0, engine.clone()),
+        (None, None) => (1, 0, String::new()),
+    };
     let attach_timeout = config.keeper_attach_timeout();
     let barrier_timeout = sharing
         .as_ref()
@@ -101,6 +104,7 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
         world,
         rank,
         engine,
+        companion: companion.is_some(),
         size: config.size_given.then_some(config.size.get()),
         page: config.page_size.map(|p| p.get()),
         tag: config.keeper_tag.clone(),
@@ -154,6 +158,7 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
         sharing,
         shard,
         cancel: cancel.clone(),
+        companion,
     }))
 }
 
@@ -182,6 +187,8 @@ struct LeasedMapping {
     shard: Extent,
     /// The build's token, which the barrier's wait checks.
     cancel: Cancel,
+    /// The engine whose lease this companion maps (`keeper_companion_of`).
+    companion: Option<String>,
 }
 
 impl LeasedMapping {
@@ -220,6 +227,9 @@ impl Attachment for LeasedMapping {
         if let Value::Object(m) = &mut v {
             m.insert("attach_seconds".into(), self.attach_seconds.into());
             m.insert("backing".into(), self.backing.clone().into());
+            if let Some(engine) = &self.companion {
+                m.insert("companion_of".into(), engine.clone().into());
+            }
         }
         Some(v)
     }
