@@ -2,9 +2,9 @@
 //! (`hostpool-index`), in a page-aligned region of the pool itself, for an
 //! engine's offloading manager: record a slot's key once its bytes are
 //! written, unrecord it before they are overwritten, read every record back
-//! after a restart. Each call is a few atomic stores into the pool, under
-//! the pool's lock (so a `close()` cannot unmap it meanwhile): no system
-//! call per block.
+//! after a restart, find a key's slot without reading them. Each call is a
+//! few atomic loads and stores into the pool, under the pool's lock (so a
+//! `close()` cannot unmap it meanwhile): no system call per block.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -78,9 +78,44 @@ impl PyKvIndex {
                     ),
                 )
             })?;
-            Index::attach(words, slots, &fp)
+            // An index that ends where this one will (the pool's tail) but
+            // was made for another number of slots starts elsewhere, so this
+            // attach would read no header at all: compare its identity here,
+            // so that a cold start names the field that changed (a block
+            // size, a TP size) rather than saying there was no index.
+            // (Read only when the trailer says so: a summary reads every record.)
+            let before = (offset + len == mapped)
+                .then(|| {
+                    region
+                        .words(Extent {
+                            offset: 0,
+                            len: mapped,
+                        })
+                        .ok()
+                })
+                .flatten()
+                .filter(|all| {
+                    let [magic, capacity] = [all.len() - 2, all.len() - 1]
+                        .map(|i| all[i].load(std::sync::atomic::Ordering::Acquire));
+                    magic == hostpool_index::TRAILER_MAGIC && capacity != slots
+                })
+                .and_then(|all| hostpool_index::locate(all, page))
+                .and_then(hostpool_index::summary);
+            let start = Index::attach(words, slots, &fp)
                 .map(|(_, start)| start)
-                .map_err(|e| index_error(py, &e))
+                .map_err(|e| index_error(py, &e))?;
+            Ok(match (start, before) {
+                (Start::Cold(Cold::NoIndex | Cold::Unreadable), Some(before)) => {
+                    Start::Cold(match before.fingerprint.differs(&fp) {
+                        Some(d) => Cold::Differs(d),
+                        None => Cold::Capacity {
+                            stored: before.capacity,
+                            now: slots,
+                        },
+                    })
+                }
+                (start, _) => start,
+            })
         })?;
         let cold = match start {
             Start::Warm => None,
@@ -236,6 +271,37 @@ impl PyKvIndex {
     /// Note a use of `slot`'s key (it becomes the most recent).
     fn touch(&self, py: Python<'_>, slot: u64) -> PyResult<()> {
         self.with(py, |i| i.touch(slot))
+    }
+
+    /// Note a use of each slot's key, in order (the last becomes the most
+    /// recent).
+    fn touch_many(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<()> {
+        self.with(py, |i| slots.iter().try_for_each(|s| i.touch(*s)))
+    }
+
+    /// The slot recorded for `key`, or `None`: a few loads of the index's
+    /// key table, whatever it holds (a record is read only for a bucket of
+    /// its tag).
+    fn find(&self, py: Python<'_>, key: &[u8]) -> PyResult<Option<u64>> {
+        self.with(py, |i| Ok(i.find(key)))
+    }
+
+    /// `find` of each key, under one take of the pool's lock.
+    fn find_many(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<Vec<Option<u64>>> {
+        self.with(py, |i| {
+            Ok(keys.iter().map(|k| i.find(k.as_bytes())).collect())
+        })
+    }
+
+    /// Every slot once over: `(free, recorded)`, the free slots ascending
+    /// and the recorded ones oldest use first (what to evict first).
+    fn survey(&self, py: Python<'_>) -> PyResult<(Vec<u64>, Vec<u64>)> {
+        let survey = self.with(py, |i| Ok(i.survey()))?;
+        Ok((survey.free, survey.recorded))
     }
 
     /// The key `slot` holds, or `None`.

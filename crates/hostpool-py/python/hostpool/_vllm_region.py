@@ -207,7 +207,10 @@ class HostPoolRegion:
                 f"pool_config has `size`, which the region sets itself "
                 f"(num_chunks x kv_bytes_per_chunk = {total} bytes): remove it"
             )
-        config["size"] = total
+        if config.get("keeper") is None or config.get("keeper_fallback") == "build":
+            config["size"] = total
+        # else: a lease takes the kept pool as it is; it must hold the region
+        # (a keeper that keeps content holds the index at its tail too).
         config.setdefault("block_size", row)
         sharing = config.get("sharing")
         if sharing is not None:
@@ -246,9 +249,19 @@ class HostPoolRegion:
     ) -> None:
         total = num_chunks * row_stride
         if total > pool.nbytes:
+            lease = pool.report.get("keeper")
+            remedy = ""
+            if lease:
+                remedy = (
+                    f": kept pool `{lease.get('name')}` is too small; restart its keeper with "
+                    f"--size {total} or more (plus hostpool.index_bytes({num_chunks}, page size) "
+                    f"with content = \"keep\", for the index that keeps the CPU tier across restarts)"
+                )
+            if self._owns_pool:
+                pool.close()
             raise hostpool.CapacityError(
                 f"{num_chunks} blocks x {row_stride} bytes = {total} bytes do not fit in "
-                f"the pool of {pool.nbytes} bytes"
+                f"the pool of {pool.nbytes} bytes{remedy}"
             )
         self.pool: hostpool.Pool | None = pool
         """The pool the views point into (``None`` after :meth:`cleanup`)."""

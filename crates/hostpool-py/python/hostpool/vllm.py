@@ -24,7 +24,17 @@ manager and worker) whose workers lay their region over a hostpool pool
   worker that dies mid-setup is named by the others, and the kernel frees the
   memory with the last worker;
 * hostpool pins the pool (``pin``), and vLLM's own ``pin_mmap_region`` is
-  kept from registering it a second time.
+  kept from registering it a second time;
+* with ``keeper`` (a pool kept by ``hostpool keep``) and that keeper's
+  ``content = "keep"``, the CPU tier survives the engine: the manager
+  (:class:`~hostpool._vllm_kept.HostPoolOffloadingManager`, vLLM's own,
+  subclassed) records which chunk holds which block in an index at the kept
+  pool's tail, and a restarted engine serves prefix hits from it at once.
+  The kept pool must hold the region and the index:
+  ``cpu_bytes_to_use`` rounded to chunks, plus
+  ``hostpool.index_bytes(num_chunks, page_size)``
+  (:meth:`HostPoolOffloadingSpec.kept_pool_bytes`). Without a keeper, or
+  with ``content = "zero"``, the spec behaves as vLLM's.
 
 Importing this module imports vLLM and torch.
 """
@@ -32,6 +42,7 @@ Importing this module imports vLLM and torch.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,6 +52,7 @@ from hostpool._vllm_region import HostPoolRegion, install_pin_guard, pool_name
 from vllm.v1.kv_offload.cpu import gpu_worker as _gpu_worker
 from vllm.v1.kv_offload.cpu import spec as _cpu_spec
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from vllm.v1.kv_offload.base import OffloadingManager
 
 __all__ = ["HostPoolOffloadingSpec", "HostPoolRegion", "EXTRA_CONFIG_KEY", "pool_config_from"]
 
@@ -122,12 +134,98 @@ class HostPoolOffloadingSpec(CPUOffloadingSpec):
             self.extra_config, self.num_chunks * self.kv_bytes_per_chunk
         )
         """The ``hostpool`` table, as given (checked)."""
+        self.vllm_config: Any = _engine_vllm_config()
+        """The engine's ``VllmConfig`` when vLLM built this spec from one (its
+        connector's), else ``None``: the kept tier's fingerprint reads the
+        model's revision and dtype and the prefix-cache hash from it."""
+
+    def kept_pool_bytes(self, page_size: int) -> int:
+        """The bytes a kept pool of ``page_size``-byte pages needs for this engine's
+        region and its index (what to give ``hostpool keep --size``)."""
+        region = self.num_chunks * self.kv_bytes_per_chunk
+        return region + hostpool.index_bytes(max(self.num_chunks, 1), page_size)
+
+    def get_manager(self) -> OffloadingManager:
+        """vLLM's manager; with a keeper that keeps content, one whose block map is kept."""
+        if self._manager is None:
+            kept = self._kept_tier()
+            if kept is None:
+                return super().get_manager()
+            from hostpool._vllm_kept import HostPoolOffloadingManager
+
+            self._manager = HostPoolOffloadingManager(
+                kept=kept,
+                num_chunks=self.num_chunks,
+                cache_policy=self.eviction_policy,
+                cache_policy_module_path=self.cache_policy_module_path,
+                enable_events=self.kv_events_config.enable_kv_cache_events,
+                store_threshold=int(self.extra_config.get("store_threshold", 0)),
+                max_tracker_size=int(self.extra_config.get("max_tracker_size", 64_000)),
+                info=self.cpu_info,
+            )
+        return self._manager
+
+    def _kept_tier(self) -> Any:
+        """The kept pool as this scheduler maps it, beside the lease its workers hold,
+        or ``None`` (logged) when the tier is not kept: no keeper, ``content = "zero"``,
+        no room for the index, or no lease of this engine to accompany."""
+        keeper = self.pool_config.get("keeper")
+        if keeper is None or self.num_chunks <= 0:
+            return None
+        from hostpool._vllm_kept import KeptTier, fingerprint, hash_problem
+
+        config: dict[str, Any] = {"keeper": keeper, "keeper_companion_of": pool_name(self.config.engine_id)}
+        if "keeper_attach_timeout_secs" in self.pool_config:
+            config["keeper_attach_timeout_secs"] = self.pool_config["keeper_attach_timeout_secs"]
+        try:
+            pool = hostpool.Pool.from_config(config)
+        except hostpool.Error as e:
+            _log.warning(
+                "CPU offload tier starts cold and is not kept across restarts: the scheduler "
+                "could not map kept pool `%s` beside its workers: %s",
+                keeper,
+                e,
+            )
+            return None
+        lease = pool.report.get("keeper") or {}
+        if lease.get("content") != "keep":
+            pool.close()
+            _log.info(
+                "kept pool `%s` has content = %r: the CPU offload tier starts empty on each "
+                "lease (content = \"keep\" keeps it across restarts)",
+                keeper,
+                lease.get("content"),
+            )
+            return None
+        need = self.kept_pool_bytes(pool.page_size)
+        if pool.nbytes < need:
+            have = pool.nbytes
+            pool.close()
+            _log.warning(
+                "CPU offload tier starts cold and is not kept: kept pool `%s` is %d bytes, and the "
+                "region (%d bytes) with its index needs %d; start the keeper with --size %d",
+                keeper,
+                have,
+                self.num_chunks * self.kv_bytes_per_chunk,
+                need,
+                need,
+            )
+            return None
+        vllm_config = self.vllm_config
+        return KeptTier(
+            pool,
+            self.num_chunks,
+            self.kv_bytes_per_chunk,
+            lambda: (fingerprint(self, vllm_config), hash_problem(vllm_config)),
+        )
 
     def region_pool_config(self) -> dict[str, Any]:
         """The pool config of this worker's region: the table plus the sharing vLLM decides."""
         config = dict(self.pool_config)
         world = self.config.parallel.world_size
-        if world > 1:
+        # A lease names its engine even for one worker: the scheduler maps it
+        # as that engine's companion.
+        if world > 1 or "keeper" in config:
             config["sharing"] = {
                 **config.get("sharing", {}),
                 "name": pool_name(self.config.engine_id),
@@ -173,6 +271,30 @@ class HostPoolOffloadingSpec(CPUOffloadingSpec):
         except Exception:
             region.cleanup()
             raise
+
+
+def _engine_vllm_config() -> Any:
+    """The ``VllmConfig`` vLLM is building this spec from: the current one, or the
+    ``vllm_config`` of the connector that called the spec's factory."""
+    from vllm.config import VllmConfig
+
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+
+        current = get_current_vllm_config_or_none()
+    except ImportError:  # pragma: no cover - other vLLM versions
+        current = None
+    if isinstance(current, VllmConfig):
+        return current
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            break
+        candidate = frame.f_locals.get("vllm_config")
+        if isinstance(candidate, VllmConfig):
+            return candidate
+        frame = frame.f_back
+    return None
 
 
 # vLLM's worker module is imported above: guard its pin_mmap_region now.

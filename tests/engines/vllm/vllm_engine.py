@@ -1,0 +1,332 @@
+"""A vLLM engine without a GPU, for the kept-CPU-tier tests: vLLM's own
+``Scheduler`` with its ``OffloadingConnector`` (scheduler role), and the
+connector's worker role over CPU tensors standing in for the GPU KV cache.
+
+Replaced, only because no GPU exists here: the platform check (CUDA-alike)
+and the transfer handler (``SingleDirectionOffloadingHandler`` asserts CUDA
+tensors; :class:`CpuCopyHandler` copies the same sub-blocks with torch on the
+CPU). The model's forward pass is :func:`fill_blocks`: each computed block's
+bytes are a function of its block hash, so a loaded block can be checked.
+
+``kept_engine.py`` runs it, one process per engine generation, after
+:func:`install`; the test process imports this module only for
+:func:`model_dir`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+BLOCK = 16  # tokens per block
+LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
+KV_HEADS, HEAD_SIZE = 2, 16
+
+
+class CpuCopyHandler:
+    """vLLM's ``SingleDirectionOffloadingHandler`` on the CPU: the same sub-block
+    addressing (a chunk holds ``blocks_per_chunk`` GPU-block pages, the first chunk
+    of a transfer may start at ``block_indices % blocks_per_chunk``), a torch copy
+    instead of a CUDA kernel, finished at once."""
+
+    def __init__(self, *, gpu_tensors, cpu_tensors, blocks_per_chunk, gpu_to_cpu, **_: Any) -> None:
+        self.gpu, self.cpu = gpu_tensors, cpu_tensors
+        self.per_chunk, self.to_cpu = blocks_per_chunk, gpu_to_cpu
+        self.done: list[int] = []
+        self.hook = None  # called with ("copied", job) after a store's copy
+
+    def transfer_async(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+        gpu_spec = src_spec if self.to_cpu else dst_spec
+        cpu_spec = dst_spec if self.to_cpu else src_spec
+        gpu_blocks = [int(b) for b in gpu_spec.block_ids]
+        chunks = [int(c) for c in cpu_spec.block_ids]
+        skip = int(gpu_spec.block_indices[0]) % self.per_chunk
+        for gpu_t, cpu_t in zip(self.gpu, self.cpu):
+            page = gpu_t.shape[1]
+            for i, block in enumerate(gpu_blocks):
+                chunk, sub = divmod(skip + i, self.per_chunk)
+                host = cpu_t[chunks[chunk], sub * page : (sub + 1) * page]
+                if self.to_cpu:
+                    if STORE_HOOK is not None:
+                        STORE_HOOK("copying", job_id)
+                    host.copy_(gpu_t[block])
+                else:
+                    gpu_t[block].copy_(host)
+        if self.to_cpu and STORE_HOOK is not None:
+            STORE_HOOK("copied", job_id)
+        self.done.append(job_id)
+        return True
+
+    def get_finished(self) -> list[Any]:
+        from vllm.v1.kv_offload.base import TransferResult
+
+        done, self.done = self.done, []
+        return [TransferResult(job_id=j, success=True, transfer_size=0, transfer_time=0.0) for j in done]
+
+    def wait(self, job_ids: set[int]) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+STORE_HOOK = None
+
+
+def install() -> None:
+    """What cannot run here, replaced in this process (an engine's, never pytest's):
+    vLLM's platform says CUDA-alike, and its transfer handler is :class:`CpuCopyHandler`."""
+    from vllm.platforms import current_platform
+    from vllm.v1.kv_offload.cpu import gpu_worker
+
+    current_platform.is_cuda_alike = lambda: True
+    current_platform.is_rocm = lambda: False
+    gpu_worker.SingleDirectionOffloadingHandler = CpuCopyHandler
+
+MODEL_DIR_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": KV_HEADS,
+    "num_hidden_layers": len(LAYERS),
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "float16",
+    "rms_norm_eps": 1e-5,
+}
+
+
+def model_dir(root: str, name: str = "tiny-llama") -> str:
+    """A model directory vLLM reads offline (a config, no weights: nothing runs it)."""
+    path = os.path.join(root, name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(MODEL_DIR_CONFIG, f)
+    return path
+
+
+def vllm_config(args: dict[str, Any]) -> Any:
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        KVTransferConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
+
+    model = ModelConfig(
+        model=args["model"], skip_tokenizer_init=True, dtype=args.get("dtype", "float16"), max_model_len=2048
+    )
+    extra = {
+        "spec_name": "HostPoolOffloadingSpec",
+        "spec_module_path": "hostpool.vllm",
+        "cpu_bytes_to_use": args["cpu_bytes"],
+        "hostpool": args["table"],
+    }
+    parallel = ParallelConfig(tensor_parallel_size=args.get("tp", 1))
+    config = VllmConfig(
+        model_config=model,
+        device_config=DeviceConfig(device="cpu"),
+        parallel_config=parallel,
+        cache_config=CacheConfig(block_size=args.get("block", BLOCK), prefix_caching_hash_algo=args.get("hash", "sha256")),
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=2048, max_num_seqs=16, max_model_len=2048, is_encoder_decoder=False
+        ),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=args["engine"], kv_connector_extra_config=extra
+        ),
+    )
+    config.parallel_config.rank = args.get("rank", 0)
+    return config
+
+
+def kv_cache_config(config: Any, num_blocks: int) -> Any:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+
+    tp = config.parallel_config.tensor_parallel_size
+    dtype = config.model_config.dtype
+    spec = FullAttentionSpec(
+        block_size=config.cache_config.block_size, num_kv_heads=KV_HEADS // tp, head_size=HEAD_SIZE, dtype=dtype
+    )
+    page = spec.page_size_bytes
+    config.cache_config.num_gpu_blocks = num_blocks
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[
+            KVCacheTensor(size=page * num_blocks * len(LAYERS), layers=list(LAYERS), layer_stride=page * num_blocks, block_stride=page)
+        ],
+        kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)],
+    )
+
+
+class Worker:
+    """The connector's worker role over CPU tensors (the engine's GPU KV cache)."""
+
+    def __init__(self, config: Any, kcc: Any) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+
+        self.config = config
+        tp = config.parallel_config.tensor_parallel_size
+        block = config.cache_config.block_size
+        self.kv = {
+            layer: torch.zeros((kcc.num_blocks, 2, block, KV_HEADS // tp, HEAD_SIZE), dtype=config.model_config.dtype)
+            for layer in LAYERS
+        }
+        self.connector = OffloadingConnector(config, KVConnectorRole.WORKER, kcc)
+        with set_current_vllm_config(config):
+            self.connector.register_kv_caches(self.kv)
+        self.rank = config.parallel_config.rank
+
+    def block_bytes(self, block_id: int) -> bytes:
+        return b"".join(self.kv[layer][block_id].view(torch.int8).numpy().tobytes() for layer in LAYERS)
+
+    def fill(self, block_id: int, block_hash: bytes) -> None:
+        """The 'forward pass': block ``block_id`` gets the bytes of ``block_hash`` (this rank's)."""
+        for i, layer in enumerate(LAYERS):
+            t = self.kv[layer][block_id].view(torch.int8).reshape(-1)
+            t.copy_(torch.frombuffer(bytearray(expected(block_hash, i, self.rank, t.numel())), dtype=torch.int8))
+
+    def step(self, scheduler_output: Any, forward: list[tuple[int, bytes]]) -> Any:
+        """What vLLM's model runner does with the connector in one step."""
+        from vllm.forward_context import get_forward_context, set_forward_context
+        from vllm.v1.outputs import KVConnectorOutput
+
+        c = self.connector
+        meta = scheduler_output.kv_connector_metadata
+        c.handle_preemptions(meta)
+        c.bind_connector_metadata(meta)
+        with set_forward_context(None, self.config):
+            c.start_load_kv(get_forward_context())
+            for block_id, block_hash in forward:
+                self.fill(block_id, block_hash)
+            c.wait_for_save()
+        results = c.get_transfer_results(scheduler_output.finished_req_ids)
+        out = KVConnectorOutput(
+            finished_sending=results.finished_sending,
+            finished_recving=results.finished_recving,
+            kv_connector_worker_meta=c.build_connector_worker_meta(),
+        )
+        c.clear_connector_metadata()
+        return out
+
+
+def expected(block_hash: bytes, layer: int, rank: int, n: int) -> bytes:
+    """The bytes the 'model' writes for a block: a stream seeded by its hash, layer and rank."""
+    out = bytearray()
+    counter = 0
+    while len(out) < n:
+        out += hashlib.sha256(block_hash + bytes([layer, rank]) + counter.to_bytes(4, "little")).digest()
+        counter += 1
+    return bytes(out[:n])
+
+
+class Scheduler:
+    """vLLM's scheduler with the connector's scheduler role, and requests of known tokens."""
+
+    def __init__(self, config: Any, kcc: Any) -> None:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.config = config
+        block = config.cache_config.block_size
+        self.sched = VllmScheduler(
+            vllm_config=config,
+            kv_cache_config=kcc,
+            structured_output_manager=StructuredOutputManager(config),
+            log_stats=True,
+            block_size=block,
+        )
+        # As vLLM's EngineCore: the hash's seed after the scheduler is built.
+        hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(block, hash_fn)
+        self.requests: dict[str, Any] = {}
+        self.external_hits: dict[str, int] = {}
+
+    @property
+    def manager(self) -> Any:
+        return self.sched.connector.connector_scheduler.manager
+
+    def add(self, req_id: str, tokens: list[int]) -> None:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        params = SamplingParams(max_tokens=1)
+        params.update_from_generation_config({}, 999)
+        req = Request(
+            request_id=req_id, prompt_token_ids=tokens, sampling_params=params, pooling_params=None, block_hasher=self.hasher
+        )
+        self.requests[req_id] = req
+        self.sched.add_request(req)
+
+    def schedule(self) -> tuple[Any, list[tuple[int, bytes]]]:
+        """vLLM's step, and what the forward pass computes: (GPU block, block hash)."""
+        out = self.sched.schedule()
+        block = self.config.cache_config.block_size
+        forward: list[tuple[int, bytes]] = []
+        for new in out.scheduled_new_reqs:
+            self.external_hits.setdefault(new.req_id, new.num_computed_tokens)
+        for req_id, n in out.num_scheduled_tokens.items():
+            req = self.requests[req_id]
+            # vLLM's schedule() has already counted this step's tokens as computed.
+            start = req.num_computed_tokens - n
+            blocks = self.sched.kv_cache_manager.get_block_ids(req_id)[0]
+            # Blocks this step computes in full (the prompt's): the forward pass fills them.
+            for i in range(start // block, (start + n) // block):
+                if i < len(req.block_hashes) and i < len(blocks):
+                    forward.append((blocks[i], bytes(req.block_hashes[i])))
+        return out, forward
+
+    def update(self, out: Any, kv_output: Any) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        req_ids = list(out.num_scheduled_tokens)
+        mro = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[7] for _ in req_ids],
+            kv_connector_output=kv_output,
+        )
+        self.sched.update_from_output(out, mro)
+
+    def busy(self) -> bool:
+        m = self.manager
+        return self.sched.has_requests() or getattr(m, "_num_write_pending_chunks", 0) > 0
+
+
+def merge(aggregator: Any, outputs: list[Any]) -> Any:
+    """The workers' connector outputs as vLLM's executor merges them."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    runs = [ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=kv) for kv in outputs]
+    return aggregator.aggregate(runs).kv_connector_output
+
+
+def run_engine(sched: Scheduler, workers: list[Worker], max_steps: int = 200) -> None:
+    """Steps until every request finished and every store completed (one process)."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+
+    aggregator = KVOutputAggregator(expected_finished_count=len(workers))
+    for _ in range(max_steps):
+        if not sched.busy():
+            return
+        out, forward = sched.schedule()
+        outputs = [w.step(out, forward) for w in workers]
+        sched.update(out, merge(aggregator, outputs))
+    raise RuntimeError("the engine did not settle in time")
