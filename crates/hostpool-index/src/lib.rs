@@ -853,24 +853,83 @@ pub fn extent_len(trailer: [u64; 2], page: u64) -> Option<u64> {
     bytes_for(trailer[1])?.checked_next_multiple_of(page.max(8))
 }
 
+/// The capacity and fingerprint of the index in `words` (as [`locate`]
+/// gives it), from its trailer and header alone: no record is read.
+/// `None` when it holds no valid index.
+fn stored(words: &[AtomicU64]) -> Option<(u64, Fingerprint)> {
+    let n = words.len();
+    let capacity = words.get(n.checked_sub(1)?)?.load(Ordering::Relaxed);
+    match read_header(words.get(..words_for(capacity)?)?) {
+        Header::Valid {
+            capacity: stored,
+            fingerprint,
+        } if stored == capacity => Some((capacity, fingerprint)),
+        _ => None,
+    }
+}
+
 /// The summary of the index in `words` (as [`locate`] gives it), reading
 /// it without changing it; `None` when it holds no valid index.
 pub fn summary(words: &[AtomicU64]) -> Option<Summary> {
-    let n = words.len();
-    let capacity = words.get(n.checked_sub(1)?)?.load(Ordering::Relaxed);
-    let Header::Valid {
-        capacity: stored,
-        fingerprint,
-    } = read_header(words.get(..words_for(capacity)?)?)
-    else {
-        return None;
-    };
-    let index = Index::resume(words, capacity).filter(|_| stored == capacity)?;
+    let (capacity, fingerprint) = stored(words)?;
+    let index = Index::resume(words, capacity)?;
     Some(Summary {
         capacity,
         records: index.len(),
         fingerprint,
     })
+}
+
+impl<'a> Index<'a> {
+    /// [`Index::attach`] to the index that ends where `pool` ends (a pool's
+    /// tail, as `Pool.index` places it by default), in a pool of `page`-byte
+    /// pages. An index made there before for another capacity started at
+    /// another offset, so the attach alone would find no header at all: its
+    /// fingerprint is read first (header only), and the cold start names the
+    /// first field that differs, or the capacity, rather than no index.
+    ///
+    /// # Errors
+    /// As [`Index::attach`]; [`Error::TooSmall`] when the pool cannot hold
+    /// the index.
+    pub fn attach_tail(
+        pool: &'a [AtomicU64],
+        capacity: u64,
+        page: u64,
+        fingerprint: &Fingerprint,
+    ) -> Result<(Index<'a>, Start), Error> {
+        let too_small = || Error::TooSmall {
+            capacity,
+            need: bytes_for(capacity).unwrap_or(u64::MAX),
+            have: pool.len() as u64 * 8,
+        };
+        let len = bytes_for(capacity)
+            .and_then(|b| b.checked_next_multiple_of(page.max(8)))
+            .and_then(|b| usize::try_from(b / 8).ok())
+            .ok_or_else(too_small)?;
+        let words = pool
+            .len()
+            .checked_sub(len)
+            .map(|start| &pool[start..])
+            .ok_or_else(too_small)?;
+        // Read before the attach formats over it.
+        let before = locate(pool, page)
+            .and_then(stored)
+            .filter(|(c, _)| *c != capacity);
+        let (index, start) = Index::attach(words, capacity, fingerprint)?;
+        let start = match (start, before) {
+            (Start::Cold(Cold::NoIndex | Cold::Unreadable), Some((stored, before))) => {
+                Start::Cold(match before.differs(fingerprint) {
+                    Some(d) => Cold::Differs(d),
+                    None => Cold::Capacity {
+                        stored,
+                        now: capacity,
+                    },
+                })
+            }
+            (start, _) => start,
+        };
+        Ok((index, start))
+    }
 }
 
 fn unpack(len: u64, key: &[u64; KEY_WORDS]) -> Vec<u8> {

@@ -92,6 +92,45 @@ fn a_reader_that_knows_only_where_the_index_ends_finds_and_sums_it_up() {
 }
 
 #[test]
+fn at_the_tail_another_capacity_still_names_the_field_that_changed() {
+    // A pool that ends with an index of 8 slots, then one of 4 (another
+    // offset: pages of 8 bytes, so that no rounding makes them start at the
+    // same word): the cold start names what differs, not "no index".
+    let words = (bytes_for(8).unwrap() / 8) as usize;
+    let pool: Vec<AtomicU64> = (0..words + 512).map(|_| AtomicU64::new(0)).collect();
+    let (index, start) = Index::attach_tail(&pool, 8, 8, &fp("16")).unwrap();
+    assert_eq!(cold(start), Cold::NoIndex);
+    index.record(3, b"k").unwrap();
+    let (_, start) = Index::attach_tail(&pool, 4, 8, &fp("32")).unwrap();
+    let Cold::Differs(d) = cold(start) else {
+        panic!("the field is named");
+    };
+    assert_eq!(d.field, "block_size");
+    assert_eq!(
+        (d.stored.as_deref(), d.now.as_deref()),
+        (Some("16"), Some("32"))
+    );
+    // The same identity at another capacity: the capacity is named.
+    let (index, _) = Index::attach_tail(&pool, 8, 8, &fp("32")).unwrap();
+    assert!(index.is_empty());
+    let (_, start) = Index::attach_tail(&pool, 4, 8, &fp("32")).unwrap();
+    assert_eq!(cold(start), Cold::Capacity { stored: 8, now: 4 });
+    // The same capacity and identity: warm, as a plain attach.
+    let (index, start) = Index::attach_tail(&pool, 4, 8, &fp("32")).unwrap();
+    assert_eq!(start, Start::Warm);
+    index.record(1, b"x").unwrap();
+    assert_eq!(
+        summary(locate(&pool, 8).unwrap()).map(|s| (s.capacity, s.records)),
+        Some((4, 1))
+    );
+    // Too small a pool for the index.
+    assert!(matches!(
+        Index::attach_tail(&pool[..16], 4, 8, &fp("32")),
+        Err(Error::TooSmall { .. })
+    ));
+}
+
+#[test]
 fn another_identity_or_size_starts_cold_naming_why_and_empties_the_index() {
     let mem = memory(4);
     let (index, _) = Index::attach(&mem, 4, &fp("16")).unwrap();

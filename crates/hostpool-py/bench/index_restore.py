@@ -88,8 +88,7 @@ def wait_idle(name: str) -> None:
     while time.monotonic() < deadline:
         out = subprocess.run([os.environ["HOSTPOOL_BIN"], "keep", "status", "--name", name, "--json"],
                              capture_output=True, text=True)
-        status = json.loads(out.stdout)
-        status = status[0] if isinstance(status, list) else status
+        [status] = json.loads(out.stdout)
         if status["state"] == "idle":
             return
         time.sleep(0.02)

@@ -78,44 +78,24 @@ impl PyKvIndex {
                     ),
                 )
             })?;
-            // An index that ends where this one will (the pool's tail) but
-            // was made for another number of slots starts elsewhere, so this
-            // attach would read no header at all: compare its identity here,
-            // so that a cold start names the field that changed (a block
-            // size, a TP size) rather than saying there was no index.
-            // (Read only when the trailer says so: a summary reads every record.)
-            let before = (offset + len == mapped)
-                .then(|| {
-                    region
-                        .words(Extent {
-                            offset: 0,
-                            len: mapped,
-                        })
-                        .ok()
-                })
-                .flatten()
-                .filter(|all| {
-                    let [magic, capacity] = [all.len() - 2, all.len() - 1]
-                        .map(|i| all[i].load(std::sync::atomic::Ordering::Acquire));
-                    magic == hostpool_index::TRAILER_MAGIC && capacity != slots
-                })
-                .and_then(|all| hostpool_index::locate(all, page))
-                .and_then(hostpool_index::summary);
-            let start = Index::attach(words, slots, &fp)
-                .map(|(_, start)| start)
-                .map_err(|e| index_error(py, &e))?;
-            Ok(match (start, before) {
-                (Start::Cold(Cold::NoIndex | Cold::Unreadable), Some(before)) => {
-                    Start::Cold(match before.fingerprint.differs(&fp) {
-                        Some(d) => Cold::Differs(d),
-                        None => Cold::Capacity {
-                            stored: before.capacity,
-                            now: slots,
-                        },
+            // At the pool's tail, an index made there for another number of
+            // slots is found too, so that a cold start names what changed.
+            let attached = if offset + len == mapped {
+                let pool = region
+                    .words(Extent {
+                        offset: 0,
+                        len: mapped,
                     })
-                }
-                (start, _) => start,
-            })
+                    .map_err(|e| {
+                        errors::raise(py, errors::Kind::Error, format!("the pool's words: {e}"))
+                    })?;
+                Index::attach_tail(pool, slots, page, &fp)
+            } else {
+                Index::attach(words, slots, &fp)
+            };
+            attached
+                .map(|(_, start)| start)
+                .map_err(|e| index_error(py, &e))
         })?;
         let cold = match start {
             Start::Warm => None,

@@ -155,11 +155,8 @@ def main() -> None:
     tp = args.get("tp", 1)
     config = E.vllm_config(args)
     kcc = E.kv_cache_config(config, args.get("gpu_blocks", 128))
-    if tp == 1:
-        local = E.Worker(config, kcc)  # vLLM builds the workers before the scheduler
-        workers: Any = None
-    else:
-        workers = RemoteWorkers(args, tp)
+    # vLLM builds the workers before the scheduler.
+    workers: Any = E.LocalWorkers([E.Worker(config, kcc)]) if tp == 1 else RemoteWorkers(args, tp)
     sched = E.Scheduler(config, kcc)
     manager = sched.manager
     if args.get("kill_at", "").startswith("completed"):
@@ -172,18 +169,7 @@ def main() -> None:
 
         manager.complete_store = complete_store
     hits, loads = observe(sched)
-    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
-
-    aggregator = KVOutputAggregator(expected_finished_count=tp)
-
-    def run(max_steps: int = 400) -> None:
-        for _ in range(max_steps):
-            if not sched.busy():
-                return
-            out, forward = sched.schedule()
-            outputs = [local.step(out, forward)] if workers is None else workers.step(out, forward)
-            sched.update(out, E.merge(aggregator, outputs))
-        raise RuntimeError("the engine did not settle")
+    engine = E.Engine(sched, workers, tp)
 
     say(
         event="started",
@@ -201,18 +187,14 @@ def main() -> None:
         first = dict(hits)
         index = manager.kept_index() if hasattr(manager, "kept_index") else None
         records_at_first_step = None if index is None else len(index)
-        outputs = [local.step(out, forward)] if workers is None else workers.step(out, forward)
-        sched.update(out, E.merge(aggregator, outputs))
-        run()
+        engine.finish(out, forward)
+        engine.run()
         good, bad = 0, []
         for seq in probes:
             req_id = f"probe-{seq[0]}"
             req = sched.requests[req_id]
             ids = loads.get(req_id, [])
-            if workers is None:
-                per_rank = [{b: local.block_bytes(b) for b in ids}]
-            else:
-                per_rank = workers.blocks(ids)
+            per_rank = workers.blocks(ids)
             for i, b in enumerate(ids):
                 for rank, got in enumerate(per_rank):
                     data = got[b]
@@ -240,7 +222,7 @@ def main() -> None:
         # (vLLM's), and stores in flight are not evictable.
         for seq in stores:
             sched.add(f"store-{seq[0]}-{len(sched.requests)}", tokens(seq))
-            run()
+            engine.run()
         say(event="stored", sequences=[s[0] for s in stores])
     say(event="idle")
     sys.stdin.read()

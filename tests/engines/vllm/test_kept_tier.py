@@ -53,8 +53,8 @@ class Keeper:
         out = subprocess.run([_hostpool_bin(), "keep", "status", "--name", self.name, "--json"],
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
-        status = json.loads(out.stdout)
-        return status[0] if isinstance(status, list) else status
+        [status] = json.loads(out.stdout)
+        return status
 
     def wait_idle(self, timeout: float = 30) -> dict:
         """The keeper's status once the lease ended (every rank and companion gone)."""

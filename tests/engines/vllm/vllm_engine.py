@@ -310,23 +310,44 @@ class Scheduler:
         return self.sched.has_requests() or getattr(m, "_num_write_pending_chunks", 0) > 0
 
 
-def merge(aggregator: Any, outputs: list[Any]) -> Any:
-    """The workers' connector outputs as vLLM's executor merges them."""
-    from vllm.v1.outputs import ModelRunnerOutput
+class LocalWorkers:
+    """The workers of an engine in this process (vLLM's ``UniProcExecutor``): the same
+    calls as ``kept_engine.RemoteWorkers``, one reply per rank."""
 
-    runs = [ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=kv) for kv in outputs]
-    return aggregator.aggregate(runs).kv_connector_output
+    def __init__(self, workers: list[Worker]) -> None:
+        self.workers = workers
+
+    def step(self, out: Any, forward: list[tuple[int, bytes]]) -> list[Any]:
+        return [w.step(out, forward) for w in self.workers]
+
+    def blocks(self, block_ids: list[int]) -> list[dict[int, bytes]]:
+        return [{b: w.block_bytes(b) for b in block_ids} for w in self.workers]
 
 
-def run_engine(sched: Scheduler, workers: list[Worker], max_steps: int = 200) -> None:
-    """Steps until every request finished and every store completed (one process)."""
-    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+class Engine:
+    """One engine's steps: vLLM's scheduler, its workers (local or remote), and the
+    executor's merge of their connector outputs (vLLM's ``KVOutputAggregator``)."""
 
-    aggregator = KVOutputAggregator(expected_finished_count=len(workers))
-    for _ in range(max_steps):
-        if not sched.busy():
-            return
-        out, forward = sched.schedule()
-        outputs = [w.step(out, forward) for w in workers]
-        sched.update(out, merge(aggregator, outputs))
-    raise RuntimeError("the engine did not settle in time")
+    def __init__(self, sched: Scheduler, workers: Any, world: int) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+
+        self.sched, self.workers = sched, workers
+        self.aggregator = KVOutputAggregator(expected_finished_count=world)
+
+    def finish(self, out: Any, forward: list[tuple[int, bytes]]) -> None:
+        """The workers run step ``out``, and the scheduler learns what they did."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        runs = [
+            ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=kv)
+            for kv in self.workers.step(out, forward)
+        ]
+        self.sched.update(out, self.aggregator.aggregate(runs).kv_connector_output)
+
+    def run(self, max_steps: int = 400) -> None:
+        """Steps until every request finished and every store completed."""
+        for _ in range(max_steps):
+            if not self.sched.busy():
+                return
+            self.finish(*self.sched.schedule())
+        raise RuntimeError("the engine did not settle")

@@ -17,7 +17,7 @@ durable copy, the index at the tail of a kept pool (``hostpool keep`` with
   the free chunks and the order of last use, and the blocks no lookup asked
   for are evicted first, oldest use first;
 * the index carries a fingerprint of everything that decides what a chunk's
-  bytes mean (:func:`fingerprint`): another one starts cold and empties it,
+  bytes mean (:func:`identity`): another one starts cold and empties it,
   with one warning naming the field.
 
 The scheduler process maps the kept pool as its engine's *companion*
@@ -42,7 +42,7 @@ from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 
-__all__ = ["HostPoolOffloadingManager", "KeptTier", "fingerprint", "hash_problem"]
+__all__ = ["HostPoolOffloadingManager", "KeptTier", "identity"]
 
 _log = logging.getLogger("hostpool.vllm")
 
@@ -89,14 +89,10 @@ def _hash_state(vllm_config: Any) -> tuple[str, str, str | None]:
     return algorithm, "default", None
 
 
-def hash_problem(vllm_config: Any = None) -> str | None:
-    """Why vLLM's block hashes are not reproducible across processes, or ``None``."""
-    return _hash_state(vllm_config)[2]
-
-
-def fingerprint(spec: Any, vllm_config: Any = None) -> dict[str, str]:
-    """The identity of what a kept CPU tier's chunks hold, in order (the index compares it
-    field by field and names the first that differs).
+def identity(spec: Any, vllm_config: Any = None) -> tuple[dict[str, str], str | None]:
+    """The identity of what a kept CPU tier's chunks hold, as a fingerprint in order (the
+    index compares it field by field and names the first that differs), and why vLLM's
+    block hashes are not reproducible across processes (``None`` when they are).
 
     ``spec`` is the :class:`~hostpool.vllm.HostPoolOffloadingSpec`; ``vllm_config`` is
     the engine's ``VllmConfig`` when known (the model's revision and dtype, and the hash
@@ -106,13 +102,13 @@ def fingerprint(spec: Any, vllm_config: Any = None) -> dict[str, str]:
 
     config = spec.config
     model_config = getattr(vllm_config, "model_config", None)
-    algorithm, seed, _ = _hash_state(vllm_config)
+    algorithm, seed, problem = _hash_state(vllm_config)
     p = config.parallel
     groups = ";".join(
         f"{g.group_id}:{g.tokens_per_block}:{len(g.layer_names)}:{g.sliding_window_size_in_chunks}"
         for g in config.groups
     )
-    return {
+    fields = {
         "format": FORMAT,
         "model": str(config.model.name),
         "revision": "unknown" if model_config is None else str(model_config.revision or "default"),
@@ -136,6 +132,7 @@ def fingerprint(spec: Any, vllm_config: Any = None) -> dict[str, str]:
         "vllm": str(vllm.__version__),
         "hostpool": str(hostpool.__version__),
     }
+    return fields, problem
 
 
 class KeptTier:

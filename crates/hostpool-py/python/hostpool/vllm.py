@@ -172,7 +172,7 @@ class HostPoolOffloadingSpec(CPUOffloadingSpec):
         keeper = self.pool_config.get("keeper")
         if keeper is None or self.num_chunks <= 0:
             return None
-        from hostpool._vllm_kept import KeptTier, fingerprint, hash_problem
+        from hostpool._vllm_kept import KeptTier, identity
 
         config: dict[str, Any] = {"keeper": keeper, "keeper_companion_of": pool_name(self.config.engine_id)}
         if "keeper_attach_timeout_secs" in self.pool_config:
@@ -216,7 +216,7 @@ class HostPoolOffloadingSpec(CPUOffloadingSpec):
             pool,
             self.num_chunks,
             self.kv_bytes_per_chunk,
-            lambda: (fingerprint(self, vllm_config), hash_problem(vllm_config)),
+            lambda: identity(self, vllm_config),
         )
 
     def region_pool_config(self) -> dict[str, Any]:
