@@ -93,10 +93,67 @@ fn the_binary_registers_exactly_the_built_in_plugins() {
     assert_eq!(names("backings"), ["anon", "hugetlbfs", "shm-segmented"]);
     assert_eq!(names("pinners"), ["cuda", "mlock"]);
     assert_eq!(names("registrars"), ["nixl", "rdma"]);
+    assert_eq!(names("adapters"), ["mooncake"]);
     assert_eq!(v["backings"][0]["origin"], "backing-anon");
+    assert_eq!(v["adapters"][0]["origin"], "adapter-mooncake");
+    assert!(
+        v["adapters"][0]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("[mooncake] max_region"),
+        "{v:#}"
+    );
     let human = hostpool(&["plugins"]);
     assert_exit(&human, 0);
     assert!(stdout(&human).contains("anon"));
+    assert!(
+        stdout(&human).contains("adapters:\n  mooncake ")
+            && stdout(&human).contains("[adapter-mooncake]"),
+        "{}",
+        stdout(&human)
+    );
+}
+
+#[test]
+fn a_mooncake_table_is_checked_by_its_adapter_when_planning() {
+    let good = temp_file(
+        "mooncake.toml",
+        "size = \"64MiB\"\n[mooncake]\nmax_region = \"1GiB\"\n",
+    );
+    let o = hostpool(&["plan", "--config", good.to_str().unwrap(), "--json"]);
+    assert_exit(&o, 0);
+    assert_eq!(json(&o)["fits"], true);
+
+    let typo = temp_file(
+        "mooncake-typo.toml",
+        "size = \"64MiB\"\n[mooncake]\nmax_regon = 1\n",
+    );
+    let o = hostpool(&["plan", "--config", typo.to_str().unwrap()]);
+    assert_exit(&o, 2);
+    let e = stderr(&o);
+    assert!(e.contains("[mooncake]") && e.contains("max_regon"), "{e}");
+
+    let zero = temp_file(
+        "mooncake-zero.toml",
+        "size = \"64MiB\"\n[mooncake]\nmax_region = 0\n",
+    );
+    let o = hostpool(&["plan", "--config", zero.to_str().unwrap()]);
+    assert_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("[mooncake] max_region is 0"),
+        "{}",
+        stderr(&o)
+    );
+
+    // A table no plugin owns lists the adapter among the tables available.
+    let unknown = temp_file("mooncakes.toml", "size = \"64MiB\"\n[mooncakes]\nx = 1\n");
+    let o = hostpool(&["plan", "--config", unknown.to_str().unwrap()]);
+    assert_exit(&o, 2);
+    let e = stderr(&o);
+    assert!(
+        e.contains("table [mooncakes] belongs to no registered plugin") && e.contains("mooncake,"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -3,7 +3,9 @@
 //! without a driver, leftover files, and that nothing on the node changes.
 //!
 //! Under `cargo xtask test` (`HOSTPOOL_REQUIRE_HUGEPAGES=1`) the hugetlbfs
-//! test must find the 2 MiB mount xtask made; elsewhere it skips.
+//! test must find the 2 MiB mount xtask made; elsewhere it skips. Likewise
+//! the Mooncake test asks the test venv's python (`HOSTPOOL_TEST_PYTHON`,
+//! required under `HOSTPOOL_REQUIRE_NIXL=1`), which has Mooncake's wheel.
 
 mod support;
 
@@ -18,7 +20,7 @@ use std::sync::{Mutex, MutexGuard};
 use serde_json::Value;
 
 /// Every area a doctor run without a pool reports.
-const AREAS: [&str; 12] = [
+const AREAS: [&str; 13] = [
     "memory",
     "hugepages",
     "hugetlbfs",
@@ -29,6 +31,7 @@ const AREAS: [&str; 12] = [
     "kernel",
     "cuda",
     "rdma",
+    "mooncake",
     "plugins",
     "leftovers",
 ];
@@ -768,5 +771,109 @@ fn doctor_says_which_rendezvous_a_shared_pool_would_use() {
             .unwrap_or_else(|| panic!("no rendezvous finding: {pool:#?}"));
         assert!(text(&f["value"]).starts_with(want), "{f:#}");
         assert!(text(&f["remedy"]).contains(why), "{f:#}");
+    }
+}
+
+/// The test venv's python, which has Mooncake's non-CUDA wheel:
+/// `HOSTPOOL_TEST_PYTHON`, which `cargo xtask test` sets (and, with
+/// `HOSTPOOL_REQUIRE_NIXL=1`, requires).
+fn mooncake_python() -> Option<String> {
+    match std::env::var("HOSTPOOL_TEST_PYTHON") {
+        Ok(python) if Path::new(&python).exists() => Some(python),
+        _ if std::env::var_os("HOSTPOOL_REQUIRE_NIXL").is_some() => panic!(
+            "HOSTPOOL_REQUIRE_NIXL is set but HOSTPOOL_TEST_PYTHON does not name the test venv's \
+             python (with mooncake-transfer-engine-non-cuda)"
+        ),
+        _ => {
+            eprintln!(
+                "skip: HOSTPOOL_TEST_PYTHON unset: run under `cargo xtask test`, which makes the \
+                 venv with Mooncake's wheel"
+            );
+            None
+        }
+    }
+}
+
+fn the_mooncake_finding(r: &Value) -> &Value {
+    let mc = findings(r, "mooncake");
+    assert_eq!(mc.len(), 1, "{mc:#?}");
+    mc[0]
+}
+
+#[test]
+fn the_mooncake_finding_names_the_wheel_its_version_and_transports() {
+    let Some(python) = mooncake_python() else {
+        return;
+    };
+    let o = doctor_with(&["--json"], &[("HOSTPOOL_PYTHON", &python)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let r = json(&o);
+    let f = the_mooncake_finding(&r);
+    assert_eq!(f["verdict"], "ok", "{f:#}");
+    assert_eq!(f["item"], "mooncake.engine", "{f:#}");
+    let value = text(&f["value"]);
+    assert!(
+        value.starts_with("mooncake-transfer-engine-non-cuda 0.3.13.post1 at ")
+            && value.contains("/mooncake/engine")
+            && value.contains(": transports tcp"),
+        "{f:#}"
+    );
+    let d = &f["details"];
+    assert_eq!(d["distribution"], "mooncake-transfer-engine-non-cuda");
+    assert_eq!(d["version"], "0.3.13.post1");
+    assert_eq!(d["python"], python.as_str());
+    assert_eq!(d["transports"][0], "tcp", "{d:#}");
+    // The non-CUDA wheel's engine.so links libibverbs (without it, it does
+    // not import), and supports no GPU.
+    assert_eq!(d["transports"], serde_json::json!(["tcp", "rdma"]), "{d:#}");
+    assert_eq!(d["flags"]["SUPPORT_CUDA"], false, "{d:#}");
+    // In words too.
+    let o = doctor_with(&[], &[("HOSTPOOL_PYTHON", &python)]);
+    let out = stdout(&o);
+    assert!(
+        out.lines().any(|l| l.starts_with("ok")
+            && l.contains("mooncake")
+            && l.contains("mooncake-transfer-engine-non-cuda 0.3.13.post1")
+            && l.contains("transports tcp")),
+        "{out}"
+    );
+}
+
+#[test]
+fn without_the_wheel_the_mooncake_finding_is_info_and_doctor_exits_as_before() {
+    // The system's python has no Mooncake; a python that is not there cannot
+    // say. Neither is a failure: with no pool doctor exits 0, and with a pool
+    // that fits too.
+    for (python, says) in [
+        ("/usr/bin/python3", "not importable by /usr/bin/python3"),
+        ("/nonexistent/python3", "cannot be run"),
+    ] {
+        if python == "/usr/bin/python3" && !Path::new(python).exists() {
+            eprintln!("no /usr/bin/python3 here: only the missing python is asked");
+            continue;
+        }
+        for args in [&["--json"][..], &["--json", "--size", "64MiB"]] {
+            let o = doctor_with(args, &[("HOSTPOOL_PYTHON", python)]);
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stdout(&o));
+            let r = json(&o);
+            assert_ne!(r["verdict"], "fail", "{r:#}");
+            let f = the_mooncake_finding(&r);
+            assert_eq!(f["verdict"], "info", "{f:#}");
+            assert!(text(&f["value"]).contains(says), "{f:#}");
+            assert!(text(&f["remedy"]).contains("HOSTPOOL_PYTHON"), "{f:#}");
+            assert_eq!(f["details"]["importable"], false, "{f:#}");
+            if python == "/usr/bin/python3" {
+                assert!(
+                    text(&f["value"]).contains("No module named 'mooncake'"),
+                    "{f:#}"
+                );
+                let remedy = text(&f["remedy"]);
+                assert!(
+                    remedy.contains("pip install mooncake-transfer-engine")
+                        && remedy.contains("mooncake-transfer-engine-non-cuda"),
+                    "{f:#}"
+                );
+            }
+        }
     }
 }

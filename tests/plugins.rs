@@ -1,6 +1,7 @@
 //! The pool lifecycle with plugins submitted from outside pool-core: a
 //! recording pinner and two recording registrars, registered through
-//! `inventory` exactly as an out-of-tree plugin would be.
+//! `inventory` exactly as an out-of-tree plugin would be (and an adapter,
+//! whose table a plan checks).
 //!
 //! Proves: build order (map, prefault, pin, register), teardown in reverse
 //! (deregister last-first, unpin, then unmap, each while the memory is still
@@ -10,6 +11,7 @@
 use std::sync::Mutex;
 
 use pool_core::plugin::PinContext;
+use pool_core::plugin::{AdapterPlugin, DoctorContext, Finding};
 use pool_core::plugin::{Pin, Pinner, PinnerPlugin, Registrar, RegistrarPlugin, Registration};
 use pool_core::{
     ByteSize, Error, PinStatus, Pool, PoolConfig, PoolPlan, Quiet, Region, Result, Span,
@@ -328,6 +330,68 @@ fn unknown_pinner_names_the_available_ones_sorted() {
     assert!(e.to_string().contains("unknown pinner `cudaa`"), "{e}");
     assert!(
         e.to_string().contains("available: ") && e.to_string().contains("test-pin"),
+        "{e}"
+    );
+}
+
+// ------------------------------------------------------------ adapters
+
+fn validate_test_adapter(table: Option<&Value>) -> Result<()> {
+    let opts: Opts = pool_core::plugin::parse_table("test-adapter", table)?;
+    record(&opts.tag, "validated".into());
+    Ok(())
+}
+
+fn test_adapter_doctor(_: &DoctorContext<'_>) -> Vec<Finding> {
+    vec![Finding::new("test-adapter", "probe", "here")]
+}
+
+inventory::submit! {
+    AdapterPlugin::new("test-adapter", "checks its table", "tests/plugins.rs", validate_test_adapter)
+        .with_doctor(test_adapter_doctor)
+}
+
+#[test]
+fn an_adapters_table_is_validated_by_it_when_a_pool_is_planned() {
+    let mut c = config("adapter", None, None, None);
+    c.plugins
+        .insert("test-adapter".into(), json!({"tag": "adapter"}));
+    PoolPlan::new(c.clone()).unwrap();
+    assert_eq!(events("adapter"), ["validated"]);
+    c.plugins.get_mut("test-adapter").unwrap()["colour"] = json!("red");
+    let e = PoolPlan::new(c).unwrap_err();
+    assert!(
+        e.to_string().contains("[test-adapter]") && e.to_string().contains("colour"),
+        "{e}"
+    );
+    assert_eq!(e.exit_code(), 2);
+    let plugin = pool_core::plugin::lookup::<AdapterPlugin>("test-adapter").unwrap();
+    let found = (plugin.doctor.unwrap())(&DoctorContext::default());
+    assert_eq!(found[0].area, "test-adapter");
+}
+
+#[test]
+fn the_built_in_mooncake_adapter_checks_its_table() {
+    let mut c = config("mooncake", None, None, None);
+    c.plugins
+        .insert("mooncake".into(), json!({"max_region": "1GiB"}));
+    let plan = PoolPlan::new(c.clone()).unwrap();
+    assert_eq!(
+        plan.config().plugin_table("mooncake"),
+        Some(&json!({"max_region": "1GiB"}))
+    );
+    c.plugins.insert("mooncake".into(), json!({"max_regon": 1}));
+    let e = PoolPlan::new(c.clone()).unwrap_err();
+    assert!(
+        e.to_string().contains("[mooncake]") && e.to_string().contains("max_regon"),
+        "{e}"
+    );
+    assert_eq!(e.exit_code(), 2);
+    c.plugins.remove("mooncake");
+    c.plugins.insert("mooncak".into(), json!({}));
+    let e = PoolPlan::new(c).unwrap_err();
+    assert!(
+        e.to_string().contains("mooncake") && e.to_string().contains("test-adapter"),
         "{e}"
     );
 }

@@ -113,8 +113,10 @@ pub(crate) fn cached_venv(
 
 /// What the tests need from the environment, for `cargo test` and pytest
 /// alike: the NIXL C API of its `nixl-cu12` wheel (`HOSTPOOL_NIXL_LIB`, with
-/// `HOSTPOOL_REQUIRE_NIXL=1` so the NIXL tests fail rather than skip) and
-/// loopback-only UCX. Creates the environment when missing.
+/// `HOSTPOOL_REQUIRE_NIXL=1` so the NIXL tests fail rather than skip),
+/// loopback-only UCX, and its python (`HOSTPOOL_TEST_PYTHON`), whose
+/// Mooncake wheel `hostpool doctor`'s test asks about. Creates the
+/// environment when missing.
 pub fn nixl_env() -> Result<Vec<(String, String)>, String> {
     let venv = ensure_venv(&cmd::workspace_root())?;
     let lib = std::fs::read_dir(venv.join("lib"))
@@ -138,6 +140,10 @@ pub fn nixl_env() -> Result<Vec<(String, String)>, String> {
         ),
         ("HOSTPOOL_REQUIRE_NIXL".into(), "1".into()),
         ("UCX_NET_DEVICES".into(), "lo".into()),
+        (
+            "HOSTPOOL_TEST_PYTHON".into(),
+            venv.join("bin/python").to_string_lossy().into_owned(),
+        ),
     ])
 }
 

@@ -27,12 +27,13 @@ use pyo3::types::PyDict;
 // Every built-in plugin, linked as in the CLI.
 use hostpool as _;
 
-/// The registered plugins: `{"backings": [...], "pinners": [...], "registrars": [...]}`,
+/// The registered plugins: `{"backings": [...], "pinners": [...], "registrars": [...],
+/// "adapters": [...]}`,
 /// each entry a dict with `name`, `summary` and `origin`, as `hostpool plugins --json`.
 #[pyfunction]
 fn plugins(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     use pool_core::plugin::{self, PluginRecord};
-    use pool_core::plugin::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
+    use pool_core::plugin::{AdapterPlugin, BackingPlugin, PinnerPlugin, RegistrarPlugin};
     fn entries<'py, T: PluginRecord>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let records = plugin::registry::<T>().map_err(|e| errors::to_py(py, &e, None))?;
         records
@@ -50,6 +51,7 @@ fn plugins(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("backings", entries::<BackingPlugin>(py)?)?;
     out.set_item("pinners", entries::<PinnerPlugin>(py)?)?;
     out.set_item("registrars", entries::<RegistrarPlugin>(py)?)?;
+    out.set_item("adapters", entries::<AdapterPlugin>(py)?)?;
     Ok(out)
 }
 

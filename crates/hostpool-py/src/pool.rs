@@ -23,6 +23,9 @@ use crate::shared::PyShared;
 use crate::sys::Exports;
 use crate::{build, errors, logs};
 
+/// `Pool.files()`'s row: `(fd, offset, nbytes, path)`.
+type PoolFileRow = (i32, u64, u64, Option<String>);
+
 /// What is fixed once the pool is built.
 #[derive(Debug)]
 struct Info {
@@ -35,6 +38,8 @@ struct Info {
     pin_reason: Option<String>,
     shard: (u64, u64),
     block_size: Option<u64>,
+    /// The config's plugin tables, as given (`Pool.plugin_table`).
+    tables: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug)]
@@ -49,6 +54,9 @@ struct State {
     /// outlive `close()`; its pointer then reaches zero pages of ours, never
     /// memory mapped there later.
     placeholder: Option<pool_core::Placeholder>,
+    /// What must run before the pool goes (`Pool._before_close`): a
+    /// registration of its memory elsewhere (Mooncake), undone first.
+    before_close: Vec<Py<PyAny>>,
 }
 
 /// A host-memory pool: built, prefaulted, pinned and registered as asked.
@@ -101,6 +109,7 @@ impl PyPool {
     ) -> PyResult<PyClassInitializer<PyPool>> {
         let shard = plan.prefault().extent;
         let block_size = plan.config().block_size.map(pool_core::ByteSize::get);
+        let tables = plan.config().plugins.clone();
         let pool = build::build(py, plan, progress)?;
         let report = pool.report();
         let info = Info {
@@ -113,6 +122,7 @@ impl PyPool {
             pin_reason: report.pin.reason.clone(),
             shard: (shard.offset, shard.len),
             block_size,
+            tables,
         };
         let exports = Exports::new(
             info.addr,
@@ -123,6 +133,7 @@ impl PyPool {
                 pool: Some(pool),
                 closed: None,
                 placeholder: None,
+                before_close: Vec::new(),
             }),
             info,
         }))
@@ -406,26 +417,51 @@ impl PyPool {
     fn close<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
         let py = slf.py();
         let this = slf.get();
+        let busy = |alive: usize| {
+            errors::raise(
+                py,
+                errors::Kind::PoolBusy,
+                format!(
+                    "cannot close the pool: {alive} export(s) of its memory are alive \
+                     (memoryview, numpy array, torch tensor or DLPack capsule); delete \
+                     them (del tensor) and close again"
+                ),
+            )
+        };
+        // What registered the memory elsewhere is undone first, last first,
+        // once nothing exported stands in the way (a refused close undoes
+        // nothing); its failures are teardown issues, as the pool's own.
+        let undo = {
+            let mut state = this.lock();
+            if state.pool.is_none() {
+                return Ok(PyList::empty(py));
+            }
+            slf.as_super().get().alive().map_err(busy)?;
+            std::mem::take(&mut state.before_close)
+        };
+        let mut undone = Vec::new();
+        for callback in undo.iter().rev() {
+            if let Err(e) = callback.call0(py) {
+                let detail = e
+                    .value(py)
+                    .str()
+                    .map_or_else(|_| e.to_string(), |s| s.to_string());
+                undone.push(pool_core::TeardownIssue::log("before close", detail));
+            }
+        }
         let pool = {
             let mut state = this.lock();
             if let Err(alive) = slf.as_super().get().close() {
-                return Err(errors::raise(
-                    py,
-                    errors::Kind::PoolBusy,
-                    format!(
-                        "cannot close the pool: {} export(s) of its memory are alive \
-                         (memoryview, numpy array, torch tensor or DLPack capsule); delete \
-                         them (del tensor) and close again",
-                        alive
-                    ),
-                ));
+                state.before_close = undo;
+                return Err(busy(alive));
             }
             state.pool.take()
         };
         let Some(pool) = pool else {
             return Ok(PyList::empty(py));
         };
-        let (report, kept) = PyPool::teardown(py, pool);
+        let (mut report, kept) = PyPool::teardown(py, pool);
+        report.teardown_issues.splice(0..0, undone);
         let issues = PyList::empty(py);
         for issue in &report.teardown_issues {
             let d = PyDict::new(py);
@@ -503,6 +539,132 @@ impl PyPool {
             .iter()
             .map(|r| (base + r.offset, r.len, dev_id))
             .collect())
+    }
+
+    /// This rank's shard of the pool (the whole pool when private) as
+    /// `(addr, len)` regions for a registration elsewhere (Mooncake): split
+    /// at `max_region` bytes (default: one region) on boundaries that never
+    /// split a block (`block_size`) or a page.
+    #[pyo3(signature = (max_region = None))]
+    fn regions(
+        &self,
+        py: Python<'_>,
+        max_region: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<(u64, u64)>> {
+        if self.closed() {
+            return Err(errors::raise(
+                py,
+                errors::Kind::Error,
+                "the pool is closed: it has no memory to register".into(),
+            ));
+        }
+        let (offset, len) = self.info.shard;
+        let page = self.info.page;
+        let block = self.info.block_size.unwrap_or(page);
+        let max = opt_size("max_region", max_region)
+            .map_err(|e| errors::to_py(py, &e, None))?
+            .map(pool_core::ByteSize::get);
+        let unit = pool_core::lcm(page, block).unwrap_or(u64::MAX);
+        let config = |message: String| errors::raise(py, errors::Kind::Config, message);
+        if let Some(max) = max
+            && max < unit
+        {
+            return Err(config(format!(
+                "max_region of {} is smaller than one {} (a block of {} on {} pages), which a \
+                 region must never split; give max_region of at least {}, or a smaller block",
+                pool_core::format_bytes(max),
+                pool_core::format_bytes(unit),
+                pool_core::format_bytes(block),
+                pool_core::format_bytes(page),
+                pool_core::format_bytes(unit),
+            )));
+        }
+        if offset % unit != 0 {
+            return Err(config(format!(
+                "this rank's shard starts at offset {offset}, inside a block of {} on {} pages: \
+                 give the shared pool a block size that divides its shards",
+                pool_core::format_bytes(block),
+                pool_core::format_bytes(page),
+            )));
+        }
+        let regions = (|| {
+            let page = pool_core::PageSize::new(page)?;
+            Ok::<_, Error>(pool_core::mr_regions(
+                len,
+                page,
+                block,
+                max.unwrap_or(len.max(1)),
+            )?)
+        })()
+        .map_err(|e| errors::to_py(py, &e, None))?;
+        let base = self.info.addr as u64 + offset;
+        Ok(regions.iter().map(|r| (base + r.offset, r.len)).collect())
+    }
+
+    /// The open files the pool's memory is, in pool order, as `(fd,
+    /// offset, nbytes, path)`: the file descriptor (valid until `close()`),
+    /// where the file starts in the pool (mapped from its own offset 0), its
+    /// length, and its path while linked (`None` for an unlinked file or a
+    /// memfd: open `/proc/self/fd/FD`). Empty for anonymous memory.
+    fn files(&self, py: Python<'_>) -> PyResult<Vec<PoolFileRow>> {
+        use std::os::fd::AsRawFd;
+        let state = self.lock();
+        let pool = state.pool.as_ref().ok_or_else(|| {
+            errors::raise(
+                py,
+                errors::Kind::Error,
+                "the pool is closed: it has no files".into(),
+            )
+        })?;
+        Ok(pool
+            .pool_files()
+            .iter()
+            .map(|f| {
+                (
+                    f.fd.as_raw_fd(),
+                    f.extent.offset,
+                    f.extent.len,
+                    f.path.as_ref().map(|p| p.display().to_string()),
+                )
+            })
+            .collect())
+    }
+
+    /// The config's table `[name]` as given (a dict), or `None`: settings
+    /// an embedder reads (`[mooncake] max_region`).
+    fn plugin_table<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        match self.info.tables.get(name) {
+            Some(table) => json_dict(py, "the table", table),
+            None => Ok(py.None().into_bound(py)),
+        }
+    }
+
+    /// Run `callback()` at the start of `close()`, before the memory goes
+    /// (callbacks run last first; one that raises becomes a teardown
+    /// issue). For what registered the pool elsewhere: `hostpool.mooncake`.
+    fn _before_close(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
+        let mut state = self.lock();
+        if state.pool.is_none() {
+            return Err(errors::raise(
+                py,
+                errors::Kind::Error,
+                "the pool is closed".into(),
+            ));
+        }
+        state.before_close.push(callback);
+        Ok(())
+    }
+
+    /// Forget a callback given to `_before_close` (one equal to it); whether
+    /// it was there.
+    fn _forget_before_close(&self, py: Python<'_>, callback: &Bound<'_, PyAny>) -> bool {
+        let mut state = self.lock();
+        let before = state.before_close.len();
+        // Bound methods are made anew at each access: compare by equality.
+        state
+            .before_close
+            .retain(|c| !c.bind(py).eq(callback).unwrap_or(false));
+        state.before_close.len() != before
     }
 
     /// The crash-consistent index of what this pool's `slots` hold (a

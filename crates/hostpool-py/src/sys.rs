@@ -72,6 +72,14 @@ impl Exports {
         state.count = state.count.saturating_sub(1);
     }
 
+    /// `Ok` when no export is alive, else how many are (nothing changes).
+    pub fn alive(&self) -> Result<(), usize> {
+        match self.lock().count {
+            0 => Ok(()),
+            n => Err(n),
+        }
+    }
+
     /// Export nothing more: `Ok` when no export is alive (every later
     /// export is refused, and the memory may go), else the number alive,
     /// with nothing changed.

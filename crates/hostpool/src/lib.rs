@@ -27,6 +27,7 @@ pub use hostpool_handoff;
 
 // A plugin crate that is never named is not linked and its records vanish
 // silently: name every built-in. `tests/cli.rs` asserts the exact set.
+use adapter_mooncake as _;
 use backing_anon as _;
 use backing_hugetlbfs as _;
 use backing_shm_segmented as _;

@@ -478,6 +478,14 @@ pub trait Attachment: Send + Sync + std::fmt::Debug {
         Vec::new()
     }
 
+    /// The open files the region maps, in pool order, each at its file
+    /// offset 0 (linked or not): what another mapper of the same memory
+    /// (`/proc/self/fd/N`, a Mooncake Store segment) opens. Empty for
+    /// anonymous memory (a backing's own mapping).
+    fn pool_files(&self) -> &[PoolFile] {
+        &[]
+    }
+
     /// Called once after prefault with its outcome: a shared mapping meets its
     /// peers here (through `barrier`, or its built-in one) and the owner
     /// unlinks the files. Private mappings have nothing to do.
@@ -744,6 +752,10 @@ impl Attachment for FileMapping {
 
     fn files(&self) -> Vec<PathBuf> {
         self.linked_files()
+    }
+
+    fn pool_files(&self) -> &[PoolFile] {
+        FileMapping::pool_files(self)
     }
 
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {

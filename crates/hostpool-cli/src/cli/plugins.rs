@@ -1,9 +1,10 @@
-//! `hostpool plugins`: the registered backings, pinners and registrars.
+//! `hostpool plugins`: the registered backings, pinners, registrars and
+//! adapters.
 
 use clap::Args;
 use pool_core::Error;
 use pool_core::plugin::{self, PluginRecord};
-use pool_core::plugin::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
+use pool_core::plugin::{AdapterPlugin, BackingPlugin, PinnerPlugin, RegistrarPlugin};
 
 use super::write_stdout;
 
@@ -39,6 +40,7 @@ pub(super) fn run(args: PluginsArgs) -> Result<i32, Error> {
         ("backings", entries::<BackingPlugin>()?),
         ("pinners", entries::<PinnerPlugin>()?),
         ("registrars", entries::<RegistrarPlugin>()?),
+        ("adapters", entries::<AdapterPlugin>()?),
     ];
     let text = if args.json {
         let map: serde_json::Map<String, serde_json::Value> = kinds

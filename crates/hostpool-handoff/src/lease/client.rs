@@ -213,6 +213,10 @@ impl Attachment for LeasedMapping {
         self.inner.region()
     }
 
+    fn pool_files(&self) -> &[pool_core::file::PoolFile] {
+        pool_core::file::Attachment::pool_files(&self.inner)
+    }
+
     fn checked_capacity(&self) -> bool {
         false
     }

@@ -1026,6 +1026,10 @@ impl Attachment for SharedMapping {
         self.inner.region()
     }
 
+    fn pool_files(&self) -> &[pool_core::file::PoolFile] {
+        pool_core::file::Attachment::pool_files(&self.inner)
+    }
+
     fn files(&self) -> Vec<PathBuf> {
         let mut v = self.inner.files();
         if !self.session.passed() {

@@ -1,5 +1,9 @@
 """``python -m hostpool``: the ``hostpool`` CLI that the wheel installs beside
-the package (same flags, output and exit statuses as the cargo-built one)."""
+the package (same flags, output and exit statuses as the cargo-built one).
+
+It runs with ``HOSTPOOL_PYTHON`` set to this interpreter (unless already
+set), so ``python -m hostpool doctor`` asks the caller's environment whether
+it imports Mooncake's engine."""
 
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ def _cli() -> str:
 
 def main() -> None:
     exe = _cli()
+    if sys.executable:
+        os.environ.setdefault("HOSTPOOL_PYTHON", sys.executable)
     os.execv(exe, [exe, *sys.argv[1:]])
 
 

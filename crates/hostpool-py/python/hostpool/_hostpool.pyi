@@ -13,7 +13,7 @@ Progress = Callable[[str, int, int], object]
 """`progress(phase, done_bytes, total_bytes)`: phase is "map", "prefault", "attach", "pin" or "register"."""
 
 def plugins() -> dict[str, list[dict[str, str]]]:
-    """The registered plugins, as `hostpool plugins --json`: backings, pinners, registrars."""
+    """The registered plugins, as `hostpool plugins --json`: backings, pinners, registrars, adapters."""
 
 def check_config(source: str | os.PathLike[str] | dict[str, Any]) -> None:
     """Parse and plan a pool config as `Pool.from_config` would, building nothing; `ConfigError` when it is wrong."""
@@ -208,6 +208,14 @@ class Pool:
         """
     def nixl_descs(self, dev_id: int = 0, max_region: int | str | None = None) -> list[tuple[int, int, int]]:
         """`(addr, len, dev_id)` of the pool split at `max_region` on block boundaries, for `register_memory`."""
+    def regions(self, max_region: int | str | None = None) -> list[tuple[int, int]]:
+        """`(addr, len)` of this rank's shard split at `max_region` on block and page boundaries."""
+    def files(self) -> list[tuple[int, int, int, str | None]]:
+        """`(fd, offset, nbytes, path)` of each open file the pool maps (path `None` when unlinked)."""
+    def plugin_table(self, name: str) -> dict[str, Any] | None:
+        """The config's table `[name]` as given, or `None`."""
+    def _before_close(self, callback: Callable[[], object]) -> None: ...
+    def _forget_before_close(self, callback: Callable[[], object]) -> bool: ...
     def view(self, offset: int, nbytes: int) -> memoryview:
         """A writable memoryview of `nbytes` bytes at `offset` (zero copy); `ValueError` outside the pool."""
     def index(self, slots: int, fingerprint: dict[str, Any], *, offset: int | None = None) -> KvIndex:

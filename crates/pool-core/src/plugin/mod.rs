@@ -436,9 +436,62 @@ inventory::collect!(BackingPlugin);
 inventory::collect!(PinnerPlugin);
 inventory::collect!(RegistrarPlugin);
 
+/// Checks an adapter's own config table (`None` when the config has none):
+/// parses it (with [`parse_table`], say) and builds nothing.
+pub type ValidateFn = fn(Option<&Value>) -> Result<()>;
+
+/// An adapter plugin record: a table of the pool's config for something the
+/// embedder drives with that thing's own objects (Mooncake's Python engine,
+/// say), which is no backing, pinner or registrar. The core only validates
+/// the table ([`validate_plugin_tables`]) and runs the doctor hook; the
+/// embedder reads the table (`PoolConfig::plugin_table`). Build it with
+/// [`AdapterPlugin::new`] and [`AdapterPlugin::with_doctor`], both `const`,
+/// so it can be submitted with `inventory::submit!`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct AdapterPlugin {
+    /// The name of its config table.
+    pub name: &'static str,
+    /// One line for `hostpool plugins`.
+    pub summary: &'static str,
+    /// The crate that submitted it.
+    pub origin: &'static str,
+    /// Check its table.
+    pub validate: ValidateFn,
+    /// Its findings for `hostpool doctor`.
+    pub doctor: Option<DoctorFn>,
+}
+
+impl AdapterPlugin {
+    /// A record with no doctor hook.
+    pub const fn new(
+        name: &'static str,
+        summary: &'static str,
+        origin: &'static str,
+        validate: ValidateFn,
+    ) -> AdapterPlugin {
+        AdapterPlugin {
+            name,
+            summary,
+            origin,
+            validate,
+            doctor: None,
+        }
+    }
+
+    /// With a doctor hook.
+    #[must_use]
+    pub const fn with_doctor(mut self, doctor: DoctorFn) -> AdapterPlugin {
+        self.doctor = Some(doctor);
+        self
+    }
+}
+
+inventory::collect!(AdapterPlugin);
+
 /// What the registry needs of a record.
 pub trait PluginRecord: Sync + 'static {
-    /// "backing", "pinner" or "registrar".
+    /// "backing", "pinner", "registrar", "gpu" or "adapter".
     const KIND: &'static str;
     /// The plugin's name.
     fn name(&self) -> &'static str;
@@ -484,6 +537,7 @@ record!(PinnerPlugin, "pinner");
 record!(RegistrarPlugin, "registrar");
 // A GPU record has no doctor hook: its plugin's pinner record has one.
 record!(GpuPlugin, "gpu", |_: &GpuPlugin| None);
+record!(AdapterPlugin, "adapter");
 
 /// All records of one kind by name.
 ///
@@ -653,6 +707,8 @@ pub fn select_backing(config: &PoolConfig) -> Result<BackingSelection> {
 /// Parse every plugin table in the config with its own plugin, so a typo in
 /// the table of a plugin that is not selected is still caught.
 ///
+/// An adapter's table ([`AdapterPlugin`]) is checked by the adapter.
+///
 /// # Errors
 /// [`Error::Config`] naming a table that belongs to no registered plugin, or
 /// the plugin's own error for its table.
@@ -665,10 +721,13 @@ pub fn validate_plugin_tables(config: &PoolConfig) -> Result<()> {
             (p.build)(table)?;
         } else if let Ok(p) = lookup::<RegistrarPlugin>(name) {
             (p.build)(table)?;
+        } else if let Ok(p) = lookup::<AdapterPlugin>(name) {
+            (p.validate)(table)?;
         } else {
             let mut all: Vec<&str> = names::<BackingPlugin>()?;
             all.extend(names::<PinnerPlugin>()?);
             all.extend(names::<RegistrarPlugin>()?);
+            all.extend(names::<AdapterPlugin>()?);
             all.sort_unstable();
             return Err(Error::config(format!(
                 "table [{name}] belongs to no registered plugin; plugin tables available: {}",
@@ -788,6 +847,63 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("table [anno] belongs to no registered plugin"),
+            "{e}"
+        );
+    }
+
+    /// An adapter submitted as a plugin crate submits one: its table takes
+    /// one key, `limit`, which must not be 0.
+    fn validate_test_adapter(table: Option<&Value>) -> Result<()> {
+        #[derive(serde::Deserialize, Default, Debug)]
+        #[serde(deny_unknown_fields)]
+        struct Opts {
+            limit: Option<u32>,
+        }
+        let o: Opts = parse_table("test-adapter", table)?;
+        if o.limit == Some(0) {
+            return Err(Error::config("[test-adapter] limit is 0; give 1 or more"));
+        }
+        Ok(())
+    }
+
+    inventory::submit! {
+        AdapterPlugin::new("test-adapter", "a test adapter", "pool-core tests", validate_test_adapter)
+    }
+
+    #[test]
+    fn a_table_named_after_an_adapter_is_validated_by_it() {
+        let with = |table: Value| {
+            let mut c = PoolConfig::default();
+            c.plugins.insert("test-adapter".into(), table);
+            validate_plugin_tables(&c)
+        };
+        with(serde_json::json!({})).unwrap();
+        with(serde_json::json!({"limit": 3})).unwrap();
+        let e = with(serde_json::json!({"limt": 3})).unwrap_err();
+        assert!(
+            e.to_string().contains("[test-adapter]") && e.to_string().contains("limt"),
+            "{e}"
+        );
+        assert_eq!(e.exit_code(), 2);
+        let e = with(serde_json::json!({"limit": 0})).unwrap_err();
+        assert!(e.to_string().contains("limit is 0"), "{e}");
+        let found = lookup::<AdapterPlugin>("test-adapter").unwrap();
+        assert_eq!(found.origin, "pool-core tests");
+        assert!(found.doctor.is_none());
+        assert_eq!(<AdapterPlugin as PluginRecord>::KIND, "adapter");
+    }
+
+    #[test]
+    fn the_unknown_table_error_lists_the_adapters() {
+        let mut c = PoolConfig::default();
+        c.plugins
+            .insert("test-adaptor".into(), serde_json::json!({"limit": 1}));
+        let e = validate_plugin_tables(&c).unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "table [test-adaptor] belongs to no registered plugin; plugin tables \
+                 available: test-adapter"
+            ),
             "{e}"
         );
     }

@@ -128,6 +128,14 @@ impl Pool {
         (std::process::id() != self.owner).then_some(self.owner)
     }
 
+    /// The open files the pool's memory is, in pool order, each mapped
+    /// from its offset 0 over its extent (empty for anonymous memory and
+    /// once torn down): what another process or library maps to reach the
+    /// same pages (`/proc/self/fd/N` of an unlinked file or memfd).
+    pub fn pool_files(&self) -> &[crate::file::PoolFile] {
+        self.mapping.as_ref().map_or(&[], |m| m.get().pool_files())
+    }
+
     /// Files backing the pool that exist right now.
     pub fn files(&self) -> Vec<std::path::PathBuf> {
         self.mapping

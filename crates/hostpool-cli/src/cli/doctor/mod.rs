@@ -8,17 +8,20 @@
 //! `MADV_POPULATE_WRITE`, NUMA nodes); then each registered plugin's own
 //! areas, from the doctor hook in its record (the built-in ones: `thp`;
 //! `hugepages`, `hugetlbfs` and the hugetlb `cgroup` limits; `shm`; `cuda`;
-//! `rdma`); then `plugins`, `leftovers` (what `hostpool gc` would remove)
-//! and, when a pool is given (`--config` or any pool flag), `pool`: the
-//! plan's capacity checks and verdict, and whether its pinning and
-//! registration can work here (the plugins say for their own).
+//! `rdma`; `nixl`; the adapter's `mooncake`); then `plugins`, `leftovers`
+//! (what `hostpool gc` would remove) and, when a pool is given (`--config`
+//! or any pool flag), `pool`: the plan's capacity checks and verdict, and
+//! whether its pinning and registration can work here (the plugins say for
+//! their own).
 //!
 //! Read-only: it maps no pool and writes nothing. Leftover files are judged
 //! by `gc`'s own probe (a momentary non-blocking exclusive `flock`, which
 //! sees holders in other PID namespaces too), and nothing is removed. The
 //! other probes that touch anything are one page of anonymous memory for the
 //! `MADV_POPULATE_WRITE` probe, `cuInit` and device queries of the CUDA
-//! driver, and opening each RDMA device to read its `max_mr_size`.
+//! driver, opening each RDMA device to read its `max_mr_size`, and a Python
+//! interpreter (`$HOSTPOOL_PYTHON`, else `python3`) asked, under a
+//! deadline and writing no bytecode, whether it imports Mooncake's engine.
 //!
 //! Exit status: 0 when no finding fails, 1 when one does (for a pool: it
 //! does not fit, or a required pin or a registration would fail), 2 for a
@@ -36,7 +39,7 @@ mod pool;
 
 use clap::Args;
 use pool_core::PlanReport;
-use pool_core::plugin::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
+use pool_core::plugin::{AdapterPlugin, BackingPlugin, PinnerPlugin, RegistrarPlugin};
 use pool_core::plugin::{DoctorContext, DoctorFn, PoolFacts};
 use pool_core::plugin::{PluginRecord, registry};
 use pool_core::{Error, PoolPlan};
@@ -152,7 +155,7 @@ fn collect(
 }
 
 /// Every registered plugin's doctor hook: backings, pinners, registrars,
-/// each kind sorted by name.
+/// adapters, each kind sorted by name.
 fn hooks() -> Vec<(&'static str, DoctorFn)> {
     fn of<T: PluginRecord>() -> Vec<(&'static str, DoctorFn)> {
         registry::<T>()
@@ -166,6 +169,7 @@ fn hooks() -> Vec<(&'static str, DoctorFn)> {
     let mut all = of::<BackingPlugin>();
     all.extend(of::<PinnerPlugin>());
     all.extend(of::<RegistrarPlugin>());
+    all.extend(of::<AdapterPlugin>());
     all
 }
 

@@ -1,7 +1,8 @@
-//! `plugins`: the backings, pinners and registrars this binary has linked.
+//! `plugins`: the backings, pinners, registrars and adapters this binary
+//! has linked.
 
 use pool_core::plugin::{self, PluginRecord};
-use pool_core::plugin::{BackingPlugin, PinnerPlugin, RegistrarPlugin};
+use pool_core::plugin::{AdapterPlugin, BackingPlugin, PinnerPlugin, RegistrarPlugin};
 use serde_json::{Value, json};
 
 use super::Finding;
@@ -39,11 +40,12 @@ fn plugin_kind<T: PluginRecord>(item: &str) -> Finding {
     }
 }
 
-/// The backings, pinners and registrars linked into this binary.
+/// The backings, pinners, registrars and adapters linked into this binary.
 pub(super) fn findings() -> Vec<Finding> {
     vec![
         plugin_kind::<BackingPlugin>("backings"),
         plugin_kind::<PinnerPlugin>("pinners"),
         plugin_kind::<RegistrarPlugin>("registrars"),
+        plugin_kind::<AdapterPlugin>("adapters"),
     ]
 }
