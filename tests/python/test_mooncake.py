@@ -23,7 +23,7 @@ from mooncake.store import MooncakeDistributedStore
 
 import hostpool
 import hostpool.mooncake
-from conftest import hugetlbfs_mount
+from conftest import hugetlbfs_mount, spawn_ranks
 from mooncake_peer import pattern, start_master
 
 MiB = 1 << 20
@@ -313,8 +313,12 @@ def test_the_master_killed_mid_put_gives_an_error_and_the_pools_close(master):
         assert not t.is_alive(), "put_from hung after the master died"
         assert out["code"] in (0, -900)  # done before the kill, or RPC_FAIL
         assert client.put_from("after", pool.addr, MiB) != 0
-    # Both pools closed: with no master, Mooncake refuses to unregister and
-    # unmount; each refusal is a teardown issue, and the memory went all the same.
+        # With no master, Mooncake refuses to unregister and unmount: each
+        # refusal is a teardown issue naming it, and the memory goes all the same.
+        issues = pool.close()
+        assert [i["step"] for i in issues] == ["before close"] and "Mooncake" in issues[0]["detail"], issues
+        issues = seg_pool.close()
+        assert [i["step"] for i in issues] == ["before close"] and "-900" in issues[0]["detail"], issues
     assert pool.closed and seg_pool.closed and not reg.registered
     client.close()
     server.close()
@@ -335,3 +339,49 @@ def test_the_registration_benchmark_runs_and_measures_against_memcpy():
             assert got[f"register_{what}_{page}"] > 0 and got[f"register_{what}_{page}_regions"] == 1
             assert got[f"register_{what}_{page}_split_regions"] == 4
     assert 0 < got["write_to_memcpy"] and 0 < got["read_to_memcpy"] and got["memcpy_Bps"] > 0
+    assert got["segment_fill_bytes"] == 12 * MiB  # three quarters of 16 MiB, in 2 MiB objects
+    assert got["segment_own_fill"] > 0 and got["segment_hostpool_fill"] > 0 and got["segment_fill_own_to_hostpool"] > 0
+
+
+def _shard_rank(name, rank, out):
+    import hostpool
+    import hostpool.mooncake
+    from mooncake.engine import TransferEngine
+
+    try:
+        e = TransferEngine()
+        assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        with hostpool.Pool(size="64MiB", block_size="4MiB", shared=hostpool.Shared(name, 2, rank, attach_timeout=20.0)) as pool:
+            reg = hostpool.mooncake.register(pool, e, max_region="8MiB")
+            out.put((rank, pool.addr, pool.shard, [(a - pool.addr, n) for a, n in reg.regions]))
+    except Exception as exc:  # reported to the parent
+        out.put((rank, None, None, f"{type(exc).__name__}: {exc}"))
+
+
+def test_each_rank_of_a_shared_pool_registers_its_own_shard_only():
+    results = spawn_ranks(_shard_rank, f"py-mc-{os.getpid()}", 2)
+    covered = []
+    for rank, _, shard, regions in results:
+        assert isinstance(regions, list), regions
+        offset, length = shard
+        assert regions[0][0] == offset and sum(n for _, n in regions) == length, (rank, shard, regions)
+        assert all(n <= 8 * MiB and n % (4 * MiB) == 0 for _, n in regions)
+        covered.append((offset, offset + length))
+    (a0, a1), (b0, b1) = sorted(covered)
+    assert a0 == 0 and a1 == b0 and b1 == 64 * MiB  # disjoint, and the whole pool between them
+
+
+def test_a_refused_close_leaves_the_registration_and_a_later_close_ends_it():
+    e = engine()
+    pool = hostpool.Pool(size=8 * MiB, backing="anon")
+    reg = hostpool.mooncake.register(pool, e)
+    view = memoryview(pool)
+    with pytest.raises(hostpool.PoolBusyError):
+        pool.close()
+    assert reg.registered and not pool.closed
+    view.release()
+    reg.unregister()  # by hand: close() then has nothing of it left to undo
+    assert not reg.registered
+    reg.unregister()  # idempotent
+    again = hostpool.mooncake.register(pool, e)  # the range is free in the engine again
+    assert pool.close() == [] and not again.registered

@@ -6,6 +6,10 @@
   ``TransferEngine`` and with a ``MooncakeDistributedStore``'s
   ``register_buffer`` (the store needs a master: one is started on
   loopback), each with and without a ``max_region`` split;
+- **segment**: a Store whose segment is Mooncake's own (``global_segment_size``,
+  what the engines ask for) against one whose segment is a hostpool pool on
+  2 MiB pages (``hostpool.mooncake.mount``): seconds to a ready segment and
+  to fill three quarters of it through ``put_from``;
 - **transfer**: ``transfer_sync_write`` / ``transfer_sync_read`` of the pool
   to and from a peer process's pool over Mooncake's TCP transport on
   loopback, one block per request, against ``memcpy`` (numpy) of the same
@@ -92,6 +96,48 @@ def master():
     return proc, rpc, http
 
 
+def segment_fill(size: int, huge_dir: str | None, obj: int) -> dict:
+    """A fresh master and a store whose segment is Mooncake's own (``huge_dir``
+    None: ``global_segment_size``) or a hostpool pool on 2 MiB pages mounted
+    with ``hostpool.mooncake.mount``; the seconds to a ready segment and to
+    fill three quarters of it with ``put_from`` from a client without one."""
+    from mooncake.store import MooncakeDistributedStore
+
+    proc, rpc, http = master()
+    meta, addr = f"http://127.0.0.1:{http}/metadata", f"127.0.0.1:{rpc}"
+    pools = []
+    try:
+        t = time.perf_counter()
+        server = MooncakeDistributedStore()
+        if server.setup("127.0.0.1", meta, size if huge_dir is None else 0, 16 * MiB, "tcp", "", addr) != 0:
+            raise SystemExit("store setup failed")
+        if huge_dir is not None:
+            pools.append(hostpool.Pool(size=size, backing="hugetlbfs", dir=huge_dir))
+            hostpool.mooncake.mount(pools[-1], server)
+        ready = time.perf_counter() - t
+        client = MooncakeDistributedStore()
+        if client.setup("127.0.0.1", meta, 0, 16 * MiB, "tcp", "", addr) != 0:
+            raise SystemExit("store setup failed")
+        pools.append(hostpool.Pool(size=obj, backing="anon"))
+        hostpool.mooncake.register(pools[-1], client)
+        count = size * 3 // 4 // obj
+        t = time.perf_counter()
+        for i in range(count):
+            if client.put_from(f"o{i}", pools[-1].addr, obj) != 0:
+                raise SystemExit(f"put_from {i} of {count} failed")
+        fill = time.perf_counter() - t
+        for p in reversed(pools):
+            p.close()
+        client.close()
+        server.close()
+        return {"ready": ready, "fill": fill, "bytes": count * obj}
+    finally:
+        for p in pools:
+            p.close()
+        proc.kill()
+        proc.wait()
+
+
 def timed(f) -> float:
     t = time.perf_counter()
     f()
@@ -156,6 +202,19 @@ def main() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+    # A Store segment: Mooncake's own (global_segment_size, what the engines
+    # ask for today) against a hostpool pool on 2 MiB pages mounted as the
+    # segment; each filled to three quarters through put_from.
+    own, ours = [], []
+    for _ in range(args.repeat):
+        own.append(segment_fill(size, None, block))
+        ours.append(segment_fill(size, huge_dir, block))
+    for key in ("ready", "fill"):
+        out[f"segment_own_{key}"] = statistics.median(r[key] for r in own)
+        out[f"segment_hostpool_{key}"] = statistics.median(r[key] for r in ours)
+    out["segment_fill_bytes"] = own[0]["bytes"]
+    out["segment_fill_own_to_hostpool"] = out["segment_own_fill"] / out["segment_hostpool_fill"]
 
     # Transfer against memcpy: this process's pool and a peer's, over TCP.
     n = _size(args.transfer)
