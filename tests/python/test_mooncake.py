@@ -385,3 +385,14 @@ def test_a_refused_close_leaves_the_registration_and_a_later_close_ends_it():
     reg.unregister()  # idempotent
     again = hostpool.mooncake.register(pool, e)  # the range is free in the engine again
     assert pool.close() == [] and not again.registered
+
+
+def test_python_m_hostpool_doctor_probes_its_own_interpreters_mooncake(hostpool_bin):
+    env = {k: v for k, v in os.environ.items() if k != "HOSTPOOL_PYTHON"}
+    # `python -m hostpool` runs the CLI beside the package, else the one on the PATH.
+    env["PATH"] = f"{os.path.dirname(hostpool_bin)}:{env.get('PATH', '')}"
+    out = subprocess.run([sys.executable, "-m", "hostpool", "doctor", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    found = [f for f in json.loads(out.stdout)["findings"] if f["area"] == "mooncake"]
+    assert len(found) == 1 and found[0]["verdict"] == "ok", found
+    assert found[0]["details"]["executable"] == sys.executable
+    assert "mooncake-transfer-engine-non-cuda 0.3.13.post1" in found[0]["value"] and "tcp" in found[0]["value"]
