@@ -210,7 +210,7 @@ def test_a_bad_variable_fails_sglangs_host_pool_with_hostpools_error():
 def test_the_versions_tested_are_the_readmes():
     from engine_support import installed_versions_are_the_readmes
 
-    installed_versions_are_the_readmes({"SGLang": "sglang"})
+    installed_versions_are_the_readmes({"SGLang": "sglang", "Mooncake (with SGLang)": "mooncake-transfer-engine-non-cuda"})
 
 
 def test_sglangs_host_pool_leases_its_buffer_from_a_keeper():

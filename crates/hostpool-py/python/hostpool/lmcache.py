@@ -32,6 +32,16 @@ build and release hostpool pools; :func:`uninstall` restores them. The
 wheel's ``vllm.general_plugins`` entry point ``hostpool`` calls
 :func:`install` in every vLLM process when ``HOSTPOOL_LMCACHE`` holds a pool
 config, so a vLLM + LMCache deployment turns hostpool on with one variable.
+
+With LMCache's Mooncake store connector (``mooncakestore://``), LMCache
+registers its pinned CPU buffer with its ``MooncakeDistributedStore``
+(``MooncakestoreConnector._register_cpu_buffer``) and unregisters it at
+``close()`` (``_unregister_cpu_buffer``). :func:`install` patches both: a
+buffer inside one of its pools has the pool registered by
+:func:`hostpool.mooncake.register`, once per connector, in regions that never
+split a page (``[mooncake] max_region`` of the config caps them), kept on
+the connector for its ``_unregister_cpu_buffer``; the pool's close
+unregisters it first too. Other buffers are LMCache's to register.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import hostpool
+import hostpool.mooncake
 
 __all__ = [
     "alloc",
@@ -162,6 +173,11 @@ _MM = "lmcache.v1.memory_management"
 # copies of the two names.
 _COPIES = ("lmcache.v1.storage_backend.nixl_storage_backend",)
 _NAMES = ("_allocate_cpu_memory", "_free_cpu_memory")
+# LMCache's Mooncake store connector: its CPU buffer's (un)registration.
+_CONNECTOR = "lmcache.v1.storage_backend.connector.mooncakestore_connector"
+_CONNECTOR_NAMES = ("_register_cpu_buffer", "_unregister_cpu_buffer")
+# Where a connector keeps the hostpool.mooncake.Registration of its buffer.
+_REGISTRATION = "_hostpool_registration"
 
 
 class _Installed:
@@ -171,6 +187,9 @@ class _Installed:
         self.config = config
         self.error = error
         self.originals: dict[str, Any] = {}
+        # MooncakestoreConnector's methods, once patched (see _patch_connector).
+        self.connector_originals: dict[str, Any] = {}
+        self.connector_tried = False
 
 
 _installed: _Installed | None = None
@@ -197,6 +216,16 @@ def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) ->
     function. Calling it again replaces the config. Raises
     :class:`hostpool.ConfigError` for a bad config, ``ImportError`` without
     LMCache.
+
+    LMCache's ``MooncakestoreConnector._register_cpu_buffer`` and
+    ``_unregister_cpu_buffer`` are patched too, when its module is loaded:
+    at once if it already is, else at the first buffer made here (a buffer
+    made elsewhere is LMCache's to register anyway), so that a vLLM process
+    that never builds LMCache's storage does not import it. A buffer in one
+    of these pools has the pool registered with the connector's store by
+    :func:`hostpool.mooncake.register`, once, and its ``Registration`` is
+    kept on the connector, whose ``_unregister_cpu_buffer`` ends it. A
+    failure is logged and leaves the buffer unregistered, as LMCache does.
     """
     parsed = None
     if config is not None:
@@ -224,6 +253,39 @@ def _install(config: dict[str, Any] | None, error: hostpool.Error | None) -> Non
                 if getattr(module, name, None) is state.originals[name]:
                     setattr(module, name, ours)
         _installed = state
+    if _CONNECTOR in sys.modules:
+        _patch_connector(state)
+
+
+def _patch_connector(state: _Installed, load: bool = False) -> None:
+    """Patch ``MooncakestoreConnector``'s CPU buffer (un)registration, once;
+    with ``load``, import its module first (nothing where it does not)."""
+    if state.connector_originals or state is not _installed:
+        return
+    module = sys.modules.get(_CONNECTOR)
+    if module is None and load:
+        import importlib
+
+        try:
+            module = importlib.import_module(_CONNECTOR)
+        except Exception as e:  # optional: LMCache without it, or its imports failing
+            _log.debug("%s does not import (%s): LMCache's Mooncake registration is left as is", _CONNECTOR, e)
+    cls = getattr(module, "MooncakestoreConnector", None)
+    if cls is None:
+        return
+    with _connector_lock:
+        if state.connector_originals or state is not _installed:
+            return
+        originals = {}
+        for name in _CONNECTOR_NAMES:
+            current = cls.__dict__.get(name)
+            if current is None:
+                _log.debug("LMCache's MooncakestoreConnector has no %s: its registration is left as is", name)
+                return
+            originals[name] = current
+        for name in _CONNECTOR_NAMES:
+            setattr(cls, name, _CONNECTOR_METHODS[name])
+        state.connector_originals = originals
 
 
 def _copies() -> list[Any]:
@@ -244,6 +306,11 @@ def uninstall() -> None:
             for module in _copies():
                 if getattr(module, name, None) is ours:
                     setattr(module, name, state.originals[name])
+    cls = getattr(sys.modules.get(_CONNECTOR), "MooncakestoreConnector", None)
+    with _connector_lock:
+        for name, original in state.connector_originals.items():
+            if cls is not None and cls.__dict__.get(name) is _CONNECTOR_METHODS[name]:
+                setattr(cls, name, original)
 
 
 def _torch_dev() -> Any:
@@ -285,6 +352,11 @@ def _allocate_cpu_memory(
         return mm._allocate_cpu_memory(size, numa_mapping, shm_name, use_hugepages)
     if state.error is not None:
         raise state.error
+    if not state.connector_tried:
+        # LMCache's storage is being built: its Mooncake connector, if it
+        # ever registers this buffer, must find the patch.
+        state.connector_tried = True
+        _patch_connector(state, load=True)
     if size == 0:
         return torch.empty(0, dtype=torch.uint8)
     if shm_name and use_hugepages:
@@ -344,6 +416,80 @@ def _free_cpu_memory(
         torch_dev.synchronize()  # as LMCache: no copy may still read the buffer
     for issue in free(addr):
         _log.warning("LMCache buffer teardown: %s: %s", issue.get("step"), issue.get("detail"))
+
+
+def _pool_of(ptr: int, nbytes: int) -> hostpool.Pool | None:
+    """The live pool of :func:`alloc` or :func:`install` holding ``[ptr, ptr + nbytes)``."""
+    with _lock:
+        pools = list(_pools.values())
+    for pool in pools:
+        if not pool.closed and pool.addr <= ptr and ptr + nbytes <= pool.addr + pool.mapped_bytes:
+            return pool
+    return None
+
+
+def _connector_original(name: str) -> Any:
+    state = _installed
+    original = state.connector_originals.get(name) if state is not None else None
+    if original is None:  # uninstalled while LMCache held this method
+        original = getattr(sys.modules[_CONNECTOR].MooncakestoreConnector, name)
+    return original
+
+
+def _register_cpu_buffer(self: Any) -> None:
+    """LMCache's ``MooncakestoreConnector._register_cpu_buffer``: a buffer in a
+    hostpool pool registers the pool with the connector's store, once (see
+    :func:`install`); any other buffer is LMCache's own method's."""
+    allocator = getattr(getattr(self, "local_cpu_backend", None), "memory_allocator", None)
+    buffer = getattr(getattr(allocator, "pin_allocator", None), "buffer", None)
+    pool = None
+    if buffer is not None and getattr(self, "store", None) is not None and buffer.numel() > 0:
+        pool = _pool_of(buffer.data_ptr(), buffer.numel() * buffer.element_size())
+    if pool is None:
+        return _connector_original("_register_cpu_buffer")(self)
+    reg = self.__dict__.get(_REGISTRATION)
+    if reg is not None and reg.registered and reg.pool is pool and reg.engine is self.store:
+        _log.debug("LMCache's CPU buffer at %#x is already registered with this Mooncake store", pool.addr)
+        return
+    try:
+        reg = hostpool.mooncake.register(pool, self.store)
+    except Exception as e:  # as LMCache: logged, and the buffer is not registered
+        # As text: a log record holding the error (its frames) would hold the pool.
+        _log.error("LMCache's CPU buffer registration with Mooncake failed: %s", str(e))
+        self.registered_buffer_ptr = None
+        return
+    setattr(self, _REGISTRATION, reg)
+    self.registered_buffer_ptr = buffer.data_ptr()
+    _log.info(
+        "LMCache's CPU buffer at %#x registered with Mooncake's store by hostpool: %d region(s) of its pool "
+        "(%d bytes)",
+        pool.addr,
+        len(reg.regions),
+        sum(n for _, n in reg.regions),
+    )
+
+
+def _unregister_cpu_buffer(self: Any) -> None:
+    """LMCache's ``MooncakestoreConnector._unregister_cpu_buffer``: ends the
+    connector's hostpool registration (LMCache's own method for others)."""
+    reg = self.__dict__.get(_REGISTRATION)
+    if reg is None:
+        return _connector_original("_unregister_cpu_buffer")(self)
+    setattr(self, _REGISTRATION, None)
+    self.registered_buffer_ptr = None
+    try:
+        reg.unregister()  # a no-op when the pool's close() did it already
+    except hostpool.Error as e:  # as LMCache: logged
+        _log.warning("LMCache's CPU buffer unregistration from Mooncake failed: %s", str(e))
+    else:
+        _log.info("LMCache's CPU buffer at %#x unregistered from Mooncake's store", reg.pool.addr)
+
+
+_CONNECTOR_METHODS: dict[str, Any] = {
+    "_register_cpu_buffer": _register_cpu_buffer,
+    "_unregister_cpu_buffer": _unregister_cpu_buffer,
+}
+_connector_lock = threading.Lock()
 
 
 def _vllm_general_plugin() -> None:

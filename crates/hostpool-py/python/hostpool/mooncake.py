@@ -29,6 +29,11 @@ Both are undone first when the pool closes::
 
 A pool shared by the ranks of one engine (``shared=``) is registered by
 each rank for its own shard (:attr:`hostpool.Pool.shard`) only.
+
+A registration (and a mount) keeps its pool alive until it is undone:
+Mooncake may still move bytes into that memory, so the pool must not be
+collected and unmapped under it. End it with :meth:`Registration.unregister`
+or the pool's ``close()``; a pool only dropped stays mapped and registered.
 """
 
 from __future__ import annotations

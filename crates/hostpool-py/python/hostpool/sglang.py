@@ -19,6 +19,17 @@ SGLang's own ``cudaHostRegister`` of it is skipped. SGLang's size check
 against ``MemAvailable`` (which misses reserved huge pages, SGLang #34972)
 sees hostpool's capacity for that backing instead. Without the variable the
 entry point does nothing but log one debug line.
+
+With HiCache's ``mooncake`` storage backend (``--hicache-storage-backend
+mooncake``), SGLang's ``MooncakeStore`` registers each host KV buffer with
+its ``MooncakeDistributedStore`` (``MooncakeBaseStore.register_buffer``).
+:func:`install` patches that method too, when SGLang's Mooncake module
+imports: a buffer inside one of its pools is registered by
+:func:`hostpool.mooncake.register`, once per store and pool, in regions that
+never split a page of the layout or a huge page (``[mooncake] max_region``
+of the config caps them), and SGLang's own registration is skipped; any
+other tensor is SGLang's to register. The registration ends before the pool's
+memory goes, when SGLang drops the buffer.
 """
 
 from __future__ import annotations
@@ -34,9 +45,19 @@ from typing import Any
 import torch
 
 import hostpool
+import hostpool.mooncake
 from hostpool.torch import as_tensor
 
-__all__ = ["HostPoolAllocator", "DEFAULT_ALIGNMENT", "ENV_VAR", "install", "uninstall", "installed", "pools"]
+__all__ = [
+    "HostPoolAllocator",
+    "DEFAULT_ALIGNMENT",
+    "ENV_VAR",
+    "install",
+    "uninstall",
+    "installed",
+    "pools",
+    "mooncake_registrations",
+]
 
 _log = logging.getLogger("hostpool.sglang")
 
@@ -160,6 +181,8 @@ class HostPoolAllocator:
 
 _COMMON = "sglang.srt.mem_cache.pool_host.common"
 _BASE = "sglang.srt.mem_cache.pool_host.base"
+# HiCache's `mooncake` storage backend: MooncakeBaseStore.register_buffer.
+_MOONCAKE = "sglang.srt.mem_cache.storage.mooncake_store.mooncake_store"
 # SGLang marks a buffer it did not register with an empty list here, so that
 # HostKVCache.destroy() does not unregister it (its HIP path does the same).
 _REGISTERED_RANGES = "_sglang_cuda_host_registered_ranges"
@@ -167,6 +190,11 @@ _REGISTERED_RANGES = "_sglang_cuda_host_registered_ranges"
 _state_lock = threading.Lock()
 _state: dict[str, Any] | None = None
 _pools: weakref.WeakValueDictionary[int, hostpool.Pool] = weakref.WeakValueDictionary()
+# Pool address -> {id(store): Registration} for the pools registered with a
+# Mooncake store (a Registration holds its store: the id stays its own).
+_registrations: dict[int, dict[int, Any]] = {}
+# Reentrant: the collector may end a buffer (_buffer_gone) in a thread that holds it.
+_registrations_lock = threading.RLock()
 
 
 def installed() -> bool:
@@ -183,6 +211,15 @@ def pools() -> dict[int, hostpool.Pool]:
     return dict(_pools.items())
 
 
+def mooncake_registrations() -> dict[int, list[Any]]:
+    """The :class:`hostpool.mooncake.Registration`\\ s of the live pools, by
+    pool address: one per Mooncake store SGLang registered the pool's buffer
+    with (see :func:`install`)."""
+    with _registrations_lock:
+        current = _registrations.copy()
+    return {addr: list(regs.values()) for addr, regs in current.items()}
+
+
 def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> None:
     """Make SGLang's HiCache host KV buffers hostpool pools, one per buffer.
 
@@ -195,6 +232,17 @@ def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) ->
     otherwise), in the foreground: SGLang's kernels address the buffer as
     registered memory at once. Raises :class:`hostpool.ConfigError` for a bad
     config, ``ImportError`` without SGLang.
+
+    When SGLang's Mooncake store module imports, its
+    ``MooncakeBaseStore.register_buffer`` is patched too: a tensor inside one
+    of these pools has the whole pool registered with the store by
+    :func:`hostpool.mooncake.register` (once per store and pool: another
+    tensor of the same pool is a no-op; a failure raises hostpool's error,
+    a ``RuntimeError`` as SGLang's own), unregistered when SGLang drops the
+    buffer, before its memory goes. Other tensors go to SGLang's method.
+    A store with ``standalone_storage`` (a separate ``mooncake_client``
+    process, which maps only Mooncake's own allocations) is refused with
+    :class:`hostpool.ConfigError`.
     """
     parsed = None
     if config is not None:
@@ -210,6 +258,7 @@ def _install(config: dict[str, Any] | None, error: hostpool.Error | None) -> Non
 
     common = importlib.import_module(_COMMON)
     base = importlib.import_module(_BASE)
+    mooncake = _mooncake_module()
     with _state_lock:
         if _state is None:
             state = {
@@ -219,6 +268,11 @@ def _install(config: dict[str, Any] | None, error: hostpool.Error | None) -> Non
         else:
             state = dict(_state)
         state["config"], state["error"] = config, error
+        if mooncake is not None:
+            cls = mooncake.MooncakeBaseStore
+            if cls.__dict__.get("register_buffer") is not _register_buffer:
+                state["register_buffer"] = cls.register_buffer
+            cls.register_buffer = _register_buffer
         common.alloc_with_host_register = _alloc_with_host_register
         # ALLOC_MEMORY_FUNCS is a defaultdict that caches the function per
         # device type on first lookup: replace the cached copies too.
@@ -247,6 +301,21 @@ def uninstall() -> None:
                     common.ALLOC_MEMORY_FUNCS[key] = state["alloc"]
         if base is not None and base.available_host_memory_bytes is _available_host_memory_bytes:
             base.available_host_memory_bytes = state["available"]
+        mooncake = sys.modules.get(_MOONCAKE)
+        cls = getattr(mooncake, "MooncakeBaseStore", None)
+        if cls is not None and cls.__dict__.get("register_buffer") is _register_buffer:
+            cls.register_buffer = state["register_buffer"]
+
+
+def _mooncake_module() -> Any:
+    """SGLang's Mooncake store module, or ``None`` where it does not import."""
+    import importlib
+
+    try:
+        return importlib.import_module(_MOONCAKE)
+    except Exception as e:  # optional: an SGLang without it, or its imports failing
+        _log.debug("%s does not import (%s): SGLang's Mooncake registration is left as is", _MOONCAKE, e)
+        return None
 
 
 def _current() -> dict[str, Any]:
@@ -292,6 +361,7 @@ def _alloc_with_host_register(
         config["pin"] = pin
     from hostpool import _engine_config
     pool = hostpool.Pool.from_config(_engine_config.with_gpu_device(config))
+    view = None
     try:
         if pin_memory:
             if pool.pin_status().get("background"):
@@ -302,10 +372,20 @@ def _alloc_with_host_register(
                     f"pin it: {pool.pin_reason or 'pin is off in ' + ENV_VAR}; pin it "
                     f"(pin = {{kind = \"cuda\"}}) or start SGLang without pinned host memory"
                 )
-        tensor = as_tensor(pool, torch.uint8)[:nbytes].view(dtype).view(dims)
+        # As hostpool.torch.as_tensor, keeping the memoryview: the tensors'
+        # storage holds it, so it goes with SGLang's last view of the buffer.
+        view = memoryview(pool)
+        whole = torch.frombuffer(view, dtype=torch.uint8, count=pool.nbytes)
+        if whole.data_ptr() != pool.addr:  # torch.frombuffer never copies; guard anyway
+            raise hostpool.Error(f"torch.frombuffer returned {whole.data_ptr():#x}, not the pool at {pool.addr:#x}")
+        tensor = whole[:nbytes].view(dtype).view(dims)
     except BaseException:
+        whole = view = None
         pool.close()
         raise
+    # When the buffer goes, a Mooncake registration of it ends first: it holds
+    # the pool until then (see _register_buffer).
+    weakref.finalize(view, _buffer_gone, pool.addr).atexit = False
     # hostpool pinned it: SGLang's destroy() must not unregister it.
     setattr(tensor, _REGISTERED_RANGES, [])
     _pools[pool.addr] = pool
@@ -319,6 +399,78 @@ def _alloc_with_host_register(
         pool.pinned,
     )
     return tensor
+
+
+def _buffer_gone(addr: int) -> None:
+    """SGLang dropped the buffer of the pool at ``addr``: end its Mooncake
+    registrations, which frees the pool (they held it) and its memory."""
+    with _registrations_lock:
+        regs = _registrations.pop(addr, {})
+    for reg in regs.values():
+        try:
+            reg.unregister()
+        except hostpool.Error as e:  # the memory goes all the same
+            # As text: a log record holding the error would hold the pool.
+            _log.warning("SGLang host KV buffer at %#x: %s", addr, str(e))
+
+
+def _pool_of(ptr: int, nbytes: int) -> hostpool.Pool | None:
+    """The live pool made by :func:`install` that holds ``[ptr, ptr + nbytes)``."""
+    for pool in list(_pools.values()):
+        if not pool.closed and pool.addr <= ptr and ptr + nbytes <= pool.addr + pool.mapped_bytes:
+            return pool
+    return None
+
+
+def _register_buffer(self: Any, tensor: torch.Tensor) -> None:
+    """SGLang's ``MooncakeBaseStore.register_buffer``: a buffer inside a
+    hostpool pool registers the pool with ``self.store``, once (see
+    :func:`install`); any other tensor is SGLang's own method's."""
+    state = _state
+    original = (state or {}).get("register_buffer")
+    if original is None:  # uninstalled while SGLang held this function
+        import sys
+
+        original = sys.modules[_MOONCAKE].MooncakeBaseStore.register_buffer
+    store = self.store
+    nbytes = tensor.numel() * tensor.element_size()
+    pool = _pool_of(tensor.data_ptr(), nbytes) if store is not None and nbytes else None
+    if pool is None:
+        return original(self, tensor)
+    if getattr(getattr(self, "config", None), "standalone_storage", False):
+        # A dummy client hands the pointer to a separate mooncake_client
+        # process, which maps only what Mooncake's own allocator made.
+        raise hostpool.ConfigError(
+            f"SGLang's Mooncake store runs with standalone_storage, whose mooncake_client process maps only "
+            f"host buffers from Mooncake's own allocator, and this one ({nbytes} bytes at {tensor.data_ptr():#x}) "
+            f"is a hostpool pool ({ENV_VAR}); set standalone_storage = false in the Mooncake config, or leave "
+            f"SGLang's host KV buffers to SGLang (unset {ENV_VAR})"
+        )
+    with _registrations_lock:
+        reg = _registrations.get(pool.addr, {}).get(id(store))
+        if reg is not None and reg.registered:
+            _log.debug(
+                "SGLang tensor at %#x (%d bytes) lies in the hostpool pool at %#x, already registered "
+                "with this Mooncake store: nothing to do",
+                tensor.data_ptr(),
+                nbytes,
+                pool.addr,
+            )
+            return
+        try:
+            reg = hostpool.mooncake.register(pool, store)
+        except hostpool.Error as e:
+            # As text: a log record holding the error (its frames) would hold the pool.
+            _log.error("Failed to register SGLang's host KV buffer with Mooncake: %s", str(e))
+            raise
+        _registrations.setdefault(pool.addr, {})[id(store)] = reg
+    _log.info(
+        "SGLang host KV buffer at %#x registered with Mooncake's store by hostpool: %d region(s) of its pool "
+        "(%d bytes)",
+        pool.addr,
+        len(reg.regions),
+        sum(n for _, n in reg.regions),
+    )
 
 
 def _available_host_memory_bytes(*args: Any, **kwargs: Any) -> int:
