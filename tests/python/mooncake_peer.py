@@ -52,6 +52,17 @@ class Master:
         """``metadata_server`` of a store's setup."""
         return f"http://127.0.0.1:{self.http_port}/metadata"
 
+    def metric(self, name: str) -> int:
+        """One counter or gauge of its Prometheus page (``master_total_capacity_bytes``:
+        the bytes of the segments it has mounted)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return int(float(line.split()[1]))
+        raise KeyError(f"mooncake_master reports no {name}")
+
     def stop(self) -> None:
         """SIGKILL it (if still running) and reap it."""
         if self.proc.poll() is None:
@@ -59,9 +70,10 @@ class Master:
         self.proc.wait(timeout=30)
 
 
-def start_master(deadline: float = 60) -> Master:
+def start_master(deadline: float = 60, *args: str) -> Master:
     """Start the wheel's ``mooncake_master`` on loopback ports it picks, with
-    its HTTP metadata server; return once both ports accept connections."""
+    its HTTP metadata server and any further ``args``; return once its RPC,
+    metadata and metrics ports accept connections."""
     import mooncake  # the binary is in the wheel's package
 
     exe = os.path.join(os.path.dirname(mooncake.__file__), "mooncake_master")
@@ -75,13 +87,14 @@ def start_master(deadline: float = 60) -> Master:
             "--enable_http_metadata_server=true",
             f"--http_metadata_server_port={ports[1]}",
             f"--metrics_port={ports[2]}",
+            *args,
         ],
         stdout=subprocess.DEVNULL,
         stderr=log,  # a file: its glog lines would fill a pipe
     )
     master = Master(proc, *ports)
     end = time.monotonic() + deadline
-    for port in ports[:2]:
+    for port in ports:
         while True:
             if proc.poll() is not None:
                 log.seek(0)

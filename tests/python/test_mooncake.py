@@ -4,7 +4,8 @@ a TransferEngine and a MooncakeDistributedStore in regions that never split
 a block or a page, all or nothing; bytes moved between two processes' pools
 both ways; a pool as a Store segment (hugetlbfs, kept) with a master the
 test starts; the pool's close() undoing both first; a peer or the master
-SIGKILLed mid-transfer."""
+SIGKILLed mid-transfer; a Store client SIGKILLed with a kept segment, and
+the restarted one mounting the same pages, resident."""
 
 from __future__ import annotations
 
@@ -282,6 +283,93 @@ def test_a_pool_is_a_store_segment_and_another_puts_and_gets_through_a_registere
         assert client.close() == 0 and server.close() == 0
     finally:
         seg_pool.close()
+
+
+GENERATION_1 = """
+import sys, time, hostpool, hostpool.mooncake
+from mooncake.store import MooncakeDistributedStore
+pool = hostpool.Pool(keeper=sys.argv[1])
+server = MooncakeDistributedStore()
+assert server.setup("127.0.0.1", sys.argv[2], 0, 16 << 20, "tcp", "", sys.argv[3]) == 0
+hostpool.mooncake.mount(pool, server)
+pool.view(pool.nbytes - 6, 6)[:] = b"gen-1!"
+print(pool.report["keeper"]["generation"], flush=True)
+time.sleep(600)
+"""
+
+
+def resident_pages(pool) -> tuple[int, int]:
+    """(resident, all) pages of the pool's mapping, by mincore(2): for a file
+    the kernel's page cache, whether or not this process has touched them."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = os.sysconf("SC_PAGE_SIZE")
+    n = (pool.nbytes + page - 1) // page
+    vec = (ctypes.c_ubyte * n)()
+    assert libc.mincore(ctypes.c_void_p(pool.addr), ctypes.c_size_t(pool.nbytes), vec) == 0, ctypes.get_errno()
+    return sum(b & 1 for b in vec), n
+
+
+def wait_for(what: str, check, deadline: float = 60):
+    end = time.monotonic() + deadline
+    while not (got := check()):
+        assert time.monotonic() < end, f"{what}: not within {deadline} s"
+        time.sleep(0.05)
+    return got
+
+
+def test_a_restarted_store_client_mounts_its_kept_pool_resident_and_serves_from_it(keeper):
+    # A client SIGKILLed with the kept pool as its segment; the master drops
+    # the dead client's segment after its TTL; the restarted client leases
+    # the same pages, resident and with their bytes, and mounts them again.
+    m = start_master(60, "--client_ttl=3")
+    name = f"mc-restart-{os.getpid()}"
+    keeper(name, "--size", str(64 * MiB), "--content", "keep")
+    try:
+        gen1 = subprocess.Popen(
+            [sys.executable, "-c", GENERATION_1, name, m.metadata, m.address], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert gen1.stdout.readline().strip() == "1"
+            assert m.metric("master_total_capacity_bytes") == 64 * MiB
+        finally:
+            gen1.kill()
+            gen1.wait(timeout=30)
+        wait_for("the master drops the dead client's segment", lambda: m.metric("master_total_capacity_bytes") == 0)
+
+        def lease():
+            try:
+                return hostpool.Pool(keeper=name)
+            except hostpool.KeeperError:  # until the keeper has seen the death
+                return None
+
+        with wait_for("the keeper leases the pool again", lease) as pool:
+            prev = pool.report["keeper"]["previous"]
+            assert prev["how"] == "died" and prev["pid"] == gen1.pid
+            assert pool.report["prefault"]["bytes"] == 0
+            resident, pages = resident_pages(pool)
+            assert resident == pages, f"{resident} of the kept pool's {pages} pages are resident"
+            assert bytes(pool.view(pool.nbytes - 6, 6)) == b"gen-1!"
+            server = store(m, segment=0)
+            mount = hostpool.mooncake.mount(pool, server)
+            assert m.metric("master_total_capacity_bytes") == 64 * MiB
+            client = store(m)
+            with hostpool.Pool(size=8 * MiB, backing="anon") as buf:
+                reg = hostpool.mooncake.register(buf, client)
+                view = np.frombuffer(memoryview(buf), dtype=np.uint8)
+                view[: 4 * MiB] = pattern(11, 4 * MiB)
+                assert client.put_from("after-restart", buf.addr, 4 * MiB) == 0
+                assert client.get_into("after-restart", buf.addr + 4 * MiB, 4 * MiB) == 4 * MiB
+                assert np.array_equal(view[4 * MiB :], pattern(11, 4 * MiB))
+                assert bytes(pattern(11, 4 * MiB)[: MiB]) in bytes(pool.view(0, pool.nbytes))
+                del view
+            assert not reg.registered
+        assert not mount.mounted
+        assert m.metric("master_total_capacity_bytes") == 0
+        assert client.close() == 0 and server.close() == 0
+    finally:
+        m.stop()
 
 
 def test_an_anonymous_pool_cannot_be_a_segment():
