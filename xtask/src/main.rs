@@ -3,11 +3,15 @@
 //! Subcommands (see [`USAGE`]):
 //!
 //! * `test [--no-lint] [ARGS...]`: everything CI checks, stopping at the
-//!   first failure: fmt, clippy and doc (all `-D warnings`), then the test
+//!   first failure: first the system packages the tests need (see
+//!   [`packages`]: installed as root with `apt-get`, else an error at once
+//!   naming them), then fmt, clippy and doc (all `-D warnings`), then the test
 //!   suite (reserve huge pages, mount hugetlbfs, run
 //!   `cargo test --workspace --all-targets ARGS...` with the `HOSTPOOL_TEST_*`
 //!   variables exported, and always restore the machine afterwards), then the
-//!   bench build. `--no-lint` runs the test suite alone. `.ci/run` runs this.
+//!   bench build. `--no-lint` runs the packages and the test suite alone.
+//!   `.ci/run` runs this, and installs nothing itself.
+//! * `packages`: the system packages step alone.
 //! * `hugepages up` / `hugepages down`: the same huge page setup as a
 //!   standalone step for manual work; `down` restores what `up` recorded.
 //! * `ci`: an alias of `test`, kept for compatibility.
@@ -34,6 +38,7 @@ mod engines;
 mod gpu_check;
 mod hugepages;
 mod mounts;
+mod packages;
 mod python;
 mod session;
 mod signals;
@@ -51,6 +56,11 @@ commands:
   test [--no-lint] [CARGO-TEST-ARGS...] [-- TEST-BINARY-ARGS...]
         Everything CI checks (`.ci/run` runs this), in order, stopping at
         the first failure:
+          0. the system packages the tests need (the list is in
+             xtask/src/packages.rs): one line when all are present; missing
+             ones are installed as root with apt-get (apt-get update,
+             apt-get install -y), else it stops at once, before any build,
+             naming them and the `sudo apt-get install -y ...` to run
           1. cargo fmt --all --check
           2. cargo clippy --workspace --all-targets -- -D warnings
           3. RUSTDOCFLAGS=\"-D warnings\" cargo doc --workspace --no-deps
@@ -62,12 +72,18 @@ commands:
              HOSTPOOL_TEST_* exported, then restore everything (also on
              failure or Ctrl-C). Needs root for the huge page part; without
              it the tests run with huge page tests skipped. Then the
-             Python tests and the engine tests (tests/engines, each engine
-             in its own cached environment), in the same huge page session.
+             Python tests and the engine tests (tests/engines: each engine
+             in its cached environments, one per envs/<name>.txt if the
+             folder has envs/, newest first; the older ones with
+             -m \"not newest_only\"), in the same huge page session.
           6. cargo bench --workspace --no-run
           7. the release binary with a failpoint armed, which it must ignore
           8. cargo xtask wheel --check
-        --no-lint  run step 5 alone (no fmt, clippy, doc, doctests or bench build).
+        --no-lint  run steps 0 and 5 alone (no fmt, clippy, doc, doctests or
+                   bench build).
+  packages
+        Step 0 of `test` alone: check the system packages the tests need
+        and, as root with apt-get, install the missing ones.
   hugepages up
         Do the same huge page setup for manual work and keep it; prints the
         environment to use (eval \"$(cargo xtask hugepages up)\").
@@ -125,6 +141,7 @@ fn dispatch(args: &[String]) -> Result<i32, String> {
         "gpu-check" => gpu_check::run(rest),
         "wheel" => wheel::run_command(rest),
         "hugepages" => hugepages_command(rest),
+        "packages" if rest.is_empty() => packages::ensure().map(|()| 0),
         "help" | "-h" | "--help" => Ok(usage(None)),
         _ => Ok(usage(Some(&args.join(" ")))),
     }

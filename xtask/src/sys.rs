@@ -1,5 +1,5 @@
 //! The only `unsafe` code of xtask: the libc signal calls behind
-//! [`crate::signals`], each behind a safe wrapper.
+//! [`crate::signals`], and `geteuid`, each behind a safe wrapper.
 
 #![allow(unsafe_code)]
 
@@ -95,4 +95,11 @@ pub fn kill(pid: i32, sig: c_int) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// `geteuid()`: the effective user id of this process (0 for root).
+pub fn euid() -> u32 {
+    // SAFETY: geteuid(2) takes no arguments, touches no memory of this
+    // process and always succeeds.
+    unsafe { libc::geteuid() }
 }

@@ -1,5 +1,8 @@
 //! `cargo xtask test` (and its alias `cargo xtask ci`): every check CI runs,
-//! cheap static checks first, stopping at the first failure:
+//! cheap static checks first, stopping at the first failure. Before any of
+//! them, the system packages the tests need ([`packages::ensure`]): present,
+//! or installed as root with `apt-get`, or an error at once that says what
+//! to install.
 //!
 //! 1. `cargo fmt --all --check`
 //! 2. `cargo clippy --workspace --all-targets -- -D warnings`
@@ -20,8 +23,8 @@
 //!    `manylinux_2_28`, installed into a fresh environment without cargo or
 //!    rustc on the PATH, imported and used to build a pool, and its CLI run
 //!
-//! `--no-lint` (before any `--`) runs step 4 alone, and so does the
-//! `XTASK_TEST_CMD` self-test hook. Returns 0 or the failing step's
+//! `--no-lint` (before any `--`) runs step 5 alone (after the packages),
+//! and so does the `XTASK_TEST_CMD` self-test hook (without them). Returns 0 or the failing step's
 //! (non-zero) exit status.
 
 use std::path::Path;
@@ -30,6 +33,7 @@ use std::time::Instant;
 
 use crate::cmd;
 use crate::engines;
+use crate::packages;
 use crate::python;
 use crate::session::{self, Session, Setup};
 use crate::signals;
@@ -137,6 +141,10 @@ fn parse(args: &[String]) -> (bool, Vec<String>) {
 /// (non-zero) status.
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (lint, cargo_test_args) = parse(args);
+    // The machine first, so a missing package stops it before any build.
+    if std::env::var_os(TEST_CMD_VAR).is_none() {
+        packages::ensure()?;
+    }
     let steps = steps(lint && std::env::var_os(TEST_CMD_VAR).is_none());
     let total = steps.len();
     for (index, (name, step)) in steps.into_iter().enumerate() {
