@@ -5,13 +5,14 @@
 //! Mooncake is optional, so nothing here fails: a wheel that does not
 //! import is `info`, with why and what to do.
 
-use std::ffi::OsString;
+use std::ffi::OsStr;
 
+use pool_core::host::python::{self, Outcome};
 use pool_core::plugin::{DoctorContext, Finding};
 use serde_json::json;
 
 use crate::NAME;
-use crate::probe::{self, Answer, Outcome};
+use crate::probe::{self, Answer};
 
 /// The item of the finding.
 const ITEM: &str = "mooncake.engine";
@@ -27,14 +28,15 @@ pub(crate) const IBVERBS: &str = "the wheel's engine.so links libibverbs even fo
     (`apt-get install libibverbs1`, or `dnf install libibverbs`)";
 
 pub(crate) fn findings(_ctx: &DoctorContext<'_>) -> Vec<Finding> {
-    let (python, source) = probe::python();
+    let (python, source) = python::python();
     vec![finding(&python, source, probe::probe(&python))]
 }
 
 /// The finding for what `python` (named by `source`) answered.
-pub(crate) fn finding(python: &OsString, source: &str, outcome: Outcome) -> Finding {
+pub(crate) fn finding(python: &OsStr, source: &str, outcome: Outcome<Answer>) -> Finding {
     let shown = python.to_string_lossy();
     let asked = format!("{shown} (from {source})");
+    let why = outcome.why_unanswered().unwrap_or_default();
     match outcome {
         Outcome::Answered(answer) if answer.importable() => importable(&shown, source, &answer),
         Outcome::Answered(answer) => {
@@ -58,20 +60,13 @@ pub(crate) fn finding(python: &OsString, source: &str, outcome: Outcome) -> Find
                     "distributions": answer.distributions,
                 }))
         }
-        Outcome::NotStarted(e) => {
-            let why = if e.kind() == std::io::ErrorKind::NotFound {
-                "no such program".to_string()
-            } else {
-                e.to_string()
-            };
-            not_asked(
-                &shown,
-                source,
-                format!("not importable: {asked} cannot be run ({why})"),
-                "set HOSTPOOL_PYTHON to the engine's venv python (`python -m hostpool doctor` \
-                 sets it to its own), or put python3 on the PATH",
-            )
-        }
+        Outcome::NotStarted(_) => not_asked(
+            &shown,
+            source,
+            format!("not importable: {asked} {why}"),
+            "set HOSTPOOL_PYTHON to the engine's venv python (`python -m hostpool doctor` \
+             sets it to its own), or put python3 on the PATH",
+        ),
         Outcome::TimedOut(deadline) => not_asked(
             &shown,
             source,
@@ -84,17 +79,10 @@ pub(crate) fn finding(python: &OsString, source: &str, outcome: Outcome) -> Find
                  HOSTPOOL_PYTHON to the engine's venv python"
             ),
         ),
-        Outcome::NoAnswer { status, stderr } => not_asked(
+        Outcome::NoAnswer { .. } => not_asked(
             &shown,
             source,
-            format!(
-                "not known: {asked} ended ({status}) without an answer{}",
-                if stderr.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {stderr}")
-                }
-            ),
+            format!("not known: {asked} {why}"),
             "HOSTPOOL_PYTHON must name a Python 3 interpreter (the engine's venv python)",
         ),
     }
@@ -144,14 +132,14 @@ mod tests {
     use super::*;
     use pool_core::plugin::Level;
 
-    fn answer(line: &str) -> Outcome {
-        Outcome::Answered(probe::parse(&format!("HOSTPOOL-MOONCAKE-PROBE {line}")).unwrap())
+    fn answer(json: &str) -> Outcome<Answer> {
+        Outcome::Answered(probe::parse(json))
     }
 
     #[test]
     fn an_importable_wheel_is_ok_with_its_distribution_path_and_transports() {
         let f = finding(
-            &"/venv/bin/python".into(),
+            OsStr::new("/venv/bin/python"),
             "HOSTPOOL_PYTHON",
             answer(
                 r#"{"executable": "/venv/bin/python", "distributions": [{"name": "mooncake-transfer-engine-non-cuda", "version": "0.3.13.post1"}], "module": "/venv/mooncake/engine.so", "flags": {"SUPPORT_CUDA": false}, "ibverbs": true}"#,
@@ -172,7 +160,7 @@ mod tests {
     #[test]
     fn a_missing_libibverbs_is_info_with_the_package_to_install() {
         let f = finding(
-            &"python3".into(),
+            OsStr::new("python3"),
             "the PATH",
             answer(
                 r#"{"distributions": [], "error": "ImportError: libibverbs.so.1: cannot open shared object file: No such file or directory"}"#,
@@ -192,7 +180,7 @@ mod tests {
     #[test]
     fn no_wheel_is_info_saying_how_to_install_or_point_at_one() {
         let f = finding(
-            &"/usr/bin/python3".into(),
+            OsStr::new("/usr/bin/python3"),
             "HOSTPOOL_PYTHON",
             answer(
                 r#"{"distributions": [], "error": "ModuleNotFoundError: No module named 'mooncake'"}"#,
@@ -216,7 +204,7 @@ mod tests {
     #[test]
     fn an_interpreter_that_cannot_run_or_hangs_is_info_never_a_failure() {
         let missing = finding(
-            &"/nonexistent/python".into(),
+            OsStr::new("/nonexistent/python"),
             "HOSTPOOL_PYTHON",
             Outcome::NotStarted(std::io::Error::from(std::io::ErrorKind::NotFound)),
         );
@@ -227,9 +215,9 @@ mod tests {
             missing.value
         );
         let hung = finding(
-            &"python3".into(),
+            OsStr::new("python3"),
             "the PATH",
-            Outcome::TimedOut(probe::DEADLINE),
+            Outcome::TimedOut(python::DEADLINE),
         );
         assert_eq!(hung.verdict, Level::Info);
         assert!(hung.value.contains("within 20 s"), "{}", hung.value);

@@ -4,7 +4,9 @@
 //! space and the mount table ([`fs`]), the cgroup walk that finds the limits
 //! binding this process ([`cgroup`]), memory and its cgroup limit
 //! ([`memory`]), what a process is doing and holds ([`process`]),
-//! transparent huge pages ([`thp`]), and the NUMA topology ([`numa`]).
+//! transparent huge pages ([`thp`]), the NUMA topology ([`numa`]), and what
+//! a Python interpreter answers about its packages ([`python`]: the one way
+//! `hostpool doctor` asks the engine's Python).
 //!
 //! It reads the node and decides nothing: no error of the pool's, no
 //! remedy, no memory mapped. So it depends on no crate of the workspace,
@@ -15,6 +17,7 @@ pub mod fs;
 pub mod memory;
 pub mod numa;
 pub mod process;
+pub mod python;
 pub mod thp;
 
 /// The variable that moves the root of sysfs, in a build with the feature:
