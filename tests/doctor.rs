@@ -6,6 +6,9 @@
 //! test must find the 2 MiB mount xtask made; elsewhere it skips. Likewise
 //! the Mooncake test asks the test venv's python (`HOSTPOOL_TEST_PYTHON`,
 //! required under `HOSTPOOL_REQUIRE_NIXL=1`), which has Mooncake's wheel.
+//! The `engines` tests need only a `python3` on the `PATH`: they ask a venv
+//! of it with no package, and fake engines and a fake hostpool on
+//! `PYTHONPATH`.
 
 mod support;
 
@@ -20,7 +23,7 @@ use std::sync::{Mutex, MutexGuard};
 use serde_json::Value;
 
 /// Every area a doctor run without a pool reports.
-const AREAS: [&str; 13] = [
+const AREAS: [&str; 14] = [
     "memory",
     "hugepages",
     "hugetlbfs",
@@ -32,6 +35,7 @@ const AREAS: [&str; 13] = [
     "cuda",
     "rdma",
     "mooncake",
+    "engines",
     "plugins",
     "leftovers",
 ];
@@ -827,6 +831,16 @@ fn the_mooncake_finding_names_the_wheel_its_version_and_transports() {
     // not import), and supports no GPU.
     assert_eq!(d["transports"], serde_json::json!(["tcp", "rdma"]), "{d:#}");
     assert_eq!(d["flags"]["SUPPORT_CUDA"], false, "{d:#}");
+    // The engines area names the same wheel from its metadata.
+    let engine = findings(&r, "engines")
+        .into_iter()
+        .find(|f| f["item"] == "mooncake")
+        .unwrap_or_else(|| panic!("no engines finding for mooncake: {r:#}"));
+    assert_eq!(
+        engine["details"]["distribution"], "mooncake-transfer-engine-non-cuda",
+        "{engine:#}"
+    );
+    assert_eq!(engine["details"]["version"], "0.3.13.post1", "{engine:#}");
     // In words too.
     let o = doctor_with(&[], &[("HOSTPOOL_PYTHON", &python)]);
     let out = stdout(&o);
@@ -875,5 +889,263 @@ fn without_the_wheel_the_mooncake_finding_is_info_and_doctor_exits_as_before() {
                 );
             }
         }
+    }
+}
+
+/// A Python environment for the `engines` area: a venv of the `PATH`'s
+/// `python3` without any package (so nothing this machine has installed
+/// answers), and a directory for `PYTHONPATH` where a test lays out fake
+/// engines and a fake hostpool.
+struct FakePython {
+    dir: TempDir,
+}
+
+/// The tested versions hostpool's Python package lists (in the fake).
+const TESTED: &str = r#"{"vllm": ("0.34.0", "0.33.0"), "sglang": ("0.5.23",), "lmcache": ("0.5.6",), "mooncake": ("0.3.13.post1",)}"#;
+
+impl FakePython {
+    fn new(tag: &str) -> FakePython {
+        let dir = TempDir::new(tag);
+        let o = Command::new("python3")
+            .args(["-m", "venv", "--without-pip"])
+            .arg(dir.0.join("venv"))
+            .output()
+            .expect("the engines tests need python3 on the PATH");
+        assert!(
+            o.status.success(),
+            "python3 -m venv: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::create_dir(dir.0.join("site")).unwrap();
+        FakePython { dir }
+    }
+
+    fn python(&self) -> String {
+        self.dir.0.join("venv/bin/python").display().to_string()
+    }
+
+    fn site(&self) -> PathBuf {
+        self.dir.0.join("site")
+    }
+
+    /// A distribution `name` at `version` (its `.dist-info`), and its
+    /// top module `module` (when given), which exits if imported: the
+    /// doctor must read the engines' metadata, never import them.
+    fn dist(&self, name: &str, version: &str, module: Option<&str>) -> &Self {
+        let info = self
+            .site()
+            .join(format!("{}-{version}.dist-info", name.replace('-', "_")));
+        std::fs::create_dir_all(&info).unwrap();
+        std::fs::write(
+            info.join("METADATA"),
+            format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"),
+        )
+        .unwrap();
+        if let Some(module) = module {
+            let m = self.site().join(module);
+            std::fs::create_dir_all(&m).unwrap();
+            std::fs::write(
+                m.join("__init__.py"),
+                format!("import sys\nsys.exit('hostpool doctor imported {module}')\n"),
+            )
+            .unwrap();
+        }
+        self
+    }
+
+    /// A hostpool package whose `hostpool._engines.TESTED` is `tested`.
+    fn hostpool(&self, tested: &str) -> &Self {
+        let engines = self.site().join("hostpool/_engines");
+        std::fs::create_dir_all(&engines).unwrap();
+        std::fs::write(self.site().join("hostpool/__init__.py"), "").unwrap();
+        std::fs::write(
+            engines.join("__init__.py"),
+            format!("\"\"\"A fake of hostpool's list.\"\"\"\nTESTED = {tested}\n"),
+        )
+        .unwrap();
+        self
+    }
+
+    /// `hostpool doctor args` asking this python.
+    fn doctor(&self, args: &[&str]) -> Output {
+        let python = self.python();
+        let site = self.site().display().to_string();
+        doctor_with(args, &[("HOSTPOOL_PYTHON", &python), ("PYTHONPATH", &site)])
+    }
+}
+
+fn the_engine_finding<'a>(r: &'a Value, item: &str) -> Option<&'a Value> {
+    let found: Vec<&Value> = findings(r, "engines")
+        .into_iter()
+        .filter(|f| f["item"] == item)
+        .collect();
+    assert!(found.len() <= 1, "{found:#?}");
+    found.first().copied()
+}
+
+#[test]
+fn the_engines_area_says_which_engines_are_tested_untested_or_absent() {
+    let env = FakePython::new("engines");
+    env.hostpool(TESTED)
+        .dist("vllm", "0.34.0", Some("vllm"))
+        .dist("sglang", "0.4.0", Some("sglang"))
+        .dist(
+            "mooncake-transfer-engine-non-cuda",
+            "0.3.13.post1",
+            Some("mooncake"),
+        );
+    let o = env.doctor(&["--json"]);
+    // An untested engine warns; it fails nothing.
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let r = json(&o);
+    assert_eq!(r["verdict"], "warn", "{r:#}");
+
+    let vllm = the_engine_finding(&r, "vllm").expect("a vllm finding");
+    assert_eq!(vllm["verdict"], "ok", "{vllm:#}");
+    assert_eq!(vllm["value"], "vllm 0.34.0 (tested)", "{vllm:#}");
+    let d = &vllm["details"];
+    assert_eq!(d["name"], "vllm");
+    assert_eq!(d["distribution"], "vllm");
+    assert_eq!(d["version"], "0.34.0");
+    assert_eq!(d["tested"], true);
+    assert_eq!(
+        d["tested_versions"],
+        serde_json::json!(["0.34.0", "0.33.0"])
+    );
+    assert!(
+        text(&d["path"]).starts_with(&env.site().display().to_string()),
+        "{d:#}"
+    );
+
+    let sglang = the_engine_finding(&r, "sglang").expect("an sglang finding");
+    assert_eq!(sglang["verdict"], "warn", "{sglang:#}");
+    assert_eq!(
+        sglang["value"],
+        "sglang 0.4.0 (not tested: hostpool was tested with 0.5.23)"
+    );
+    assert!(
+        text(&sglang["remedy"]).contains("`pip install sglang==0.5.23`"),
+        "{sglang:#}"
+    );
+    assert_eq!(sglang["details"]["tested"], false);
+    assert_eq!(sglang["details"]["version"], "0.4.0");
+    assert_eq!(
+        sglang["details"]["tested_versions"],
+        serde_json::json!(["0.5.23"])
+    );
+
+    let mooncake = the_engine_finding(&r, "mooncake").expect("a mooncake finding");
+    assert_eq!(mooncake["verdict"], "ok", "{mooncake:#}");
+    assert_eq!(
+        mooncake["value"],
+        "mooncake 0.3.13.post1 (tested) from mooncake-transfer-engine-non-cuda"
+    );
+    assert_eq!(
+        mooncake["details"]["distribution"],
+        "mooncake-transfer-engine-non-cuda"
+    );
+
+    // LMCache is not installed: no finding of its own, never a warning, and
+    // listed as such.
+    assert!(the_engine_finding(&r, "lmcache").is_none(), "{r:#}");
+    let py = the_engine_finding(&r, "python").expect("the python line");
+    assert_eq!(py["verdict"], "ok", "{py:#}");
+    assert!(
+        text(&py["value"]).ends_with("engines vllm, sglang, mooncake; not installed: lmcache"),
+        "{py:#}"
+    );
+    assert_eq!(
+        py["details"]["not_installed"],
+        serde_json::json!(["lmcache"])
+    );
+    let lmcache = py["details"]["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "lmcache")
+        .unwrap();
+    assert_eq!(lmcache["installed"], false, "{lmcache:#}");
+    assert_eq!(lmcache["tested_versions"], serde_json::json!(["0.5.6"]));
+    assert_eq!(
+        py["details"]["executable"],
+        env.dir.0.join("venv/bin/python").display().to_string(),
+        "{py:#}"
+    );
+
+    // In words.
+    let out = stdout(&env.doctor(&[]));
+    assert!(
+        out.lines().any(|l| l.starts_with("ok")
+            && l.split_whitespace().nth(1) == Some("engines")
+            && l.ends_with("vllm 0.34.0 (tested)")),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("warn")
+            && l.ends_with("sglang 0.4.0 (not tested: hostpool was tested with 0.5.23)")),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_tested_versions_are_those_of_the_hostpool_in_that_python() {
+    // The same vllm, judged by another list: now it is not tested.
+    let env = FakePython::new("engines-list");
+    env.hostpool(r#"{"vllm": ("0.35.0",)}"#)
+        .dist("vllm", "0.34.0", Some("vllm"));
+    let r = json(&env.doctor(&["--json"]));
+    let vllm = the_engine_finding(&r, "vllm").expect("a vllm finding");
+    assert_eq!(vllm["verdict"], "warn", "{vllm:#}");
+    assert_eq!(
+        vllm["value"],
+        "vllm 0.34.0 (not tested: hostpool was tested with 0.35.0)"
+    );
+    assert_eq!(vllm["details"]["tested"], false);
+    assert_eq!(
+        vllm["details"]["tested_versions"],
+        serde_json::json!(["0.35.0"])
+    );
+}
+
+#[test]
+fn without_hostpool_in_that_python_the_tested_versions_are_unknown_and_only_info() {
+    let env = FakePython::new("engines-nohostpool");
+    env.dist("vllm", "0.34.0", Some("vllm"));
+    let o = env.doctor(&["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let r = json(&o);
+    let vllm = the_engine_finding(&r, "vllm").expect("a vllm finding");
+    assert_eq!(vllm["verdict"], "info", "{vllm:#}");
+    assert_eq!(
+        vllm["value"],
+        "vllm 0.34.0 (tested versions unknown: hostpool is not installed in this python)"
+    );
+    assert_eq!(
+        vllm["remedy"],
+        "run `python -m hostpool doctor` from the engine's environment"
+    );
+    assert_eq!(vllm["details"]["tested"], false);
+    assert!(vllm["details"]["tested_versions"].is_null(), "{vllm:#}");
+    for f in findings(&r, "engines") {
+        assert_eq!(f["verdict"], "info", "{f:#}");
+    }
+}
+
+#[test]
+fn without_a_python_the_engines_area_is_info_and_doctor_exits_0() {
+    for args in [&["--json"][..], &["--json", "--size", "64MiB"]] {
+        let o = doctor_with(args, &[("HOSTPOOL_PYTHON", "/nonexistent/python3")]);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stdout(&o));
+        let r = json(&o);
+        let engines = findings(&r, "engines");
+        assert_eq!(engines.len(), 1, "{engines:#?}");
+        let f = engines[0];
+        assert_eq!(f["verdict"], "info", "{f:#}");
+        assert_eq!(
+            f["value"],
+            "not known: /nonexistent/python3 (from HOSTPOOL_PYTHON) cannot be run (no such \
+             program)"
+        );
+        assert!(text(&f["remedy"]).contains("HOSTPOOL_PYTHON"), "{f:#}");
     }
 }

@@ -8,7 +8,9 @@
 //! `MADV_POPULATE_WRITE`, NUMA nodes); then each registered plugin's own
 //! areas, from the doctor hook in its record (the built-in ones: `thp`;
 //! `hugepages`, `hugetlbfs` and the hugetlb `cgroup` limits; `shm`; `cuda`;
-//! `rdma`; `nixl`; the adapter's `mooncake`); then `plugins`, `leftovers`
+//! `rdma`; `nixl`; the adapter's `mooncake`); then `engines` (the serving
+//! engines installed in the engine's Python, their versions, and whether
+//! hostpool was tested with them), `plugins`, `keepers`, `leftovers`
 //! (what `hostpool gc` would remove) and, when a pool is given (`--config`
 //! or any pool flag), `pool`: the plan's capacity checks and verdict, and
 //! whether its pinning and registration can work here (the plugins say for
@@ -20,14 +22,17 @@
 //! other probes that touch anything are one page of anonymous memory for the
 //! `MADV_POPULATE_WRITE` probe, `cuInit` and device queries of the CUDA
 //! driver, opening each RDMA device to read its `max_mr_size`, and a Python
-//! interpreter (`$HOSTPOOL_PYTHON`, else `python3`) asked, under a
-//! deadline and writing no bytecode, whether it imports Mooncake's engine.
+//! interpreter (`$HOSTPOOL_PYTHON`, else `python3`) asked twice, under a
+//! deadline and writing no bytecode (`pool_core::host::python`): whether it
+//! imports Mooncake's engine, and which engines it has installed (from their
+//! metadata, importing no engine) with the versions its hostpool was tested with.
 //!
 //! Exit status: 0 when no finding fails, 1 when one does (for a pool: it
 //! does not fit, or a required pin or a registration would fail), 2 for a
 //! usage or configuration error.
 
 mod cgroup;
+mod engines;
 mod keepers;
 mod kernel;
 mod leftovers;
@@ -135,6 +140,7 @@ fn collect(
             }
         }
     }
+    out.extend(guarded("engines", engines::findings));
     out.extend(guarded("plugins", plugins::findings));
     out.extend(guarded("keepers", keepers::findings));
     out.extend(guarded("leftovers", || {
