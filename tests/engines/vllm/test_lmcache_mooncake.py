@@ -145,7 +145,7 @@ def test_lmcaches_connector_registers_its_cpu_buffer_through_hostpool_once(
         assert buffer.numel() == pool.nbytes == CPU_BYTES
 
         conn, store = _connector(loop, backend, config)
-        reg = conn._hostpool_registration
+        reg = hl.registration(conn)
         assert reg.registered and reg.kind == "store" and reg.engine is store and reg.pool is pool
         assert conn.registered_buffer_ptr == buffer.data_ptr()
         # The regions cover the pool (rounded up to its pages), in order, none splitting a page.
@@ -159,7 +159,7 @@ def test_lmcaches_connector_registers_its_cpu_buffer_through_hostpool_once(
         assert store.calls == [("register", a, n) for a, n in reg.regions]
         assert store.real.register_buffer(buffer.data_ptr(), buffer.numel()) == -600
         conn._register_cpu_buffer()  # again: a no-op
-        assert len(store.calls) == len(reg.regions) and conn._hostpool_registration is reg
+        assert len(store.calls) == len(reg.regions) and hl.registration(conn) is reg
 
         # End to end through LMCache's own connector: a chunk put from the
         # CPU buffer comes back into another chunk of it.
@@ -179,7 +179,7 @@ def test_lmcaches_connector_registers_its_cpu_buffer_through_hostpool_once(
         # LMCache's close(): _unregister_cpu_buffer ends the registration,
         # last region first, while the memory is there; then the store closes.
         loop.run_until_complete(conn.close())
-        assert not reg.registered and conn._hostpool_registration is None and conn.registered_buffer_ptr is None
+        assert not reg.registered and hl.registration(conn) is None and conn.registered_buffer_ptr is None
         unregistered = [c for c in store.calls if c[0] == "unregister"]
         assert unregistered == [("unregister", a, True) for a, _ in reversed(reg.regions)]
         backend.close()  # the allocator frees the pool: nothing more to unregister
@@ -196,7 +196,7 @@ def test_the_pool_closed_first_is_unregistered_first_and_close_does_not_again(mo
         backend = _local_cpu_backend(config)
         pool = hl.get_pool(backend.memory_allocator.pin_allocator.buffer.data_ptr())
         conn, store = _connector(loop, backend, config)
-        reg = conn._hostpool_registration
+        reg = hl.registration(conn)
         backend.close()  # the allocator goes first: the pool's close unregisters, then frees
         assert pool.closed and not reg.registered
         assert store.calls[-1] == ("unregister", pool.addr, True)
@@ -223,7 +223,7 @@ def test_a_registration_mooncake_refuses_is_logged_as_lmcache_does_and_registers
         finally:
             StoreSpy.before_registration = None
         assert "region 1 of 3" in caplog.text and "-600" in caplog.text, caplog.text
-        assert conn.registered_buffer_ptr is None and conn.__dict__.get("_hostpool_registration") is None
+        assert conn.registered_buffer_ptr is None and hl.registration(conn) is None
         # All or nothing: the first region was registered and given back.
         assert store.calls == [("register", pool.addr, 4 * MiB), ("register", pool.addr + 4 * MiB, 4 * MiB),
                                ("unregister", pool.addr, True)]
@@ -244,7 +244,7 @@ def test_a_buffer_lmcache_made_itself_is_lmcaches_to_register(mooncake_master, s
         assert lmc_mooncake.MooncakestoreConnector._register_cpu_buffer is hl._register_cpu_buffer
         assert buffer.data_ptr() not in hl.allocations()
         conn, store = _connector(loop, backend, config)
-        assert conn.__dict__.get("_hostpool_registration") is None
+        assert hl.registration(conn) is None
         assert store.calls == [("register", buffer.data_ptr(), buffer.numel())]  # LMCache's own call
         assert conn.registered_buffer_ptr == buffer.data_ptr()
         loop.run_until_complete(conn.close())

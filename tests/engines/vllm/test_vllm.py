@@ -278,7 +278,7 @@ class _RecordingHandler:
 
     made: list = []
 
-    def __init__(self, *, gpu_tensors, cpu_tensors, host_memory_is_pinned, **_):
+    def __init__(self, *, cpu_tensors, host_memory_is_pinned, **_):  # 0.33 also passes gpu_tensors
         _RecordingHandler.made.append((cpu_tensors, host_memory_is_pinned))
 
     def shutdown(self):

@@ -34,16 +34,30 @@ KV_HEADS, HEAD_SIZE = 2, 16
 class CpuCopyHandler:
     """vLLM's ``SingleDirectionOffloadingHandler`` on the CPU: the same sub-block
     addressing (a chunk holds ``blocks_per_chunk`` GPU-block pages, the first chunk
-    of a transfer may start at ``block_indices % blocks_per_chunk``), a torch copy
-    instead of a CUDA kernel, finished at once."""
+    of a transfer may start at ``block_indices % blocks_per_chunk``), a copy on the
+    CPU instead of a CUDA kernel, finished at once.
 
-    def __init__(self, *, gpu_tensors, cpu_tensors, blocks_per_chunk, gpu_to_cpu, **_: Any) -> None:
+    vLLM 0.33 hands it the GPU tensors and two block-id specs; 0.34 hands it the
+    device pointers vLLM resolved (``DevicePointers``; here the addresses of the CPU
+    tensors standing in for the GPU's) and the CPU spec."""
+
+    def __init__(self, *, cpu_tensors, blocks_per_chunk, gpu_to_cpu, gpu_tensors=None, layer_refs_per_group=None, **_: Any) -> None:
         self.gpu, self.cpu = gpu_tensors, cpu_tensors
+        self.refs = layer_refs_per_group
         self.per_chunk, self.to_cpu = blocks_per_chunk, gpu_to_cpu
         self.done: list[int] = []
-        self.hook = None  # called with ("copied", job) after a store's copy
 
-    def transfer_async(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+    def transfer_async(self, job_id: int, src: Any, dst: Any) -> bool:
+        if self.gpu is None:
+            self._by_pointers(job_id, src, dst)
+        else:
+            self._by_tensors(job_id, src, dst)
+        if self.to_cpu and STORE_HOOK is not None:
+            STORE_HOOK("copied", job_id)
+        self.done.append(job_id)
+        return True
+
+    def _by_tensors(self, job_id: int, src_spec: Any, dst_spec: Any) -> None:
         gpu_spec = src_spec if self.to_cpu else dst_spec
         cpu_spec = dst_spec if self.to_cpu else src_spec
         gpu_blocks = [int(b) for b in gpu_spec.block_ids]
@@ -60,10 +74,30 @@ class CpuCopyHandler:
                     host.copy_(gpu_t[block])
                 else:
                     gpu_t[block].copy_(host)
-        if self.to_cpu and STORE_HOOK is not None:
-            STORE_HOOK("copied", job_id)
-        self.done.append(job_id)
-        return True
+
+    def _by_pointers(self, job_id: int, device_ptrs: Any, cpu_spec: Any) -> None:
+        import ctypes
+
+        from vllm.v1.kv_offload.pointer_utils import iter_pointer_groups
+
+        chunks = [int(c) for c in cpu_spec.block_ids]
+        first = 0
+        for g in iter_pointer_groups(device_ptrs, self.per_chunk):
+            for d, ref in enumerate(self.refs[g.group_idx]):
+                cpu_t = self.cpu[ref.tensor_idx]
+                at = g.dev_ptr_offset + d * g.group_size
+                for i in range(g.group_size):
+                    ptr, size = int(device_ptrs.ptrs[at + i]), int(device_ptrs.sizes[at + i])
+                    chunk, sub = divmod(g.skip + i, self.per_chunk)
+                    host = cpu_t[chunks[first + chunk], sub * size : (sub + 1) * size]
+                    assert host.numel() == size and host.is_contiguous()
+                    if self.to_cpu:
+                        if STORE_HOOK is not None:
+                            STORE_HOOK("copying", job_id)
+                        ctypes.memmove(host.data_ptr(), ptr, size)
+                    else:
+                        ctypes.memmove(ptr, host.data_ptr(), size)
+            first += g.n_chunks
 
     def get_finished(self) -> list[Any]:
         from vllm.v1.kv_offload.base import TransferResult
@@ -224,6 +258,17 @@ class Worker:
         return out
 
 
+def runner_output(**fields: Any) -> Any:
+    """vLLM's ``ModelRunnerOutput`` of ``fields``, less those this release does not
+    have (0.34 dropped ``req_id_to_index``)."""
+    import dataclasses
+
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    known = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+    return ModelRunnerOutput(**{k: v for k, v in fields.items() if k in known})
+
+
 def expected(block_hash: bytes, layer: int, rank: int, n: int) -> bytes:
     """The bytes the 'model' writes for a block: a stream seeded by its hash, layer and rank."""
     out = bytearray()
@@ -297,7 +342,7 @@ class Scheduler:
         from vllm.v1.outputs import ModelRunnerOutput
 
         req_ids = list(out.num_scheduled_tokens)
-        mro = ModelRunnerOutput(
+        mro = runner_output(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[[7] for _ in req_ids],
@@ -339,7 +384,7 @@ class Engine:
         from vllm.v1.outputs import ModelRunnerOutput
 
         runs = [
-            ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=kv)
+            runner_output(req_ids=[], req_id_to_index={}, kv_connector_output=kv)
             for kv in self.workers.step(out, forward)
         ]
         self.sched.update(out, self.aggregator.aggregate(runs).kv_connector_output)

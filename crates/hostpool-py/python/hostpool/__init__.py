@@ -18,7 +18,9 @@ zeros from a placeholder (never memory reused by anything else), and its
 writes reach nobody. Prefer `hostpool.torch.as_tensor(pool)` or
 `torch.frombuffer(memoryview(pool))`.
 
-Logging goes to the ``hostpool`` logger of :mod:`logging`.
+Logging goes to the ``hostpool`` logger of :mod:`logging`; inside a serving
+engine, the adapter sends those records where the engine's own go (see
+:mod:`hostpool._adapter`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import logging
 from ._errors import (
     CapacityError,
     ConfigError,
+    EngineVersionError,
     Error,
     KeeperError,
     NotAvailableError,
@@ -44,6 +47,7 @@ logging.getLogger("hostpool").addHandler(logging.NullHandler())
 __all__ = [
     "CapacityError",
     "ConfigError",
+    "EngineVersionError",
     "Error",
     "KeeperError",
     "KvIndex",

@@ -16,6 +16,9 @@ durable copy, the index at the tail of a kept pool (``hostpool keep`` with
   store (or stats, or eviction) surveys the index once, in Rust, to learn
   the free chunks and the order of last use, and the blocks no lookup asked
   for are evicted first, oldest use first;
+* the order of last use is stamped in the index where vLLM's policy learns
+  it: ``on_request_finished`` (every release), ``touch`` (0.33, which still
+  has it) and ``prepare_load``;
 * the index carries a fingerprint of everything that decides what a chunk's
   bytes mean (:func:`identity`): another one starts cold and empties it,
   with one warning naming the field.
@@ -54,13 +57,12 @@ _NON_CRYPTO_HASHES = ("xxhash", "xxhash_cbor")
 
 def _hash_state(vllm_config: Any) -> tuple[str, str, str | None]:
     """vLLM's prefix-cache hash: (algorithm, seed identity, why not reproducible)."""
-    from vllm.v1.core import kv_cache_utils
+    from hostpool._engines import vllm as names
 
     algorithm = None
     if vllm_config is not None:
         algorithm = getattr(getattr(vllm_config, "cache_config", None), "prefix_caching_hash_algo", None)
-    none_hash = getattr(kv_cache_utils, "NONE_HASH", None)
-    resolved = getattr(kv_cache_utils, "_NONE_HASH_SEED", None)
+    none_hash, resolved = names.none_hash()
     if algorithm is None and none_hash is not None and resolved is not None:
         # The algorithm whose hash of the seed is vLLM's NONE_HASH.
         from vllm.utils.hashing import get_hash_fn_by_name
@@ -258,7 +260,25 @@ class _RestoringPolicy(CachePolicy):
         self.inner.remove(key)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        # vLLM 0.33's recency (0.34 has no touch: on_request_finished alone).
+        keys = list(keys)
         self.inner.touch(keys, req_context)
+        self.stamp(keys)
+
+    def stamp(self, keys: Iterable[OffloadKey]) -> None:
+        """Mark the ready chunks of ``keys`` as used now in the index, in that order:
+        a restarted engine evicts in the order of last use."""
+        manager = self._manager()
+        index = None if manager is None else manager.kept_index()
+        if index is None:
+            return
+        slots = []
+        for key in keys:
+            chunk = self.inner.get(key)
+            if chunk is not None and chunk.is_ready:
+                slots.append(chunk.chunk_id)
+        if slots:
+            index.touch_many(slots)
 
     def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
         self.inner.on_store_miss(keys, req_context)
@@ -274,6 +294,8 @@ class _RestoringPolicy(CachePolicy):
         req_context: ReqContext,
     ) -> None:
         self.inner.on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
+        # Recency in every release (0.34 has it from here alone).
+        self.stamp(key for keys in key_groups for key in keys)
 
     def mark_evictable(self, key: OffloadKey) -> None:
         self.inner.mark_evictable(key)
@@ -413,24 +435,8 @@ class HostPoolOffloadingManager(CPUOffloadingManager):
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Any:
         spec = super().prepare_load(keys, req_context)
-        self._stamp(keys)
+        self._restoring.stamp(keys)
         return spec
-
-    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        super().touch(keys, req_context)
-        self._stamp(keys)
-
-    def _stamp(self, keys: Iterable[OffloadKey]) -> None:
-        index = self.kept_index()
-        if index is None:
-            return
-        slots = []
-        for key in keys:
-            chunk = self._restoring.inner.get(key)
-            if chunk is not None and chunk.is_ready:
-                slots.append(chunk.chunk_id)
-        if slots:
-            index.touch_many(slots)
 
     def get_stats(self) -> Any:
         self.survey()

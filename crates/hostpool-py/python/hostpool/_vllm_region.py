@@ -9,7 +9,6 @@ of the package imports one that imports it.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import mmap
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 import hostpool
+from hostpool._adapter import Adapter
 from hostpool._tensor import as_tensor
 
 __all__ = [
@@ -29,6 +29,8 @@ __all__ = [
     "NoWorkerSlotError",
     "OffloadRegion",
     "RegionFullError",
+    "VllmAdapter",
+    "ADAPTER",
     "install_pin_guard",
     "pool_name",
 ]
@@ -502,6 +504,38 @@ class OffloadRegion(HostPoolRegion):
 _GPU_WORKER = "vllm.v1.kv_offload.cpu.gpu_worker"
 
 
+class VllmAdapter(Adapter):
+    """hostpool's hooks into vLLM: its worker's ``pin_mmap_region`` leaves hostpool's
+    regions alone (hostpool pins them), and hostpool's log records go to vLLM's
+    handlers. Installed where vLLM builds hostpool's spec, and by each region
+    (where vLLM's worker module is loaded); nothing at import."""
+
+    engine = "vllm"
+    log_target = "vllm"
+
+    def hooks(self) -> None:
+        gpu_worker = sys.modules.get(_GPU_WORKER)
+        if gpu_worker is not None and "pin_mmap_region" in vars(gpu_worker):
+            self.patch(gpu_worker, "pin_mmap_region", _pin_mmap_region)
+
+
+ADAPTER = VllmAdapter()
+"""The process's vLLM adapter."""
+
+
+def _pin_mmap_region(region: Any, *args: Any, **kwargs: Any) -> None:
+    """vLLM's ``pin_mmap_region``, except for a :class:`HostPoolRegion` (hostpool pins it)."""
+    if isinstance(region, HostPoolRegion):
+        _log.debug("vLLM's pin_mmap_region skipped: hostpool pins its own region")
+        return None
+    gpu_worker = sys.modules[_GPU_WORKER]
+    try:
+        original = ADAPTER.original(gpu_worker, "pin_mmap_region")
+    except AttributeError:  # uninstalled while vLLM held this function
+        original = gpu_worker.pin_mmap_region
+    return original(region, *args, **kwargs)
+
+
 def install_pin_guard() -> None:
     """Make vLLM's ``pin_mmap_region`` leave hostpool regions alone (hostpool pins them).
 
@@ -509,21 +543,8 @@ def install_pin_guard() -> None:
     vLLM pins memory; on a region hostpool already pinned (or is pinning in
     the background) a second ``cudaHostRegister`` of the same range fails.
     Other regions go to vLLM's function unchanged. Only where vLLM's worker
-    module is loaded already (this imports nothing of vLLM's); idempotent.
-    :mod:`hostpool.vllm` installs it on import, and every region on creation.
+    module is loaded already (this imports nothing of vLLM's); idempotent:
+    :data:`ADAPTER`'s install. hostpool's spec installs it when vLLM builds
+    it, and every region on creation; ``ADAPTER.uninstall()`` undoes it.
     """
-    gpu_worker = sys.modules.get(_GPU_WORKER)
-    original = getattr(gpu_worker, "pin_mmap_region", None)
-    if original is None or getattr(original, "_hostpool_guard", False):
-        return
-
-    @functools.wraps(original)
-    def pin_mmap_region(region: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(region, HostPoolRegion):
-            _log.debug("vLLM's pin_mmap_region skipped: hostpool pins its own region")
-            return None
-        return original(region, *args, **kwargs)
-
-    pin_mmap_region._hostpool_guard = True  # type: ignore[attr-defined]
-    pin_mmap_region._hostpool_original = original  # type: ignore[attr-defined]
-    gpu_worker.pin_mmap_region = pin_mmap_region  # type: ignore[union-attr]
+    ADAPTER.install()

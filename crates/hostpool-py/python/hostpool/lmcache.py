@@ -56,6 +56,7 @@ from typing import Any
 
 import hostpool
 import hostpool.mooncake
+from hostpool._adapter import Adapter
 
 __all__ = [
     "alloc",
@@ -65,6 +66,7 @@ __all__ = [
     "install",
     "uninstall",
     "installed",
+    "registration",
     "ENV_VAR",
 ]
 
@@ -119,6 +121,7 @@ def alloc(
     pool = hostpool.Pool(**kwargs)
     with _lock:
         _pools[pool.addr] = pool
+    ADAPTER.track(pool)
     return pool.addr
 
 
@@ -176,28 +179,76 @@ _NAMES = ("_allocate_cpu_memory", "_free_cpu_memory")
 # LMCache's Mooncake store connector: its CPU buffer's (un)registration.
 _CONNECTOR = "lmcache.v1.storage_backend.connector.mooncakestore_connector"
 _CONNECTOR_NAMES = ("_register_cpu_buffer", "_unregister_cpu_buffer")
-# Where a connector keeps the hostpool.mooncake.Registration of its buffer.
-_REGISTRATION = "_hostpool_registration"
 
 
-class _Installed:
-    """What :func:`install` replaced, to put back."""
+class LmcacheAdapter(Adapter):
+    """hostpool's hooks into LMCache (see :func:`install`). LMCache runs inside
+    vLLM (its ``vllm.general_plugins`` entry point): hostpool's records go to
+    vLLM's handlers where vLLM configured them."""
 
-    def __init__(self, config: dict[str, Any] | None, error: hostpool.Error | None) -> None:
-        self.config = config
-        self.error = error
-        self.originals: dict[str, Any] = {}
-        # MooncakestoreConnector's methods, once patched (see _patch_connector).
-        self.connector_originals: dict[str, Any] = {}
+    engine = "lmcache"
+    log_target = "vllm"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.connector_tried = False
+
+    def hooks(self) -> None:
+        import importlib
+
+        mm = importlib.import_module(_MM)
+        for name, ours in zip(_NAMES, (_allocate_cpu_memory, _free_cpu_memory)):
+            self.patch(mm, name, ours)
+            theirs = self.original(mm, name)
+            for module in _copies():
+                if vars(module).get(name) is theirs:
+                    self.patch(module, name, ours)
+        if _CONNECTOR in sys.modules:
+            self.patch_connector()
+
+    def patch_connector(self, load: bool = False) -> None:
+        """Patch ``MooncakestoreConnector``'s CPU buffer (un)registration; with
+        ``load``, import its module first (nothing where it does not import)."""
+        module = sys.modules.get(_CONNECTOR)
+        if module is None and load:
+            import importlib
+
+            try:
+                module = importlib.import_module(_CONNECTOR)
+            except Exception as e:  # optional: LMCache without it, or its imports failing
+                _log.debug("%s does not import (%s): LMCache's Mooncake registration is left as is", _CONNECTOR, e)
+        cls = getattr(module, "MooncakestoreConnector", None)
+        if cls is None:
+            return
+        if not all(name in vars(cls) for name in _CONNECTOR_NAMES):
+            _log.debug("LMCache's MooncakestoreConnector lacks %s: its registration is left as is", _CONNECTOR_NAMES)
+            return
+        for name in _CONNECTOR_NAMES:
+            self.patch(cls, name, _CONNECTOR_METHODS[name])
+
+    def uninstall(self) -> None:
+        super().uninstall()
         self.connector_tried = False
 
 
-_installed: _Installed | None = None
+ADAPTER = LmcacheAdapter()
+"""The process's LMCache adapter."""
 
 
 def installed() -> bool:
     """Whether :func:`install` is in effect."""
-    return _installed is not None
+    return ADAPTER.installed
+
+
+def registration(connector: Any) -> Any:
+    """The live :class:`hostpool.mooncake.Registration` of a ``MooncakestoreConnector``'s
+    CPU buffer made by :func:`install`'s hook (with the connector's store), or ``None``."""
+    store = getattr(connector, "store", None)
+    for regs in ADAPTER.registrations().values():
+        for reg in regs:
+            if reg.engine is store:
+                return reg
+    return None
 
 
 def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> None:
@@ -236,56 +287,7 @@ def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) ->
 
 
 def _install(config: dict[str, Any] | None, error: hostpool.Error | None) -> None:
-    global _installed
-    import importlib
-
-    mm = importlib.import_module(_MM)
-    with _lock:
-        if _installed is None:
-            state = _Installed(config, error)
-            state.originals = {name: getattr(mm, name) for name in _NAMES}
-        else:
-            state = _installed
-            state.config, state.error = config, error
-        for name, ours in zip(_NAMES, (_allocate_cpu_memory, _free_cpu_memory)):
-            setattr(mm, name, ours)
-            for module in _copies():
-                if getattr(module, name, None) is state.originals[name]:
-                    setattr(module, name, ours)
-        _installed = state
-    if _CONNECTOR in sys.modules:
-        _patch_connector(state)
-
-
-def _patch_connector(state: _Installed, load: bool = False) -> None:
-    """Patch ``MooncakestoreConnector``'s CPU buffer (un)registration, once;
-    with ``load``, import its module first (nothing where it does not)."""
-    if state.connector_originals or state is not _installed:
-        return
-    module = sys.modules.get(_CONNECTOR)
-    if module is None and load:
-        import importlib
-
-        try:
-            module = importlib.import_module(_CONNECTOR)
-        except Exception as e:  # optional: LMCache without it, or its imports failing
-            _log.debug("%s does not import (%s): LMCache's Mooncake registration is left as is", _CONNECTOR, e)
-    cls = getattr(module, "MooncakestoreConnector", None)
-    if cls is None:
-        return
-    with _connector_lock:
-        if state.connector_originals or state is not _installed:
-            return
-        originals = {}
-        for name in _CONNECTOR_NAMES:
-            current = cls.__dict__.get(name)
-            if current is None:
-                _log.debug("LMCache's MooncakestoreConnector has no %s: its registration is left as is", name)
-                return
-            originals[name] = current
-        for name in _CONNECTOR_NAMES:
-            setattr(cls, name, _CONNECTOR_METHODS[name])
-        state.connector_originals = originals
+    ADAPTER.install(config, error)
 
 
 def _copies() -> list[Any]:
@@ -293,24 +295,9 @@ def _copies() -> list[Any]:
 
 
 def uninstall() -> None:
-    """Restore LMCache's own functions (buffers already made stay until freed)."""
-    global _installed
-    with _lock:
-        state, _installed = _installed, None
-        if state is None:
-            return
-        mm = sys.modules.get(_MM)
-        for name, ours in zip(_NAMES, (_allocate_cpu_memory, _free_cpu_memory)):
-            if mm is not None and getattr(mm, name, None) is ours:
-                setattr(mm, name, state.originals[name])
-            for module in _copies():
-                if getattr(module, name, None) is ours:
-                    setattr(module, name, state.originals[name])
-    cls = getattr(sys.modules.get(_CONNECTOR), "MooncakestoreConnector", None)
-    with _connector_lock:
-        for name, original in state.connector_originals.items():
-            if cls is not None and cls.__dict__.get(name) is _CONNECTOR_METHODS[name]:
-                setattr(cls, name, original)
+    """Restore LMCache's own functions and methods, exactly (buffers already made
+    stay until freed)."""
+    ADAPTER.uninstall()
 
 
 def _torch_dev() -> Any:
@@ -346,23 +333,21 @@ def _allocate_cpu_memory(
     """LMCache's ``_allocate_cpu_memory``, as a hostpool pool (see :func:`install`)."""
     import torch
 
-    state = _installed
-    if state is None:  # uninstalled while a caller held this function
+    if not ADAPTER.installed:  # uninstalled while a caller held this function
         mm = sys.modules[_MM]
         return mm._allocate_cpu_memory(size, numa_mapping, shm_name, use_hugepages)
-    if state.error is not None:
-        raise state.error
-    if not state.connector_tried:
+    ADAPTER.current()
+    if not ADAPTER.connector_tried:
         # LMCache's storage is being built: its Mooncake connector, if it
         # ever registers this buffer, must find the patch.
-        state.connector_tried = True
-        _patch_connector(state, load=True)
+        ADAPTER.connector_tried = True
+        ADAPTER.patch_connector(load=True)
     if size == 0:
         return torch.empty(0, dtype=torch.uint8)
     if shm_name and use_hugepages:
         # As LMCache: its shm buffers are never huge pages.
         raise ValueError("Hugepages are not supported with shared memory (shm)")
-    config = dict(state.config or {})
+    config = dict(ADAPTER.config or {})
     config["size"] = int(size)
     config.setdefault("pin", {"kind": "cuda"})
     node = _numa_node(numa_mapping)
@@ -389,6 +374,7 @@ def _allocate_cpu_memory(
     pool = hostpool.Pool.from_config(_engine_config.with_gpu_device(config))
     with _lock:
         _pools[pool.addr] = pool
+    ADAPTER.track(pool)
     _log.debug("LMCache buffer of %d bytes in a hostpool pool at %#x", size, pool.addr)
     buf = (ctypes.c_uint8 * int(size)).from_address(pool.addr)
     return torch.frombuffer(buf, dtype=torch.uint8)
@@ -402,14 +388,17 @@ def _free_cpu_memory(
     use_hugepages: bool = False,
 ) -> None:
     """LMCache's ``_free_cpu_memory``: closes the buffer's pool (LMCache's own for others)."""
-    state = _installed
     addr = buffer.data_ptr()
     with _lock:
         ours = addr in _pools
     if not ours:
         if buffer.numel() == 0:
             return
-        original = state.originals["_free_cpu_memory"] if state else sys.modules[_MM]._free_cpu_memory
+        mm = sys.modules[_MM]
+        try:
+            original = ADAPTER.original(mm, "_free_cpu_memory")
+        except AttributeError:  # uninstalled while a caller held this function
+            original = mm._free_cpu_memory
         return original(buffer, size, numa_mapping, shm_name, use_hugepages)
     torch_dev = _torch_dev()
     if torch_dev is not None and torch_dev.is_available():
@@ -418,22 +407,12 @@ def _free_cpu_memory(
         _log.warning("LMCache buffer teardown: %s: %s", issue.get("step"), issue.get("detail"))
 
 
-def _pool_of(ptr: int, nbytes: int) -> hostpool.Pool | None:
-    """The live pool of :func:`alloc` or :func:`install` holding ``[ptr, ptr + nbytes)``."""
-    with _lock:
-        pools = list(_pools.values())
-    for pool in pools:
-        if not pool.closed and pool.addr <= ptr and ptr + nbytes <= pool.addr + pool.mapped_bytes:
-            return pool
-    return None
-
-
 def _connector_original(name: str) -> Any:
-    state = _installed
-    original = state.connector_originals.get(name) if state is not None else None
-    if original is None:  # uninstalled while LMCache held this method
-        original = getattr(sys.modules[_CONNECTOR].MooncakestoreConnector, name)
-    return original
+    cls = sys.modules[_CONNECTOR].MooncakestoreConnector
+    try:
+        return ADAPTER.original(cls, name)
+    except AttributeError:  # uninstalled while LMCache held this method
+        return getattr(cls, name)
 
 
 def _register_cpu_buffer(self: Any) -> None:
@@ -444,22 +423,20 @@ def _register_cpu_buffer(self: Any) -> None:
     buffer = getattr(getattr(allocator, "pin_allocator", None), "buffer", None)
     pool = None
     if buffer is not None and getattr(self, "store", None) is not None and buffer.numel() > 0:
-        pool = _pool_of(buffer.data_ptr(), buffer.numel() * buffer.element_size())
+        pool = ADAPTER.pool_of(buffer.data_ptr(), buffer.numel() * buffer.element_size())
     if pool is None:
         return _connector_original("_register_cpu_buffer")(self)
-    reg = self.__dict__.get(_REGISTRATION)
-    if reg is not None and reg.registered and reg.pool is pool and reg.engine is self.store:
-        _log.debug("LMCache's CPU buffer at %#x is already registered with this Mooncake store", pool.addr)
-        return
     try:
-        reg = hostpool.mooncake.register(pool, self.store)
+        reg, new = ADAPTER.register(pool, self.store)
     except Exception as e:  # as LMCache: logged, and the buffer is not registered
         # As text: a log record holding the error (its frames) would hold the pool.
         _log.error("LMCache's CPU buffer registration with Mooncake failed: %s", str(e))
         self.registered_buffer_ptr = None
         return
-    setattr(self, _REGISTRATION, reg)
     self.registered_buffer_ptr = buffer.data_ptr()
+    if not new:
+        _log.debug("LMCache's CPU buffer at %#x is already registered with this Mooncake store", pool.addr)
+        return
     _log.info(
         "LMCache's CPU buffer at %#x registered with Mooncake's store by hostpool: %d region(s) of its pool "
         "(%d bytes)",
@@ -472,24 +449,23 @@ def _register_cpu_buffer(self: Any) -> None:
 def _unregister_cpu_buffer(self: Any) -> None:
     """LMCache's ``MooncakestoreConnector._unregister_cpu_buffer``: ends the
     connector's hostpool registration (LMCache's own method for others)."""
-    reg = self.__dict__.get(_REGISTRATION)
-    if reg is None:
+    regs = ADAPTER.end_registrations(target=getattr(self, "store", None))
+    if not regs:
         return _connector_original("_unregister_cpu_buffer")(self)
-    setattr(self, _REGISTRATION, None)
     self.registered_buffer_ptr = None
-    try:
-        reg.unregister()  # a no-op when the pool's close() did it already
-    except hostpool.Error as e:  # as LMCache: logged
-        _log.warning("LMCache's CPU buffer unregistration from Mooncake failed: %s", str(e))
-    else:
-        _log.info("LMCache's CPU buffer at %#x unregistered from Mooncake's store", reg.pool.addr)
+    for reg in regs:
+        try:
+            reg.unregister()  # a no-op when the pool's close() did it already
+        except hostpool.Error as e:  # as LMCache: logged
+            _log.warning("LMCache's CPU buffer unregistration from Mooncake failed: %s", str(e))
+        else:
+            _log.info("LMCache's CPU buffer at %#x unregistered from Mooncake's store", reg.pool.addr)
 
 
 _CONNECTOR_METHODS: dict[str, Any] = {
     "_register_cpu_buffer": _register_cpu_buffer,
     "_unregister_cpu_buffer": _unregister_cpu_buffer,
 }
-_connector_lock = threading.Lock()
 
 
 def _vllm_general_plugin() -> None:

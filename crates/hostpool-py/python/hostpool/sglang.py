@@ -46,6 +46,7 @@ import torch
 
 import hostpool
 import hostpool.mooncake
+from hostpool._adapter import Adapter
 from hostpool.torch import as_tensor
 
 __all__ = [
@@ -187,19 +188,39 @@ _MOONCAKE = "sglang.srt.mem_cache.storage.mooncake_store.mooncake_store"
 # HostKVCache.destroy() does not unregister it (its HIP path does the same).
 _REGISTERED_RANGES = "_sglang_cuda_host_registered_ranges"
 
-_state_lock = threading.Lock()
-_state: dict[str, Any] | None = None
-_pools: weakref.WeakValueDictionary[int, hostpool.Pool] = weakref.WeakValueDictionary()
-# Pool address -> {id(store): Registration} for the pools registered with a
-# Mooncake store (a Registration holds its store: the id stays its own).
-_registrations: dict[int, dict[int, Any]] = {}
-# Reentrant: the collector may end a buffer (_buffer_gone) in a thread that holds it.
-_registrations_lock = threading.RLock()
+
+
+class SglangAdapter(Adapter):
+    """hostpool's hooks into SGLang (see :func:`install`)."""
+
+    engine = "sglang"
+    log_target = "sglang"
+
+    def hooks(self) -> None:
+        import importlib
+
+        common = importlib.import_module(_COMMON)
+        base = importlib.import_module(_BASE)
+        mooncake = _mooncake_module()
+        self.patch(common, "alloc_with_host_register", _alloc_with_host_register)
+        theirs = self.original(common, "alloc_with_host_register")
+        # ALLOC_MEMORY_FUNCS is a defaultdict that caches the function per
+        # device type on first lookup: replace the cached copies too.
+        for key, func in list(common.ALLOC_MEMORY_FUNCS.items()):
+            if func is theirs:
+                self.patch_item(common.ALLOC_MEMORY_FUNCS, key, _alloc_with_host_register)
+        self.patch(base, "available_host_memory_bytes", _available_host_memory_bytes)
+        if mooncake is not None:
+            self.patch(mooncake.MooncakeBaseStore, "register_buffer", _register_buffer)
+
+
+ADAPTER = SglangAdapter()
+"""The process's SGLang adapter."""
 
 
 def installed() -> bool:
     """Whether :func:`install` is in effect."""
-    return _state is not None
+    return ADAPTER.installed
 
 
 def pools() -> dict[int, hostpool.Pool]:
@@ -208,16 +229,14 @@ def pools() -> dict[int, hostpool.Pool]:
     A pool lives as long as SGLang's buffer (the tensor holds it); dropping
     the buffer (``HostKVCache.destroy()``) unpins and frees it.
     """
-    return dict(_pools.items())
+    return ADAPTER.pools()
 
 
 def mooncake_registrations() -> dict[int, list[Any]]:
     """The :class:`hostpool.mooncake.Registration`\\ s of the live pools, by
     pool address: one per Mooncake store SGLang registered the pool's buffer
     with (see :func:`install`)."""
-    with _registrations_lock:
-        current = _registrations.copy()
-    return {addr: list(regs.values()) for addr, regs in current.items()}
+    return ADAPTER.registrations()
 
 
 def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> None:
@@ -253,58 +272,12 @@ def install(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) ->
 
 
 def _install(config: dict[str, Any] | None, error: hostpool.Error | None) -> None:
-    global _state
-    import importlib
-
-    common = importlib.import_module(_COMMON)
-    base = importlib.import_module(_BASE)
-    mooncake = _mooncake_module()
-    with _state_lock:
-        if _state is None:
-            state = {
-                "alloc": common.alloc_with_host_register,
-                "available": base.available_host_memory_bytes,
-            }
-        else:
-            state = dict(_state)
-        state["config"], state["error"] = config, error
-        if mooncake is not None:
-            cls = mooncake.MooncakeBaseStore
-            if cls.__dict__.get("register_buffer") is not _register_buffer:
-                state["register_buffer"] = cls.register_buffer
-            cls.register_buffer = _register_buffer
-        common.alloc_with_host_register = _alloc_with_host_register
-        # ALLOC_MEMORY_FUNCS is a defaultdict that caches the function per
-        # device type on first lookup: replace the cached copies too.
-        for key, func in list(common.ALLOC_MEMORY_FUNCS.items()):
-            if func is state["alloc"]:
-                common.ALLOC_MEMORY_FUNCS[key] = _alloc_with_host_register
-        base.available_host_memory_bytes = _available_host_memory_bytes
-        _state = state
+    ADAPTER.install(config, error)
 
 
 def uninstall() -> None:
-    """Restore SGLang's functions (buffers already made stay until SGLang drops them)."""
-    global _state
-    import sys
-
-    with _state_lock:
-        state, _state = _state, None
-        if state is None:
-            return
-        common, base = sys.modules.get(_COMMON), sys.modules.get(_BASE)
-        if common is not None:
-            if common.alloc_with_host_register is _alloc_with_host_register:
-                common.alloc_with_host_register = state["alloc"]
-            for key, func in list(common.ALLOC_MEMORY_FUNCS.items()):
-                if func is _alloc_with_host_register:
-                    common.ALLOC_MEMORY_FUNCS[key] = state["alloc"]
-        if base is not None and base.available_host_memory_bytes is _available_host_memory_bytes:
-            base.available_host_memory_bytes = state["available"]
-        mooncake = sys.modules.get(_MOONCAKE)
-        cls = getattr(mooncake, "MooncakeBaseStore", None)
-        if cls is not None and cls.__dict__.get("register_buffer") is _register_buffer:
-            cls.register_buffer = state["register_buffer"]
+    """Restore SGLang's functions, exactly (buffers already made stay until SGLang drops them)."""
+    ADAPTER.uninstall()
 
 
 def _mooncake_module() -> Any:
@@ -318,15 +291,6 @@ def _mooncake_module() -> Any:
         return None
 
 
-def _current() -> dict[str, Any]:
-    state = _state
-    if state is None:
-        raise RuntimeError("hostpool.sglang is not installed")
-    if state["error"] is not None:
-        raise state["error"]
-    return state
-
-
 def _alloc_with_host_register(
     dims: tuple[int, ...],
     dtype: torch.dtype,
@@ -336,21 +300,20 @@ def _alloc_with_host_register(
     registration_granularity_bytes: int | None = None,
 ) -> torch.Tensor:
     """SGLang's ``alloc_with_host_register``, as a hostpool pool (see :func:`install`)."""
-    state = _state
-    if state is None:  # uninstalled while SGLang held this function
+    if not ADAPTER.installed:  # uninstalled while SGLang held this function
         import sys
 
         return sys.modules[_COMMON].alloc_with_host_register(
             dims, dtype, device, pin_memory, allocator, registration_granularity_bytes
         )
-    state = _current()
+    ADAPTER.current()
     if torch.device(device).type != "cpu":
         raise ValueError(f"SGLang's host KV buffer is host memory; got device={device!r}")
     dims = tuple(int(d) for d in dims)
     nbytes = math.prod(dims) * dtype.itemsize
     if nbytes <= 0:
         return torch.empty(dims, dtype=dtype)
-    config = dict(state["config"] or {})
+    config = dict(ADAPTER.config or {})
     config["size"] = nbytes
     if registration_granularity_bytes and "block_size" not in config:
         config["block_size"] = int(registration_granularity_bytes)
@@ -388,7 +351,7 @@ def _alloc_with_host_register(
     weakref.finalize(view, _buffer_gone, pool.addr).atexit = False
     # hostpool pinned it: SGLang's destroy() must not unregister it.
     setattr(tensor, _REGISTERED_RANGES, [])
-    _pools[pool.addr] = pool
+    ADAPTER.track(pool)
     _log.info(
         "SGLang host KV buffer %s %s (%d bytes) in a hostpool pool: %s, %d-byte pages, pinned: %s",
         dims,
@@ -404,9 +367,7 @@ def _alloc_with_host_register(
 def _buffer_gone(addr: int) -> None:
     """SGLang dropped the buffer of the pool at ``addr``: end its Mooncake
     registrations, which frees the pool (they held it) and its memory."""
-    with _registrations_lock:
-        regs = _registrations.pop(addr, {})
-    for reg in regs.values():
+    for reg in ADAPTER.end_registrations(addr=addr):
         try:
             reg.unregister()
         except hostpool.Error as e:  # the memory goes all the same
@@ -414,27 +375,20 @@ def _buffer_gone(addr: int) -> None:
             _log.warning("SGLang host KV buffer at %#x: %s", addr, str(e))
 
 
-def _pool_of(ptr: int, nbytes: int) -> hostpool.Pool | None:
-    """The live pool made by :func:`install` that holds ``[ptr, ptr + nbytes)``."""
-    for pool in list(_pools.values()):
-        if not pool.closed and pool.addr <= ptr and ptr + nbytes <= pool.addr + pool.mapped_bytes:
-            return pool
-    return None
-
-
 def _register_buffer(self: Any, tensor: torch.Tensor) -> None:
     """SGLang's ``MooncakeBaseStore.register_buffer``: a buffer inside a
     hostpool pool registers the pool with ``self.store``, once (see
     :func:`install`); any other tensor is SGLang's own method's."""
-    state = _state
-    original = (state or {}).get("register_buffer")
-    if original is None:  # uninstalled while SGLang held this function
-        import sys
+    import sys
 
-        original = sys.modules[_MOONCAKE].MooncakeBaseStore.register_buffer
+    cls = sys.modules[_MOONCAKE].MooncakeBaseStore
+    try:
+        original = ADAPTER.original(cls, "register_buffer")
+    except AttributeError:  # uninstalled while SGLang held this function
+        original = cls.register_buffer
     store = self.store
     nbytes = tensor.numel() * tensor.element_size()
-    pool = _pool_of(tensor.data_ptr(), nbytes) if store is not None and nbytes else None
+    pool = ADAPTER.pool_of(tensor.data_ptr(), nbytes) if store is not None and nbytes else None
     if pool is None:
         return original(self, tensor)
     if getattr(getattr(self, "config", None), "standalone_storage", False):
@@ -446,24 +400,21 @@ def _register_buffer(self: Any, tensor: torch.Tensor) -> None:
             f"is a hostpool pool ({ENV_VAR}); set standalone_storage = false in the Mooncake config, or leave "
             f"SGLang's host KV buffers to SGLang (unset {ENV_VAR})"
         )
-    with _registrations_lock:
-        reg = _registrations.get(pool.addr, {}).get(id(store))
-        if reg is not None and reg.registered:
-            _log.debug(
-                "SGLang tensor at %#x (%d bytes) lies in the hostpool pool at %#x, already registered "
-                "with this Mooncake store: nothing to do",
-                tensor.data_ptr(),
-                nbytes,
-                pool.addr,
-            )
-            return
-        try:
-            reg = hostpool.mooncake.register(pool, store)
-        except hostpool.Error as e:
-            # As text: a log record holding the error (its frames) would hold the pool.
-            _log.error("Failed to register SGLang's host KV buffer with Mooncake: %s", str(e))
-            raise
-        _registrations.setdefault(pool.addr, {})[id(store)] = reg
+    try:
+        reg, new = ADAPTER.register(pool, store)
+    except hostpool.Error as e:
+        # As text: a log record holding the error (its frames) would hold the pool.
+        _log.error("Failed to register SGLang's host KV buffer with Mooncake: %s", str(e))
+        raise
+    if not new:
+        _log.debug(
+            "SGLang tensor at %#x (%d bytes) lies in the hostpool pool at %#x, already registered "
+            "with this Mooncake store: nothing to do",
+            tensor.data_ptr(),
+            nbytes,
+            pool.addr,
+        )
+        return
     _log.info(
         "SGLang host KV buffer at %#x registered with Mooncake's store by hostpool: %d region(s) of its pool "
         "(%d bytes)",
@@ -479,15 +430,17 @@ def _available_host_memory_bytes(*args: Any, **kwargs: Any) -> int:
     SGLang subtracts a 10 GiB reserve of system RAM from this; huge pages are
     not system RAM, so for a huge page backing it is added back.
     """
-    state = _current()
-    config = dict(state["config"] or {})
+    ADAPTER.current()
+    config = dict(ADAPTER.config or {})
     config["size"] = 4096
     config.pop("block_size", None)
     config.pop("sharing", None)
     plan = hostpool.plan(config)
     frees = [c["free"] for c in plan.get("capacity", []) if c.get("free") is not None]
     if not frees:
-        return state["available"](*args, **kwargs)
+        import sys
+
+        return ADAPTER.original(sys.modules[_BASE], "available_host_memory_bytes")(*args, **kwargs)
     free = min(frees)
     if plan.get("backing") == "hugetlbfs":
         import sys

@@ -36,7 +36,14 @@ manager and worker) whose workers lay their region over a hostpool pool
   (:meth:`HostPoolOffloadingSpec.kept_pool_bytes`). Without a keeper, or
   with ``content = "zero"``, the spec behaves as vLLM's.
 
-Importing this module imports vLLM and torch.
+Importing this module imports vLLM and torch, and patches nothing: vLLM's
+worker is guarded against pinning hostpool's region a second time, and
+hostpool's log records go to vLLM's handlers, from when vLLM builds the spec
+(:data:`hostpool._vllm_region.ADAPTER`). vLLM's names that are not public are
+reached only through :mod:`hostpool._engines.vllm`, which checks them all
+when vLLM builds the spec: a vLLM without one raises
+:class:`hostpool.EngineVersionError` there, naming them, the version found
+and the versions hostpool was tested with.
 """
 
 from __future__ import annotations
@@ -47,12 +54,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import hostpool
-from hostpool._vllm_region import HostPoolRegion, install_pin_guard, pool_name
+from hostpool._engines import vllm as _names
+from hostpool._vllm_region import ADAPTER, HostPoolRegion, pool_name
 
-from vllm.v1.kv_offload.cpu import gpu_worker as _gpu_worker
-from vllm.v1.kv_offload.cpu import spec as _cpu_spec
-from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-from vllm.v1.kv_offload.base import OffloadingManager
+from vllm.v1.kv_offload.base import OffloadingManager, OffloadingSpec
+
+try:
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec as _Base
+except ImportError:  # checked where the spec is built: EngineVersionError names it
+    _Base = OffloadingSpec  # type: ignore[misc,assignment]
 
 __all__ = ["HostPoolOffloadingSpec", "HostPoolRegion", "EXTRA_CONFIG_KEY", "pool_config_from"]
 
@@ -118,7 +128,7 @@ def pool_config_from(extra_config: Mapping[str, Any], size: int | None = None) -
     return config
 
 
-class HostPoolOffloadingSpec(CPUOffloadingSpec):
+class HostPoolOffloadingSpec(_Base):  # type: ignore[misc,valid-type]
     """vLLM's ``CPUOffloadingSpec`` with its region in a hostpool pool.
 
     Sizing (``cpu_bytes_to_use``), the manager and the worker are vLLM's; only
@@ -127,9 +137,16 @@ class HostPoolOffloadingSpec(CPUOffloadingSpec):
     workers (rank ``config.parallel.rank``) when there is more than one.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> HostPoolOffloadingSpec:
+        """Checks first that this vLLM has every name the adapter needs
+        (:class:`hostpool.EngineVersionError` otherwise, naming them)."""
+        _names.check()
+        return super().__new__(cls)
+
     def __init__(self, config: Any) -> None:
         """vLLM's spec, plus the ``hostpool`` table checked at once."""
         super().__init__(config)
+        ADAPTER.install()
         self.pool_config: dict[str, Any] = pool_config_from(
             self.extra_config, self.num_chunks * self.kv_bytes_per_chunk
         )
@@ -248,8 +265,8 @@ class HostPoolOffloadingSpec(CPUOffloadingSpec):
             rank=0 if self.replicated_layout else worker_index,
             kv_bytes_per_chunk=self.kv_bytes_per_chunk,
             cpu_page_size=self.cpu_page_size_per_worker,
-            barrier=_cpu_spec._all_workers_barrier,
-            num_segments=_cpu_spec._REGION_SEGMENTS,
+            # hostpool's rendezvous is the workers' barrier: vLLM's is not needed.
+            num_segments=_names.region_segments(),
             populate_shard=(worker_index, world_size) if self.replicated_layout else None,
             pool_config=self.region_pool_config(),
         )
@@ -262,7 +279,9 @@ class HostPoolOffloadingSpec(CPUOffloadingSpec):
             region.is_pinned,
         )
         try:
-            return _gpu_worker.CPUOffloadingWorker(
+            from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker
+
+            return CPUOffloadingWorker(
                 kv_caches=kv_caches,
                 blocks_per_chunk=self.blocks_per_chunk,
                 num_cpu_chunks=self.num_chunks,
@@ -296,6 +315,3 @@ def _engine_vllm_config() -> Any:
         frame = frame.f_back
     return None
 
-
-# vLLM's worker module is imported above: guard its pin_mmap_region now.
-install_pin_guard()

@@ -1,0 +1,198 @@
+"""vLLM's names that hostpool's vLLM adapter reaches, and the check that they are there.
+
+vLLM's public door for a CPU tier is its offloading spec
+(``kv_connector_extra_config.spec_module_path``): hostpool's spec subclasses
+vLLM's own ``CPUOffloadingSpec``, lays its worker's region over a hostpool
+pool, and (for a kept tier) subclasses its ``CPUOffloadingManager`` and wraps
+its cache policy. Those classes, and some of their private members, change
+from release to release: 0.34 moved ``_REGION_SEGMENTS`` into
+``shared_offload_region.REGION_SEGMENTS`` and removed
+``OffloadingManager.touch`` and ``CachePolicy.touch`` (recency comes from
+``on_request_finished``). Every such name is written here, once, with where
+each release keeps it; :func:`check` runs where vLLM builds hostpool's spec
+and raises one :class:`hostpool.EngineVersionError` naming the version found
+and every name missing, never an ``AttributeError`` in a worker later.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from typing import Any
+
+from hostpool import _engines
+
+__all__ = [
+    "ENGINE",
+    "REQUIRED",
+    "check",
+    "missing",
+    "module",
+    "region_segments",
+    "has_touch",
+    "none_hash",
+    "version",
+]
+
+ENGINE = "vllm"
+
+_SPEC = "vllm.v1.kv_offload.cpu.spec"
+_REGION = "vllm.v1.kv_offload.cpu.shared_offload_region"
+_WORKER = "vllm.v1.kv_offload.cpu.gpu_worker"
+_MANAGER = "vllm.v1.kv_offload.cpu.manager"
+_POLICIES = "vllm.v1.kv_offload.cpu.policies.base"
+_BASE = "vllm.v1.kv_offload.base"
+_UTILS = "vllm.v1.core.kv_cache_utils"
+
+# Members of an instance that its class's __init__ (or a base's) assigns.
+_SPEC_ATTRS = (
+    "num_chunks",
+    "kv_bytes_per_chunk",
+    "cpu_page_size_per_worker",
+    "replicated_layout",
+    "blocks_per_chunk",
+    "extra_config",
+    "eviction_policy",
+    "cache_policy_module_path",
+    "kv_events_config",
+    "cpu_info",
+    "config",
+    "_manager",
+)
+_MANAGER_ATTRS = ("_policy", "_num_evictable_cache_chunks", "_num_allocated_chunks", "_num_chunks", "_free_list")
+
+REQUIRED: tuple[str, ...] = (
+    f"{_SPEC}.CPUOffloadingSpec",
+    *(f"{_SPEC}.CPUOffloadingSpec.{a}" for a in _SPEC_ATTRS),
+    f"{_SPEC}.CPUOffloadingSpec._uses_shared_region",
+    f"{_SPEC}.CPUOffloadingSpec.create_worker",
+    f"{_SPEC}.CPUOffloadingSpec.get_manager",
+    f"{_WORKER}.CPUOffloadingWorker",
+    f"{_WORKER}.pin_mmap_region",
+    f"{_MANAGER}.CPUOffloadingManager",
+    *(
+        f"{_MANAGER}.CPUOffloadingManager.{m}"
+        for m in (
+            "_allocate_chunks",
+            "_free_chunk",
+            "_get_num_free_chunks",
+            "complete_store",
+            "prepare_load",
+            "get_stats",
+            "reset_cache",
+            "on_request_finished",
+        )
+    ),
+    *(f"{_MANAGER}.CPUOffloadingManager.{a}" for a in _MANAGER_ATTRS),
+    f"{_POLICIES}.CachePolicy",
+    f"{_POLICIES}.CachePolicy.on_request_finished",
+    f"{_POLICIES}.ChunkStatus",
+    f"{_BASE}.OffloadKey",
+    f"{_BASE}.ReqContext",
+    f"{_BASE}.OffloadingManager",
+    f"{_BASE}.OffloadingSpec",
+)
+"""Every name the adapter needs, whatever the release."""
+
+_SEGMENTS = (f"{_REGION}.REGION_SEGMENTS", f"{_SPEC}._REGION_SEGMENTS")
+"""Where a release keeps the count of a region's segments (0.34, 0.33): one of them."""
+
+
+def version() -> str | None:
+    """The installed vLLM's version."""
+    try:
+        import vllm
+
+        return str(vllm.__version__)
+    except Exception:  # noqa: BLE001 - a broken install: the metadata's
+        return _engines.installed(ENGINE)
+
+
+def module(name: str) -> types.ModuleType:
+    return importlib.import_module(name)
+
+
+def _resolve(dotted: str) -> Any:
+    """The object at ``dotted`` (a module, then attributes); ``LookupError`` if none."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        rest = parts[cut:]
+        for i, part in enumerate(rest):
+            if hasattr(obj, part):
+                obj = getattr(obj, part)
+            elif i == len(rest) - 1 and isinstance(obj, type) and _assigned(obj, part):
+                return _INSTANCE
+            else:
+                raise LookupError(dotted)
+        return obj
+    raise LookupError(dotted)
+
+
+_INSTANCE = object()
+
+
+def _assigned(cls: type, name: str) -> bool:
+    """Whether ``__init__`` of ``cls`` or of a base assigns ``self.<name>``."""
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        code = getattr(init, "__code__", None)
+        if code is not None and name in code.co_names:
+            return True
+    return False
+
+
+def missing() -> list[str]:
+    """The names of :data:`REQUIRED` the installed vLLM lacks, and the segment count
+    when no release's place of it is there."""
+    out = []
+    for dotted in REQUIRED:
+        try:
+            _resolve(dotted)
+        except LookupError:
+            out.append(dotted)
+    if not any(_present(d) for d in _SEGMENTS):
+        out.append(" or ".join(_SEGMENTS))
+    return out
+
+
+def _present(dotted: str) -> bool:
+    try:
+        _resolve(dotted)
+    except LookupError:
+        return False
+    return True
+
+
+def check() -> None:
+    """Raise :class:`hostpool.EngineVersionError` when the installed vLLM lacks any name
+    the adapter needs, naming all of them."""
+    _engines.require(ENGINE, version(), missing())
+
+
+def region_segments() -> int:
+    """How many files vLLM splits its region into (hostpool keeps its slot order)."""
+    for dotted in _SEGMENTS:
+        try:
+            return int(_resolve(dotted))
+        except LookupError:
+            continue
+    _engines.require(ENGINE, version(), [" or ".join(_SEGMENTS)])
+    raise AssertionError("unreachable")
+
+
+def has_touch() -> bool:
+    """Whether this vLLM's manager and policies still have ``touch`` (0.33; recency
+    also comes through ``on_request_finished`` in every release)."""
+    return _present(f"{_MANAGER}.CPUOffloadingManager.touch") and _present(f"{_POLICIES}.CachePolicy.touch")
+
+
+def none_hash() -> tuple[Any, Any]:
+    """vLLM's ``NONE_HASH`` and the seed it was made from (``_NONE_HASH_SEED``), each
+    ``None`` where this release lacks it: optional, the kept tier's fingerprint then
+    takes the hash algorithm from the engine's config alone."""
+    utils = importlib.import_module(_UTILS)
+    return getattr(utils, "NONE_HASH", None), getattr(utils, "_NONE_HASH_SEED", None)
