@@ -20,6 +20,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from engine_support import fake_cuda_dir, nothing_left_behind  # noqa: E402,F401  (fixtures)
 
 
+def pytest_configure(config) -> None:
+    # `cargo xtask test` runs the engine's older pinned environments with
+    # -m "not newest_only": a slow fault test may run on the newest release alone.
+    config.addinivalue_line("markers", "newest_only: runs in the engine's newest pinned environment alone")
+
+
 @pytest.fixture
 def engine_id(request) -> str:
     """An engine id no other test or process uses."""

@@ -23,7 +23,7 @@ free_hugepages = _conftest.free_hugepages
 run_python = _conftest.run_python
 shm_files = _conftest.shm_files
 
-__all__ = ["installed_versions_are_the_readmes", "fake_cuda_dir", "nothing_left_behind", "hugetlbfs_mount", "free_hugepages", "run_python", "shm_files", "start_mooncake_master", "child_processes", "mooncake_master"]
+__all__ = ["engine_objects", "assert_same_objects", "doctor_engines", "installed_versions_are_the_readmes", "fake_cuda_dir", "nothing_left_behind", "hugetlbfs_mount", "free_hugepages", "run_python", "shm_files", "start_mooncake_master", "child_processes", "mooncake_master"]
 
 
 def installed_versions_are_the_readmes(rows: dict[str, str]) -> None:
@@ -34,10 +34,70 @@ def installed_versions_are_the_readmes(rows: dict[str, str]) -> None:
     root = pathlib.Path(__file__).resolve().parents[2]
     readme = (root / "README.md").read_text()
     torch = md.version("torch").split("+")[0]
+    from hostpool import _engines
+
+    engines_md = (root / "docs" / "engines.md").read_text()
     for name, dist in rows.items():
         version = md.version(dist)
         row = f"| {name} | {version} | {torch} |"
         assert row in readme, f"README's table of tested engines lacks {row!r}"
+        # The one list of tested versions (doctor reads it) has it, and so does the
+        # compatibility table of docs/engines.md.
+        engine = next(e for e, dists in _engines.DISTRIBUTIONS.items() if dist in dists)
+        assert _engines.is_tested(engine, version), f"hostpool._engines.TESTED[{engine!r}] lacks {version}"
+        assert f"| {name.split(' (')[0]} {version} |" in engines_md, (
+            f"docs/engines.md's compatibility table lacks a row for {name} {version}"
+        )
+
+
+def engine_objects(*prefixes: str) -> dict[tuple[str, ...], object]:
+    """Every attribute of every loaded module under ``prefixes`` (e.g. ``"vllm"``), and of
+    every class those modules define, by (module, [class,] name): what an adapter could
+    replace. Values are the objects themselves, compared by identity."""
+    import sys
+
+    out: dict[tuple[str, ...], object] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not any(name == p or name.startswith(p + ".") for p in prefixes):
+            continue
+        for attr, value in list(vars(module).items()):
+            out[(name, attr)] = value
+            if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                for cattr, cvalue in list(vars(value).items()):
+                    if cattr not in ("__dict__", "__weakref__", "__abstractmethods__", "_abc_impl"):
+                        out[(name, attr, cattr)] = cvalue
+    return out
+
+
+def assert_same_objects(before: dict, after: dict, what: str) -> None:
+    """``after`` holds the same objects as ``before`` for every key ``before`` has (a
+    module loaded in between may add keys), and no key of a module of ``before`` more."""
+    changed = [k for k, v in before.items() if k in after and after[k] is not v]
+    gone = [k for k in before if k not in after]
+    modules = {k[0] for k in before}
+    added = [k for k in after if k not in before and k[0] in modules]
+    assert not (changed or gone or added), f"{what}: replaced {changed[:8]}, removed {gone[:8]}, added {added[:8]}"
+
+
+def doctor_engines() -> dict[str, dict]:
+    """`hostpool doctor --json`'s engine findings for this interpreter (as `python -m
+    hostpool doctor` asks it), by engine name."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [os.environ["HOSTPOOL_BIN"], "doctor", "--json"],
+        env={**os.environ, "HOSTPOOL_PYTHON": sys.executable},
+        capture_output=True, text=True, timeout=120,
+    )
+    report = json.loads(out.stdout)
+    findings = report["findings"] if isinstance(report, dict) else report
+    return {
+        f["item"]: f
+        for f in findings
+        if f.get("area") == "engines" and f.get("item") != "python"
+    }
 
 
 # ------------------------------------------------------------------ Mooncake

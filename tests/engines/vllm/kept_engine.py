@@ -24,6 +24,11 @@ to copy a block into the pool, a store's copy done (before vLLM's
 ``complete_store``), ``complete_store`` returned.
 
 A sequence is ``[seed, length]``: tokens ``seed * 1000 + i``.
+
+``vllm_logging`` leaves logging to vLLM's own setup, applied as vLLM's engine
+core process applies it (``vllm.logger.configure_logging`` of the config's
+``logging_config``; ``VLLM_CONFIGURE_LOGGING=1`` in the environment): nothing
+else configures it.
 """
 
 from __future__ import annotations
@@ -151,9 +156,18 @@ def expected_block(worker_rank: int, block_hash: bytes, n_per_layer: int) -> byt
 
 def main() -> None:
     args = json.loads(sys.argv[1])
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    if not args.get("vllm_logging"):
+        # The tests read hostpool's records by name; with ``vllm_logging`` vLLM's
+        # own setup (VLLM_CONFIGURE_LOGGING) is the process's only one.
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     tp = args.get("tp", 1)
     config = E.vllm_config(args)
+    if args.get("vllm_logging"):
+        # As vLLM's engine core process starts: its own logging config, applied by vLLM.
+        from vllm.config.logging import LoggingConfig
+        from vllm.logger import configure_logging
+
+        configure_logging(getattr(config, "logging_config", None) or LoggingConfig())
     kcc = E.kv_cache_config(config, args.get("gpu_blocks", 128))
     # vLLM builds the workers before the scheduler.
     workers: Any = E.LocalWorkers([E.Worker(config, kcc)]) if tp == 1 else RemoteWorkers(args, tp)

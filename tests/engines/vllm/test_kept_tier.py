@@ -216,6 +216,66 @@ def test_eviction_under_pressure_survives_the_restart(name, model):
         keeper.stop()
 
 
+def test_a_restarted_engine_evicts_in_the_order_of_last_use(name, model):
+    """Sixteen chunks hold prompts 1..4; prompt 1 is asked for again last, so its
+    blocks are the most recently used. After the restart, two new prompts need
+    eight chunks: vLLM's policy learnt the use order through ``on_request_finished``
+    (every release) or ``touch`` (0.33), hostpool stamped it in the index, and the
+    restarted engine evicts prompts 2 and 3, the least recently used, not 1."""
+    keeper = Keeper(name)
+    try:
+        gen1 = Generation(args_for(name, model, cpu_bytes=16 * 4096, store=SEQS))
+        assert gen1.until("started")["chunks"] == 16
+        gen1.until("idle")
+        gen1.close()
+        # Prompt 1 again, in a new engine (no GPU prefix cache): an offloaded hit, loaded.
+        gen2 = Generation(args_for(name, model, cpu_bytes=16 * 4096, probe=SEQS[:1]))
+        assert gen2.until("probed")["first_step_hits"] == {"1": 4 * BLOCK}
+        gen2.close()
+        new = [[s, 4 * BLOCK + 1] for s in (5, 6)]
+        gen3 = Generation(args_for(name, model, cpu_bytes=16 * 4096, store=new))
+        gen3.until("idle")
+        gen3.close()
+        gen4 = Generation(args_for(name, model, cpu_bytes=16 * 4096, probe=SEQS + new))
+        probed = gen4.until("probed")
+        gen4.close()
+        hits = probed["first_step_hits"]
+        assert hits == {"1": 4 * BLOCK, "2": 0, "3": 0, "4": 4 * BLOCK, "5": 4 * BLOCK, "6": 4 * BLOCK}, probed
+        assert probed["bad"] == [], probed
+    finally:
+        keeper.stop()
+
+
+def test_a_cold_start_is_said_where_vllms_own_logging_says_its_records(name, model, tmp_path):
+    """vLLM configures its own `vllm` logger (VLLM_CONFIGURE_LOGGING, as `vllm serve`
+    has it) and nothing else: the cold start's warning on `hostpool.vllm` comes out on
+    vLLM's handler, its stream (stderr here) and its format, and on no other."""
+    import vllm_engine
+
+    keeper = Keeper(name)
+    try:
+        gen1 = Generation(args_for(name, model, store=SEQS[:1]))
+        gen1.until("idle")
+        gen1.close()
+        env = {"VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_STREAM": "ext://sys.stderr", "VLLM_LOGGING_LEVEL": "INFO"}
+        other = vllm_engine.model_dir(str(tmp_path), "other-llama")
+        gen2 = Generation({**args_for(name, model, probe=SEQS[:1]), "model": other, "vllm_logging": True}, env)
+        gen2.until("probed")
+        log = gen2.close()
+        stdout = gen2.proc.stdout.read()
+        cold = [l for l in log.splitlines() if "CPU offload tier starts cold" in l]
+        assert len(cold) == 1, log[-4000:]
+        # vLLM's format: "(pid) LEVEL date [file.py:line] message", as its own lines beside it.
+        assert cold[0].startswith("WARNING ") or " WARNING " in cold[0].split("[")[0], cold[0]
+        assert "[_vllm_kept.py:" in cold[0] and "stored for model = " in cold[0], cold[0]
+        assert any("[factory.py:" in l for l in log.splitlines()), "vLLM's own records are elsewhere"
+        assert "starts cold" not in stdout
+        # hostpool's info lines come at vLLM's level (INFO) too.
+        assert any("CPU offload region of" in l and "[vllm.py:" in l for l in log.splitlines()), log[-4000:]
+    finally:
+        keeper.stop()
+
+
 @pytest.mark.parametrize(
     ("field", "change"),
     [
@@ -298,6 +358,7 @@ def test_a_lost_or_cleared_pool_starts_cold_without_error(name, model, how):
         keeper.stop()
 
 
+@pytest.mark.newest_only  # 50 generations: the slow fault test runs on the newest vLLM alone
 def test_sigkill_at_random_points_of_a_store_leaves_no_torn_block(name, model):
     """50 generations, each SIGKILLed at a random point of its stores (a worker about
     to copy a block, a store copied but not completed, completed), each first

@@ -21,7 +21,7 @@ import torch
 
 import hostpool
 import hostpool.vllm
-from engine_support import free_hugepages, hugetlbfs_mount, run_python, shm_files
+from engine_support import doctor_engines, free_hugepages, hugetlbfs_mount, run_python, shm_files
 from hostpool.torch import HostPoolRegion, OffloadRegion, RegionFullError, pool_name
 from vllm.v1.kv_offload import factory
 from vllm.v1.kv_offload.config import (
@@ -612,3 +612,99 @@ def test_a_region_leased_from_a_keeper_is_resident_and_keeps_vllms_bytes(engine_
     finally:
         keeper.send_signal(signal.SIGTERM)
         assert keeper.wait(timeout=10) == 0, keeper.stderr.read()
+
+
+# --- issue 38: one place for vLLM's private names, one adapter base ---------------------
+
+MANAGER = "vllm.v1.kv_offload.cpu.manager"
+WORKER = "vllm.v1.kv_offload.cpu.gpu_worker"
+
+
+@pytest.mark.parametrize(
+    ("owner", "attr", "named"),
+    [
+        (WORKER, "pin_mmap_region", f"{WORKER}.pin_mmap_region"),
+        (MANAGER + ":CPUOffloadingManager", "_free_chunk", f"{MANAGER}.CPUOffloadingManager._free_chunk"),
+        ("vllm.v1.kv_offload.cpu.spec", "CPUOffloadingSpec", "vllm.v1.kv_offload.cpu.spec.CPUOffloadingSpec"),
+        ("segments", None, "REGION_SEGMENTS"),
+    ],
+)
+def test_a_vllm_lacking_a_name_the_adapter_needs_fails_at_spec_construction_naming_it(
+    engine_id, monkeypatch, owner, attr, named
+):
+    """A vLLM release that moved or removed a name hostpool reaches: vLLM's factory
+    loads the plug-in and building the spec raises hostpool's one error, with the
+    version found, every name missing and the versions tested, never an
+    AttributeError in a worker later."""
+    import importlib
+
+    import vllm
+    from hostpool import _engines
+
+    if owner == "segments":  # 0.34 keeps it in shared_offload_region, 0.33 in spec
+        for module, name in (
+            ("vllm.v1.kv_offload.cpu.shared_offload_region", "REGION_SEGMENTS"),
+            ("vllm.v1.kv_offload.cpu.spec", "_REGION_SEGMENTS"),
+        ):
+            monkeypatch.delattr(importlib.import_module(module), name, raising=False)
+    else:
+        module, _, cls = owner.partition(":")
+        target = importlib.import_module(module)
+        monkeypatch.delattr(getattr(target, cls) if cls else target, attr)
+    config = _offloading_config(engine_id, _extra({}))
+    with pytest.raises(hostpool.EngineVersionError) as raised:
+        factory.OffloadingSpecFactory.create_spec(config)
+    e = raised.value
+    assert isinstance(e, hostpool.Error) and e.engine == "vllm" and e.version == vllm.__version__
+    assert any(named in m for m in e.missing), e.missing
+    assert e.tested == _engines.TESTED["vllm"] and e.tested[0] in str(e) and named in str(e)
+    monkeypatch.undo()
+    assert type(factory.OffloadingSpecFactory.create_spec(config)) is hostpool.vllm.HostPoolOffloadingSpec
+
+
+def test_this_vllm_has_every_name_the_adapter_needs():
+    from hostpool._engines import vllm as names
+
+    assert names.missing() == []
+    assert names.region_segments() == 32
+    # 0.34 removed the policies' touch: recency comes from on_request_finished there.
+    import vllm
+
+    assert names.has_touch() == (vllm.__version__ == "0.33.0")
+
+
+def test_importing_hostpool_vllm_patches_nothing_and_the_adapter_installs_once_and_uninstalls_exactly():
+    out = run_python(
+        textwrap.dedent(
+            """
+        import json, sys
+        sys.path.insert(0, %r)
+        from engine_support import engine_objects, assert_same_objects
+        import vllm.v1.kv_offload.cpu.spec, vllm.v1.kv_offload.cpu.gpu_worker as gw
+        import logging
+        before = engine_objects("vllm")
+        import hostpool.vllm
+        from hostpool._vllm_region import ADAPTER
+        assert_same_objects(before, engine_objects("vllm"), "import hostpool.vllm")
+        ADAPTER.install()
+        once = engine_objects("vllm")
+        assert gw.pin_mmap_region is not before[(gw.__name__, "pin_mmap_region")], "the guard is in place"
+        ADAPTER.install()
+        assert_same_objects(once, engine_objects("vllm"), "a second install")
+        ADAPTER.uninstall()
+        assert_same_objects(before, engine_objects("vllm"), "uninstall")
+        print(json.dumps({"ok": True}))
+        """
+            % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        )
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ok": True}
+
+
+def test_doctor_lists_this_vllm_as_tested():
+    import vllm
+
+    found = doctor_engines()
+    assert found["vllm"]["details"]["version"] == vllm.__version__
+    assert found["vllm"]["details"]["tested"] is True and found["vllm"]["verdict"] in ("ok", "pass"), found["vllm"]
