@@ -241,3 +241,48 @@ def test_sglangs_host_pool_leases_its_buffer_from_a_keeper():
     finally:
         keeper.send_signal(signal.SIGTERM)
         assert keeper.wait(timeout=10) == 0, keeper.stderr.read()
+
+
+def test_the_adapter_installs_once_and_uninstall_puts_back_every_object_sglang_had():
+    """Issue 38: importing hostpool.sglang patches nothing; installing twice is installing
+    once; uninstalling leaves every attribute of SGLang's loaded modules and of their
+    classes the very object it was (the Mooncake store's register_buffer included)."""
+    import os
+
+    out = run_python(textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+        from engine_support import engine_objects, assert_same_objects
+        import sglang.srt.mem_cache.pool_host.common, sglang.srt.mem_cache.pool_host.base
+        import sglang.srt.mem_cache.storage.mooncake_store.mooncake_store as ms
+        common = sglang.srt.mem_cache.pool_host.common
+        common.ALLOC_MEMORY_FUNCS["cpu"]  # SGLang's defaultdict caches its function on first use
+        before = engine_objects("sglang")
+        funcs = dict(common.ALLOC_MEMORY_FUNCS)
+        import hostpool.sglang as hs
+        assert_same_objects(before, engine_objects("sglang"), "import hostpool.sglang")
+        hs.install({{"threads": 1}})
+        once = engine_objects("sglang")
+        assert common.alloc_with_host_register is not before[(common.__name__, "alloc_with_host_register")]
+        assert common.ALLOC_MEMORY_FUNCS["cpu"] is common.alloc_with_host_register
+        assert "register_buffer" in vars(ms.MooncakeBaseStore)
+        hs.install({{"threads": 2}})
+        assert_same_objects(once, engine_objects("sglang"), "a second install")
+        hs.uninstall()
+        assert_same_objects(before, engine_objects("sglang"), "uninstall")
+        assert dict(common.ALLOC_MEMORY_FUNCS) == funcs and all(
+            common.ALLOC_MEMORY_FUNCS[k] is v for k, v in funcs.items())
+        hs.uninstall()
+        print(json.dumps({{"ok": True, "installed": hs.installed()}}))
+    """))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ok": True, "installed": False}
+
+
+def test_doctor_lists_this_sglang_as_tested():
+    import sglang
+
+    from engine_support import doctor_engines
+
+    found = doctor_engines()["sglang"]
+    assert found["details"]["version"] == sglang.__version__ and found["details"]["tested"] is True, found

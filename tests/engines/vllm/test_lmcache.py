@@ -206,3 +206,34 @@ def test_lmcache_restarted_against_a_keeper_finds_the_bytes_it_offloaded():
     finally:
         keeper.send_signal(signal.SIGTERM)
         assert keeper.wait(timeout=10) == 0, keeper.stderr.read()
+
+
+def test_the_adapter_installs_once_and_uninstall_puts_back_every_object_lmcache_had():
+    """Issue 38: importing hostpool.lmcache patches nothing; installing twice is
+    installing once; uninstalling leaves every attribute of LMCache's loaded modules
+    and of their classes (the Mooncake store connector's methods included) the very
+    object it was."""
+    import os
+
+    out = run_python(textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+        from engine_support import engine_objects, assert_same_objects
+        import lmcache.v1.memory_management as mm
+        import lmcache.v1.storage_backend.connector.mooncakestore_connector as conn
+        before = engine_objects("lmcache")
+        import hostpool.lmcache as hl
+        assert_same_objects(before, engine_objects("lmcache"), "import hostpool.lmcache")
+        hl.install({{"threads": 1}})
+        once = engine_objects("lmcache")
+        assert mm._allocate_cpu_memory is not before[(mm.__name__, "_allocate_cpu_memory")]
+        assert vars(conn.MooncakestoreConnector)["_register_cpu_buffer"] is not before[
+            (conn.__name__, "MooncakestoreConnector", "_register_cpu_buffer")]
+        hl.install({{"threads": 2}})
+        assert_same_objects(once, engine_objects("lmcache"), "a second install")
+        hl.uninstall()
+        assert_same_objects(before, engine_objects("lmcache"), "uninstall")
+        print(json.dumps({{"ok": True, "installed": hl.installed()}}))
+    """))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ok": True, "installed": False}

@@ -1,4 +1,4 @@
-"""hostpool.vllm against vLLM's released code (the version in requirements-nodeps.txt).
+"""hostpool.vllm against vLLM's released code (each release in tests/engines/vllm/envs/, one environment each).
 
 vLLM's own `SharedOffloadRegion` and `HostPoolRegion` are built side by side
 and every view must agree; vLLM's `OffloadingSpecFactory` loads our spec
