@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
 import hostpool
 import hostpool._hostpool as ext
 
@@ -71,3 +73,29 @@ def test_check_config_plans_without_building_and_names_what_is_wrong(tmp_path):
             assert word in str(e), (bad, str(e))
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+def test_engine_version_error_names_the_engine_version_missing_names_and_tested_versions():
+    import pickle
+
+    from hostpool import _engines
+
+    with pytest.raises(hostpool.EngineVersionError) as raised:
+        _engines.require("vllm", "0.99.0", ["vllm.x.B", "vllm.x.A", "vllm.x.A"])
+    e = raised.value
+    assert isinstance(e, hostpool.Error) and e.exit_code == 1
+    assert (e.engine, e.version, e.missing, e.tested) == ("vllm", "0.99.0", ("vllm.x.A", "vllm.x.B"), _engines.TESTED["vllm"])
+    text = str(e)
+    assert "vllm 0.99.0" in text and "vllm.x.A, vllm.x.B" in text and all(v in text for v in e.tested)
+    assert f"pip install vllm=={e.tested[0]}" in text
+    again = pickle.loads(pickle.dumps(e))
+    assert (again.engine, again.missing, str(again)) == (e.engine, e.missing, text)
+    _engines.require("vllm", "0.34.0", [])  # nothing missing: no error
+
+
+def test_the_tested_versions_are_judged_without_a_local_build_suffix():
+    from hostpool import _engines
+
+    assert _engines.is_tested("vllm", "0.34.0") and _engines.is_tested("vllm", "0.34.0+cu128")
+    assert not _engines.is_tested("vllm", "0.32.0") and not _engines.is_tested("vllm", None)
+    assert set(_engines.TESTED) == set(_engines.DISTRIBUTIONS) == {"vllm", "sglang", "lmcache", "mooncake"}

@@ -16,9 +16,12 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "crates/hostpool-py/pyth
 def module_graph(package: pathlib.Path, name: str = "hostpool") -> dict[str, set[str]]:
     """Each module of ``package`` (``hostpool``, ``hostpool.torch``, ...) and the package's
     modules it imports, anywhere in its code."""
-    modules = {
-        (name if f.stem == "__init__" else f"{name}.{f.stem}"): f for f in sorted(package.glob("*.py"))
-    }
+    def dotted(f: pathlib.Path) -> str:
+        parts = [name, *f.relative_to(package).with_suffix("").parts]
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    # Subpackages too (hostpool._engines and its engine modules).
+    modules = {dotted(f): f for f in sorted(package.rglob("*.py"))}
     # The compiled extension, known by its type stubs.
     for stub in package.glob("*.pyi"):
         modules.setdefault(f"{name}.{stub.stem}", stub)
@@ -39,7 +42,10 @@ def module_graph(package: pathlib.Path, name: str = "hostpool") -> dict[str, set
                 elif isinstance(node, ast.ImportFrom):
                     base = node.module or ""
                     if node.level:
-                        base = f"{name}.{base}" if base else name
+                        # Relative to the module's package (a package's __init__ is its own).
+                        here = module.split(".") if path.stem == "__init__" else module.split(".")[:-1]
+                        anchor = ".".join(here[: len(here) - (node.level - 1)])
+                        base = f"{anchor}.{base}" if base else anchor
                     for a in node.names:
                         # `from pkg import submodule` imports the submodule;
                         # `from module import item`, the module.
@@ -79,7 +85,8 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_module_of_the_package_imports_one_that_imports_it():
     graph = module_graph(PACKAGE)
-    assert {"hostpool", "hostpool.torch", "hostpool.vllm", "hostpool._vllm_region"} <= set(graph)
+    assert {"hostpool", "hostpool.torch", "hostpool.vllm", "hostpool._vllm_region", "hostpool._engines.vllm"} <= set(graph)
+    assert "hostpool._engines" in graph["hostpool._engines.vllm"]
     assert cycle(graph) is None, (cycle(graph), graph)
     # hostpool.torch keeps as_tensor and the old paths, and imports nothing of vLLM's.
     assert "hostpool.vllm" not in graph["hostpool.torch"]
