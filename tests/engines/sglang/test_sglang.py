@@ -265,12 +265,15 @@ def test_the_adapter_installs_once_and_uninstall_puts_back_every_object_sglang_h
         once = engine_objects("sglang")
         assert common.alloc_with_host_register is not before[(common.__name__, "alloc_with_host_register")]
         assert common.ALLOC_MEMORY_FUNCS["cpu"] is common.alloc_with_host_register
+        assert "cuda" not in funcs and common.ALLOC_MEMORY_FUNCS["cuda"] is common.alloc_with_host_register
         assert "register_buffer" in vars(ms.MooncakeBaseStore)
         hs.install({{"threads": 2}})
         assert_same_objects(once, engine_objects("sglang"), "a second install")
         hs.uninstall()
         assert_same_objects(before, engine_objects("sglang"), "uninstall")
-        assert dict(common.ALLOC_MEMORY_FUNCS) == funcs and all(
+        # Entries SGLang's defaultdict had are SGLang's again; one it cached while
+        # hostpool's hook was in place is gone, as it was absent.
+        assert set(common.ALLOC_MEMORY_FUNCS) == set(funcs) and all(
             common.ALLOC_MEMORY_FUNCS[k] is v for k, v in funcs.items())
         hs.uninstall()
         print(json.dumps({{"ok": True, "installed": hs.installed()}}))
@@ -286,3 +289,17 @@ def test_doctor_lists_this_sglang_as_tested():
 
     found = doctor_engines()["sglang"]
     assert found["details"]["version"] == sglang.__version__ and found["details"]["tested"] is True, found
+
+
+def test_an_sglang_lacking_a_name_the_adapter_needs_is_refused_naming_it_and_nothing_is_patched(monkeypatch):
+    from engine_support import assert_same_objects, engine_objects
+    from hostpool import _engines
+
+    monkeypatch.delattr(sgl_base, "available_host_memory_bytes")
+    before = engine_objects("sglang")
+    with pytest.raises(hostpool.EngineVersionError) as raised:
+        hs.install({"threads": 1})
+    e = raised.value
+    assert e.engine == "sglang" and e.missing == ("sglang.srt.mem_cache.pool_host.base.available_host_memory_bytes",)
+    assert e.tested == _engines.TESTED["sglang"] and not hs.installed()
+    assert_same_objects(before, engine_objects("sglang"), "a refused install")

@@ -237,3 +237,23 @@ def test_the_adapter_installs_once_and_uninstall_puts_back_every_object_lmcache_
     """))
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ok": True, "installed": False}
+
+
+def test_an_lmcache_lacking_a_name_the_adapter_needs_is_refused_naming_it_and_nothing_is_patched(monkeypatch, caplog):
+    from engine_support import assert_same_objects, engine_objects
+    from hostpool import _engines
+
+    monkeypatch.delattr(mm, "_free_cpu_memory")
+    before = engine_objects("lmcache")
+    with pytest.raises(hostpool.EngineVersionError) as raised:
+        hl.install()
+    e = raised.value
+    assert e.engine == "lmcache" and e.missing == ("lmcache.v1.memory_management._free_cpu_memory",)
+    assert e.tested == _engines.TESTED["lmcache"] and not hl.installed()
+    assert_same_objects(before, engine_objects("lmcache"), "a refused install")
+    # vLLM's plug-in door never raises: it says why, as an error, and installs nothing.
+    monkeypatch.setenv(hl.ENV_VAR, '{"threads": 1}')
+    with caplog.at_level("ERROR", logger="hostpool.lmcache"):
+        hl._vllm_general_plugin()
+    assert not hl.installed()
+    assert any("_free_cpu_memory" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records), caplog.text

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,21 @@ class Patch:
         return True
 
 
+@dataclass
+class _Cache:
+    """A mapping that may cache ``new`` under keys it had no entry for (as a
+    ``defaultdict`` does on first lookup): those entries go at uninstall."""
+
+    owner: MutableMapping[Any, Any]
+    new: Any
+    name: str = "cached entries"
+
+    def restore(self) -> bool:
+        for key in [k for k, v in list(self.owner.items()) if v is self.new]:
+            del self.owner[key]
+        return True
+
+
 class _ToEngine(logging.Handler):
     """Hands hostpool's records to an engine logger's handlers."""
 
@@ -100,10 +115,14 @@ class Adapter:
     """The engine's name (``"vllm"``, ``"sglang"``, ``"lmcache"``)."""
     log_target: str | None = None
     """The engine's logger whose handlers hostpool's records go to (``None``: none)."""
+    names: Any = None
+    """The engine's module of non-public names (``hostpool._engines.<engine>``), whose
+    ``check()`` runs before any hook is put in place (``None``: checked elsewhere, as
+    vLLM's are where vLLM builds hostpool's spec)."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._patches: list[Patch] = []
+        self._patches: list[Patch | _Cache] = []
         self._installed = False
         self._pools: weakref.WeakValueDictionary[int, hostpool.Pool] = weakref.WeakValueDictionary()
         # (pool address, id(Mooncake object)) -> Registration (which holds both).
@@ -121,7 +140,12 @@ class Adapter:
         return self._installed
 
     def install(self, config: dict[str, Any] | None = None, error: hostpool.Error | None = None) -> None:
-        """Set the config and put the hooks in place (again: only what is not in place)."""
+        """Set the config and put the hooks in place (again: only what is not in place).
+
+        Raises :class:`hostpool.EngineVersionError`, with nothing patched, when the
+        installed engine lacks a name the hooks need."""
+        if self.names is not None:
+            self.names.check()
         with self._lock:
             self.config, self.error = config, error
             self.hooks()
@@ -155,11 +179,21 @@ class Adapter:
             p.apply()
             self._patches.append(p)
 
+    def patch_cache(self, mapping: MutableMapping[Any, Any], new: Any) -> None:
+        """``mapping`` may come to hold ``new`` under keys of its own making while
+        installed (a ``defaultdict`` caching a function on first lookup): uninstall
+        removes those entries, as they were absent. Call it before :meth:`patch_item`
+        of the same mapping (uninstall restores newest first)."""
+        with self._lock:
+            if any(isinstance(p, _Cache) and p.owner is mapping and p.new is new for p in self._patches):
+                return
+            self._patches.append(_Cache(mapping, new))  # type: ignore[arg-type]
+
     def original(self, owner: Any, name: str) -> Any:
         """What :meth:`patch` replaced at ``owner.name`` (``AttributeError`` if it did not)."""
         with self._lock:
             for p in reversed(self._patches):
-                if p.owner is owner and p.name == name and not p.item:
+                if isinstance(p, Patch) and p.owner is owner and p.name == name and not p.item:
                     if p.original is _MISSING:
                         # Inherited: the attribute as the owner's bases give it.
                         for base in getattr(owner, "__mro__", ())[1:]:
@@ -279,16 +313,3 @@ def unroute_logs(target: str) -> None:
         ours.propagate = _route["propagate"]
         _route.clear()
 
-
-def once(make: Callable[[], Adapter]) -> Callable[[], Adapter]:
-    """The process's one adapter from ``make``."""
-    lock = threading.Lock()
-    box: list[Adapter] = []
-
-    def get() -> Adapter:
-        with lock:
-            if not box:
-                box.append(make())
-            return box[0]
-
-    return get

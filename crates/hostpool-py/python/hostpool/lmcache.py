@@ -57,6 +57,7 @@ from typing import Any
 import hostpool
 import hostpool.mooncake
 from hostpool._adapter import Adapter
+from hostpool._engines import lmcache as _names
 
 __all__ = [
     "alloc",
@@ -171,13 +172,13 @@ def _unknown(addr: int) -> str:
 
 # ------------------------------------------------------------- install()
 
-_MM = "lmcache.v1.memory_management"
+_MM = _names.MEMORY
 # Modules that hold `from lmcache.v1.memory_management import _allocate_cpu_memory`
 # copies of the two names.
 _COPIES = ("lmcache.v1.storage_backend.nixl_storage_backend",)
 _NAMES = ("_allocate_cpu_memory", "_free_cpu_memory")
 # LMCache's Mooncake store connector: its CPU buffer's (un)registration.
-_CONNECTOR = "lmcache.v1.storage_backend.connector.mooncakestore_connector"
+_CONNECTOR = _names.CONNECTOR
 _CONNECTOR_NAMES = ("_register_cpu_buffer", "_unregister_cpu_buffer")
 
 
@@ -188,6 +189,7 @@ class LmcacheAdapter(Adapter):
 
     engine = "lmcache"
     log_target = "vllm"
+    names = _names
 
     def __init__(self) -> None:
         super().__init__()
@@ -488,6 +490,9 @@ def _vllm_general_plugin() -> None:
         _install(config, error)
     except ImportError as e:
         _log.warning("%s is set but LMCache cannot be imported (%s): nothing installed", ENV_VAR, e)
+        return
+    except hostpool.EngineVersionError as e:
+        _log.error("%s is set, and hostpool cannot hook this LMCache (it keeps its own CPU memory): %s", ENV_VAR, e)
         return
     except Exception:  # never raise into vLLM
         _log.warning("hostpool.lmcache.install() failed", exc_info=True)

@@ -47,6 +47,7 @@ import torch
 import hostpool
 import hostpool.mooncake
 from hostpool._adapter import Adapter
+from hostpool._engines import sglang as _names
 from hostpool.torch import as_tensor
 
 __all__ = [
@@ -180,10 +181,10 @@ class HostPoolAllocator:
 
 # --------------------------------------------------------------- install()
 
-_COMMON = "sglang.srt.mem_cache.pool_host.common"
-_BASE = "sglang.srt.mem_cache.pool_host.base"
+_COMMON = _names.COMMON
+_BASE = _names.BASE
 # HiCache's `mooncake` storage backend: MooncakeBaseStore.register_buffer.
-_MOONCAKE = "sglang.srt.mem_cache.storage.mooncake_store.mooncake_store"
+_MOONCAKE = _names.MOONCAKE
 # SGLang marks a buffer it did not register with an empty list here, so that
 # HostKVCache.destroy() does not unregister it (its HIP path does the same).
 _REGISTERED_RANGES = "_sglang_cuda_host_registered_ranges"
@@ -195,6 +196,7 @@ class SglangAdapter(Adapter):
 
     engine = "sglang"
     log_target = "sglang"
+    names = _names
 
     def hooks(self) -> None:
         import importlib
@@ -205,7 +207,9 @@ class SglangAdapter(Adapter):
         self.patch(common, "alloc_with_host_register", _alloc_with_host_register)
         theirs = self.original(common, "alloc_with_host_register")
         # ALLOC_MEMORY_FUNCS is a defaultdict that caches the function per
-        # device type on first lookup: replace the cached copies too.
+        # device type on first lookup: replace the cached copies too, and drop
+        # the copies of ours it caches while installed.
+        self.patch_cache(common.ALLOC_MEMORY_FUNCS, _alloc_with_host_register)
         for key, func in list(common.ALLOC_MEMORY_FUNCS.items()):
             if func is theirs:
                 self.patch_item(common.ALLOC_MEMORY_FUNCS, key, _alloc_with_host_register)
@@ -464,7 +468,12 @@ def _sglang_plugin() -> None:
         _log.debug("%s is not set: SGLang keeps its own host KV memory", ENV_VAR)
         return
     config, error = loaded
-    _install(config, error)
+    try:
+        _install(config, error)
+    except hostpool.EngineVersionError as e:
+        # SGLang's load_plugins() only logs what a plug-in raises: say it as an error.
+        _log.error("%s is set, and hostpool cannot hook this SGLang (it keeps its own host KV memory): %s", ENV_VAR, e)
+        return
     if error is not None:
         _log.error("%s: %s (SGLang's host KV pool will fail with this error)", ENV_VAR, error)
     else:

@@ -17,7 +17,6 @@ and every name missing, never an ``AttributeError`` in a worker later.
 from __future__ import annotations
 
 import importlib
-import types
 from typing import Any
 
 from hostpool import _engines
@@ -27,7 +26,6 @@ __all__ = [
     "REQUIRED",
     "check",
     "missing",
-    "module",
     "region_segments",
     "has_touch",
     "none_hash",
@@ -100,71 +98,16 @@ _SEGMENTS = (f"{_REGION}.REGION_SEGMENTS", f"{_SPEC}._REGION_SEGMENTS")
 
 def version() -> str | None:
     """The installed vLLM's version."""
-    try:
-        import vllm
-
-        return str(vllm.__version__)
-    except Exception:  # noqa: BLE001 - a broken install: the metadata's
-        return _engines.installed(ENGINE)
-
-
-def module(name: str) -> types.ModuleType:
-    return importlib.import_module(name)
-
-
-def _resolve(dotted: str) -> Any:
-    """The object at ``dotted`` (a module, then attributes); ``LookupError`` if none."""
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        rest = parts[cut:]
-        for i, part in enumerate(rest):
-            if hasattr(obj, part):
-                obj = getattr(obj, part)
-            elif i == len(rest) - 1 and isinstance(obj, type) and _assigned(obj, part):
-                return _INSTANCE
-            else:
-                raise LookupError(dotted)
-        return obj
-    raise LookupError(dotted)
-
-
-_INSTANCE = object()
-
-
-def _assigned(cls: type, name: str) -> bool:
-    """Whether ``__init__`` of ``cls`` or of a base assigns ``self.<name>``."""
-    for klass in cls.__mro__:
-        init = vars(klass).get("__init__")
-        code = getattr(init, "__code__", None)
-        if code is not None and name in code.co_names:
-            return True
-    return False
+    return _engines.version_of(ENGINE)
 
 
 def missing() -> list[str]:
     """The names of :data:`REQUIRED` the installed vLLM lacks, and the segment count
     when no release's place of it is there."""
-    out = []
-    for dotted in REQUIRED:
-        try:
-            _resolve(dotted)
-        except LookupError:
-            out.append(dotted)
-    if not any(_present(d) for d in _SEGMENTS):
+    out = _engines.absent(REQUIRED)
+    if not any(_engines.present(d) for d in _SEGMENTS):
         out.append(" or ".join(_SEGMENTS))
     return out
-
-
-def _present(dotted: str) -> bool:
-    try:
-        _resolve(dotted)
-    except LookupError:
-        return False
-    return True
 
 
 def check() -> None:
@@ -177,7 +120,7 @@ def region_segments() -> int:
     """How many files vLLM splits its region into (hostpool keeps its slot order)."""
     for dotted in _SEGMENTS:
         try:
-            return int(_resolve(dotted))
+            return int(_engines.resolve(dotted))
         except LookupError:
             continue
     _engines.require(ENGINE, version(), [" or ".join(_SEGMENTS)])
@@ -187,7 +130,9 @@ def region_segments() -> int:
 def has_touch() -> bool:
     """Whether this vLLM's manager and policies still have ``touch`` (0.33; recency
     also comes through ``on_request_finished`` in every release)."""
-    return _present(f"{_MANAGER}.CPUOffloadingManager.touch") and _present(f"{_POLICIES}.CachePolicy.touch")
+    return _engines.present(f"{_MANAGER}.CPUOffloadingManager.touch") and _engines.present(
+        f"{_POLICIES}.CachePolicy.touch"
+    )
 
 
 def none_hash() -> tuple[Any, Any]:
