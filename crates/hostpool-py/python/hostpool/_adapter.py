@@ -16,7 +16,7 @@ registration methods). It gives each adapter the same four things:
   Mooncake object (:meth:`Adapter.register`, :meth:`Adapter.registrations`,
   :meth:`Adapter.end_registrations`);
 * the route of hostpool's log records to the engine's own handlers
-  (:meth:`Adapter.route_logs`): a library's loggers sit under a
+  (:func:`route_logs`, from :meth:`Adapter.install`): a library's loggers sit under a
   ``NullHandler``, and an engine configures only its own logger, so inside
   an engine hostpool's records go where the engine's go, at its level.
 """
@@ -202,6 +202,15 @@ class Adapter:
                         raise AttributeError(name)
                     return p.original
         raise AttributeError(f"{self.engine} adapter did not replace {name}")
+
+    def theirs(self, owner: Any, name: str) -> Any:
+        """The engine's own object at ``owner.name``, for a hook to call: what the hook
+        replaced while installed, the attribute itself once uninstalled (a caller may
+        still hold the hook after :meth:`uninstall`)."""
+        try:
+            return self.original(owner, name)
+        except AttributeError:
+            return getattr(owner, name)
 
     def uninstall(self) -> None:
         """Put back every object the hooks replaced, newest first (pools already made

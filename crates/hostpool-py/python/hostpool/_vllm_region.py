@@ -528,11 +528,7 @@ def _pin_mmap_region(region: Any, *args: Any, **kwargs: Any) -> None:
     if isinstance(region, HostPoolRegion):
         _log.debug("vLLM's pin_mmap_region skipped: hostpool pins its own region")
         return None
-    gpu_worker = sys.modules[_GPU_WORKER]
-    try:
-        original = ADAPTER.original(gpu_worker, "pin_mmap_region")
-    except AttributeError:  # uninstalled while vLLM held this function
-        original = gpu_worker.pin_mmap_region
+    original = ADAPTER.theirs(sys.modules[_GPU_WORKER], "pin_mmap_region")
     return original(region, *args, **kwargs)
 
 

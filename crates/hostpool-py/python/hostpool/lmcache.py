@@ -396,11 +396,7 @@ def _free_cpu_memory(
     if not ours:
         if buffer.numel() == 0:
             return
-        mm = sys.modules[_MM]
-        try:
-            original = ADAPTER.original(mm, "_free_cpu_memory")
-        except AttributeError:  # uninstalled while a caller held this function
-            original = mm._free_cpu_memory
+        original = ADAPTER.theirs(sys.modules[_MM], "_free_cpu_memory")
         return original(buffer, size, numa_mapping, shm_name, use_hugepages)
     torch_dev = _torch_dev()
     if torch_dev is not None and torch_dev.is_available():
@@ -410,11 +406,7 @@ def _free_cpu_memory(
 
 
 def _connector_original(name: str) -> Any:
-    cls = sys.modules[_CONNECTOR].MooncakestoreConnector
-    try:
-        return ADAPTER.original(cls, name)
-    except AttributeError:  # uninstalled while LMCache held this method
-        return getattr(cls, name)
+    return ADAPTER.theirs(sys.modules[_CONNECTOR].MooncakestoreConnector, name)
 
 
 def _register_cpu_buffer(self: Any) -> None:

@@ -385,11 +385,7 @@ def _register_buffer(self: Any, tensor: torch.Tensor) -> None:
     :func:`install`); any other tensor is SGLang's own method's."""
     import sys
 
-    cls = sys.modules[_MOONCAKE].MooncakeBaseStore
-    try:
-        original = ADAPTER.original(cls, "register_buffer")
-    except AttributeError:  # uninstalled while SGLang held this function
-        original = cls.register_buffer
+    original = ADAPTER.theirs(sys.modules[_MOONCAKE].MooncakeBaseStore, "register_buffer")
     store = self.store
     nbytes = tensor.numel() * tensor.element_size()
     pool = ADAPTER.pool_of(tensor.data_ptr(), nbytes) if store is not None and nbytes else None

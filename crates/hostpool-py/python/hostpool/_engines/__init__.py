@@ -25,6 +25,7 @@ __all__ = [
     "TESTED",
     "DISTRIBUTIONS",
     "absent",
+    "check",
     "installed",
     "is_tested",
     "present",
@@ -75,6 +76,12 @@ def require(engine: str, version: str | None, missing: Iterable[str]) -> None:
         from hostpool._errors import EngineVersionError
 
         raise EngineVersionError(engine, version, missing, TESTED.get(engine, ()))
+
+
+def check(engine: str, required: Iterable[str]) -> None:
+    """Raise :class:`hostpool.EngineVersionError` naming every name of ``required``
+    the installed ``engine`` lacks (``ImportError`` when it is not installed)."""
+    require(engine, version_of(engine), absent(required))
 
 
 def version_of(engine: str) -> str | None:

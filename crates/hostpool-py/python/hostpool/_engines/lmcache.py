@@ -6,13 +6,17 @@ copies other modules import); its Mooncake store connector's
 ``_register_cpu_buffer`` and ``_unregister_cpu_buffer`` where that module
 loads. :func:`check` runs where the adapter is installed
 (``hostpool.lmcache.install``, or the ``vllm.general_plugins`` entry point).
+
+Where they are, the adapter also uses ``memory_management.torch_dev`` (without: no
+device sync before a free) and the connector's two methods (without: its
+registration is left to LMCache).
 """
 
 from __future__ import annotations
 
 from hostpool import _engines
 
-__all__ = ["ENGINE", "REQUIRED", "OPTIONAL", "check", "missing", "version"]
+__all__ = ["ENGINE", "REQUIRED", "check"]
 
 ENGINE = "lmcache"
 
@@ -25,26 +29,8 @@ REQUIRED: tuple[str, ...] = (
 )
 """Every name the adapter needs."""
 
-OPTIONAL: tuple[str, ...] = (
-    f"{MEMORY}.torch_dev",
-    f"{CONNECTOR}.MooncakestoreConnector._register_cpu_buffer",
-    f"{CONNECTOR}.MooncakestoreConnector._unregister_cpu_buffer",
-)
-"""Names the adapter uses where they are (without: no device sync before a free; the
-connector's registration left to LMCache)."""
-
-
-def version() -> str | None:
-    """The installed LMCache's version."""
-    return _engines.version_of(ENGINE)
-
-
-def missing() -> list[str]:
-    """The names of :data:`REQUIRED` the installed LMCache lacks."""
-    return _engines.absent(REQUIRED)
-
 
 def check() -> None:
     """Raise :class:`hostpool.EngineVersionError` naming every name of :data:`REQUIRED`
     the installed LMCache lacks."""
-    _engines.require(ENGINE, version(), missing())
+    _engines.check(ENGINE, REQUIRED)

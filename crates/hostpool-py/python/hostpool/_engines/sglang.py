@@ -5,13 +5,17 @@ SGLang has no door for a host KV buffer's memory: the adapter replaces
 and ``available_host_memory_bytes``, and, with HiCache's ``mooncake``
 backend, ``MooncakeBaseStore.register_buffer``. :func:`check` runs where the
 adapter is installed (``hostpool.sglang.install``, or SGLang's plug-in).
+
+Where they are, the adapter also uses ``base.HICACHE_HOST_MEMORY_RESERVE_BYTES``
+(without: SGLang's reserve is taken as 0) and ``MooncakeBaseStore.register_buffer``
+(without: SGLang's Mooncake registration is left to SGLang).
 """
 
 from __future__ import annotations
 
 from hostpool import _engines
 
-__all__ = ["ENGINE", "REQUIRED", "OPTIONAL", "check", "missing", "version"]
+__all__ = ["ENGINE", "REQUIRED", "check"]
 
 ENGINE = "sglang"
 
@@ -26,25 +30,8 @@ REQUIRED: tuple[str, ...] = (
 )
 """Every name the adapter needs."""
 
-OPTIONAL: tuple[str, ...] = (
-    f"{BASE}.HICACHE_HOST_MEMORY_RESERVE_BYTES",
-    f"{MOONCAKE}.MooncakeBaseStore.register_buffer",
-)
-"""Names the adapter uses where they are (without: SGLang's reserve is taken as 0; its
-Mooncake registration is left to SGLang)."""
-
-
-def version() -> str | None:
-    """The installed SGLang's version."""
-    return _engines.version_of(ENGINE)
-
-
-def missing() -> list[str]:
-    """The names of :data:`REQUIRED` the installed SGLang lacks."""
-    return _engines.absent(REQUIRED)
-
 
 def check() -> None:
     """Raise :class:`hostpool.EngineVersionError` naming every name of :data:`REQUIRED`
     the installed SGLang lacks."""
-    _engines.require(ENGINE, version(), missing())
+    _engines.check(ENGINE, REQUIRED)
