@@ -60,31 +60,20 @@ pub(crate) fn finding(python: &OsStr, source: &str, outcome: Outcome<Answer>) ->
                     "distributions": answer.distributions,
                 }))
         }
-        Outcome::NotStarted(_) => not_asked(
-            &shown,
-            source,
-            format!("not importable: {asked} {why}"),
-            "set HOSTPOOL_PYTHON to the engine's venv python (`python -m hostpool doctor` \
-             sets it to its own), or put python3 on the PATH",
-        ),
-        Outcome::TimedOut(deadline) => not_asked(
-            &shown,
-            source,
-            format!(
-                "not known: {asked} did not import mooncake.engine within {} s and was killed",
-                deadline.as_secs()
-            ),
-            format!(
-                "run `{shown} -c 'import mooncake.engine'` to see where it hangs, or set \
-                 HOSTPOOL_PYTHON to the engine's venv python"
-            ),
-        ),
-        Outcome::NoAnswer { .. } => not_asked(
-            &shown,
-            source,
-            format!("not known: {asked} {why}"),
-            "HOSTPOOL_PYTHON must name a Python 3 interpreter (the engine's venv python)",
-        ),
+        unanswered => {
+            let value = match &unanswered {
+                Outcome::NotStarted(_) => format!("not importable: {asked} {why}"),
+                Outcome::TimedOut(deadline) => format!(
+                    "not known: {asked} did not import mooncake.engine within {} s and was killed",
+                    deadline.as_secs()
+                ),
+                _ => format!("not known: {asked} {why}"),
+            };
+            let remedy = unanswered
+                .remedy_unanswered(&shown, "mooncake.engine")
+                .unwrap_or_default();
+            not_asked(&shown, source, value, remedy)
+        }
     }
 }
 

@@ -121,6 +121,26 @@ impl<T> Outcome<T> {
             )),
         }
     }
+
+    /// What to do when `shown` (the interpreter as named) gave no answer:
+    /// name one that runs, see where `import {import}` hangs, or name a
+    /// Python 3; `None` when it answered.
+    pub fn remedy_unanswered(&self, shown: &str, import: &str) -> Option<String> {
+        match self {
+            Outcome::Answered(_) => None,
+            Outcome::NotStarted(_) => Some(format!(
+                "set {PYTHON_VAR} to the engine's venv python (`python -m hostpool doctor` \
+                 sets it to its own), or put {DEFAULT_PYTHON} on the PATH"
+            )),
+            Outcome::TimedOut(_) => Some(format!(
+                "run `{shown} -c 'import {import}'` to see where it hangs, or set \
+                 {PYTHON_VAR} to the engine's venv python"
+            )),
+            Outcome::NoAnswer { .. } => Some(format!(
+                "{PYTHON_VAR} must name a Python 3 interpreter (the engine's venv python)"
+            )),
+        }
+    }
 }
 
 /// Ask `python` with the script of `body` (see [`script`]), within
@@ -376,6 +396,29 @@ answer({
             start.elapsed() < Duration::from_secs(10),
             "{:?}",
             start.elapsed()
+        );
+    }
+
+    #[test]
+    fn each_way_of_not_answering_has_its_remedy() {
+        let not_started = Outcome::<Probe>::NotStarted(std::io::ErrorKind::NotFound.into());
+        let r = not_started.remedy_unanswered("py", "x.y").unwrap();
+        assert!(
+            r.contains("set HOSTPOOL_PYTHON") && r.contains("python3 on the PATH"),
+            "{r}"
+        );
+        let hung = Outcome::<Probe>::TimedOut(DEADLINE);
+        let r = hung.remedy_unanswered("py", "x.y").unwrap();
+        assert!(
+            r.starts_with("run `py -c 'import x.y'` to see where it hangs"),
+            "{r}"
+        );
+        let ended = ask::<Probe>(OsStr::new("/nonexistent/python3"), BODY, DEADLINE);
+        assert!(ended.remedy_unanswered("py", "x.y").is_some());
+        let answered = ask::<Probe>(OsStr::new("python3"), BODY, DEADLINE);
+        assert!(
+            answered.remedy_unanswered("py", "x.y").is_none(),
+            "{answered:?}"
         );
     }
 

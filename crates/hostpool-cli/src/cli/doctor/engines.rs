@@ -469,22 +469,11 @@ fn findings_of(python: &OsStr, source: &str, outcome: Outcome<Answer>) -> Vec<Fi
             );
             out
         }
-        Outcome::NotStarted(_) => not_known(
+        unanswered => not_known(
             format!("not known: {asked} {why}"),
-            "set HOSTPOOL_PYTHON to the engine's venv python (`python -m hostpool doctor` sets \
-             it to its own), or put python3 on the PATH"
-                .into(),
-        ),
-        Outcome::TimedOut(_) => not_known(
-            format!("not known: {asked} {why}"),
-            format!(
-                "see where `{shown} -c 'import importlib.metadata'` hangs, or set \
-                 HOSTPOOL_PYTHON to the engine's venv python"
-            ),
-        ),
-        Outcome::NoAnswer { .. } => not_known(
-            format!("not known: {asked} {why}"),
-            "HOSTPOOL_PYTHON must name a Python 3 interpreter (the engine's venv python)".into(),
+            unanswered
+                .remedy_unanswered(&shown, "importlib.metadata")
+                .unwrap_or_default(),
         ),
     }
 }
