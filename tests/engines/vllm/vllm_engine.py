@@ -339,8 +339,6 @@ class Scheduler:
         return out, forward
 
     def update(self, out: Any, kv_output: Any) -> None:
-        from vllm.v1.outputs import ModelRunnerOutput
-
         req_ids = list(out.num_scheduled_tokens)
         mro = runner_output(
             req_ids=req_ids,
@@ -381,8 +379,6 @@ class Engine:
 
     def finish(self, out: Any, forward: list[tuple[int, bytes]]) -> None:
         """The workers run step ``out``, and the scheduler learns what they did."""
-        from vllm.v1.outputs import ModelRunnerOutput
-
         runs = [
             runner_output(req_ids=[], req_id_to_index={}, kv_connector_output=kv)
             for kv in self.workers.step(out, forward)
