@@ -75,11 +75,17 @@ EXTRA_CONFIG_KEY = "hostpool"
 _SHARING_FROM_VLLM = ("name", "world", "rank")
 
 
-def pool_config_from(extra_config: Mapping[str, Any], size: int | None = None) -> dict[str, Any]:
+def pool_config_from(
+    extra_config: Mapping[str, Any],
+    size: int | None = None,
+    *,
+    size_from: str = "kv_connector_extra_config's cpu_bytes_to_use",
+) -> dict[str, Any]:
     """The pool config in ``extra_config["hostpool"]``, checked (an empty one when absent).
 
     ``size`` is the region's size when known (it checks ``block_size``
-    against it); the config is planned, not built.
+    against it); the config is planned, not built. ``size_from`` names,
+    in the error for a ``size`` in the table, where the size comes from.
 
     Raises :class:`hostpool.ConfigError` for a table that is not one, a key
     vLLM decides (``size``, ``sharing.name``/``world``/``rank``), or anything
@@ -97,7 +103,7 @@ def pool_config_from(extra_config: Mapping[str, Any], size: int | None = None) -
     if "size" in config:
         raise hostpool.ConfigError(
             f"kv_connector_extra_config.{EXTRA_CONFIG_KEY} has `size`: the size comes from "
-            "kv_connector_extra_config's cpu_bytes_to_use; remove it"
+            f"{size_from}; remove it"
         )
     sharing = config.get("sharing")
     if sharing is not None:

@@ -30,6 +30,11 @@ __all__ = [
     "has_touch",
     "none_hash",
     "version",
+    "HISPARSE_REQUIRED",
+    "HISPARSE",
+    "hisparse_available",
+    "hisparse_keeps_pinned",
+    "hisparse_registration_ranges",
 ]
 
 ENGINE = "vllm"
@@ -94,6 +99,84 @@ REQUIRED: tuple[str, ...] = (
 
 _SEGMENTS = (f"{_REGION}.REGION_SEGMENTS", f"{_SPEC}._REGION_SEGMENTS")
 """Where a release keeps the count of a region's segments (0.34, 0.33): one of them."""
+
+
+# HiSparse's host pool (hostpool.hisparse). 0.33 and 0.34 keep it in the same
+# places; 0.34 added the pool's list of pinned ranges (``pinned``), dropped the
+# runtimes from ``release_pinned_state``'s arguments, and moved the registration
+# ranges to ``vllm.utils.host_memory.host_registration_ranges``.
+_HS_RUNTIME = "vllm.v1.hisparse.runtime"
+_HS_BINDING = "vllm.v1.hisparse.binding"
+_HS_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.hisparse.worker"
+HISPARSE_MODULES = (_HS_RUNTIME, _HS_BINDING, _HS_WORKER)
+"""The modules that call ``release_pinned_state`` (each imported it by name)."""
+
+HISPARSE_REQUIRED: tuple[str, ...] = (
+    f"{_HS_RUNTIME}.HiSparseHostPool",
+    f"{_HS_RUNTIME}.HiSparseHostPool.allocate",
+    *(
+        f"{_HS_RUNTIME}.HiSparseHostPool.{a}"
+        for a in ("vllm_config", "kv_cache_config", "backing", "registered", "shared_region")
+    ),
+    *(f"{m}.release_pinned_state" for m in HISPARSE_MODULES),
+)
+"""Every name hostpool's HiSparse adapter needs, whatever the release."""
+
+_HS_RANGES = (
+    "vllm.utils.host_memory.host_registration_ranges",  # 0.34: (sizes, blocks, total)
+    f"{_HS_RUNTIME}._hisparse_registration_ranges",  # 0.33: (sizes, blocks, stride)
+)
+
+
+def hisparse_available() -> bool:
+    """Whether this vLLM has HiSparse at all (its runtime module)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(_HS_RUNTIME) is not None
+    except ImportError:
+        return False
+
+
+def hisparse_missing() -> list[str]:
+    """The names of :data:`HISPARSE_REQUIRED` the installed vLLM lacks."""
+    return _engines.absent(HISPARSE_REQUIRED)
+
+
+def check_hisparse() -> None:
+    """Raise :class:`hostpool.EngineVersionError` naming every name of
+    :data:`HISPARSE_REQUIRED` the installed vLLM lacks."""
+    _engines.require(ENGINE, version(), hisparse_missing())
+
+
+class _Hisparse:
+    """What :class:`hostpool._adapter.Adapter` checks before HiSparse's hooks go in."""
+
+    check = staticmethod(check_hisparse)
+
+
+HISPARSE = _Hisparse()
+
+
+def hisparse_keeps_pinned() -> bool:
+    """Whether ``HiSparseHostPool`` keeps the list of ranges it pinned (``pinned``,
+    0.34), which ``release_pinned_state`` unpins; 0.33 unpins ``registered``."""
+    return _engines.present(f"{_HS_RUNTIME}.HiSparseHostPool.pinned")
+
+
+def hisparse_registration_ranges(tensor_sizes: list[int], num_blocks: int, total: int) -> tuple[tuple[int, int], ...]:
+    """HiSparse's own split of a shared pool of ``total`` bytes into the ranges it
+    registers (never bisecting a tensor's host block), from where the release keeps it."""
+    for dotted in _HS_RANGES:
+        try:
+            split = _engines.resolve(dotted)
+        except LookupError:
+            continue
+        if dotted.endswith("host_registration_ranges"):
+            return tuple(split(tensor_sizes, num_blocks, total))
+        return tuple(split(tensor_sizes, num_blocks, total // num_blocks))
+    _engines.require(ENGINE, version(), [" or ".join(_HS_RANGES)])
+    raise AssertionError("unreachable")
 
 
 def version() -> str | None:
