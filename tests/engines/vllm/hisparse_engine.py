@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import vllm_engine  # noqa: E402
 
 LAYERS = tuple(f"model.layers.{i}.self_attn.attn" for i in range(3))
-HOST_BLOCK = 64 * 1024  # bytes of one layer's host block (HiSparse's page)
+HOST_BLOCK = 656 * 64  # one layer's host block: 64 fp8_ds_mla rows of 656 B (not a page multiple)
 
 
 class _Err:
@@ -135,7 +135,7 @@ def _vllm_config(model: Any, args: dict[str, Any], extra: dict[str, Any]) -> Any
     return VllmConfig(
         model_config=model,
         device_config=DeviceConfig(device="cpu"),
-        parallel_config=ParallelConfig(tensor_parallel_size=args.get("tp", 1)),
+        parallel_config=ParallelConfig(tensor_parallel_size=args.get("tp", 1), distributed_executor_backend="mp"),
         kv_transfer_config=KVTransferConfig(
             kv_connector="HiSparseConnector", kv_role="kv_both", kv_connector_extra_config=extra
         ),

@@ -167,14 +167,15 @@ def _pin_block(tensor_sizes: list[int], num_blocks: int | None) -> int | None:
 
 
 def _with_block(config: dict[str, Any], block: int | None, total: int) -> dict[str, Any]:
-    """``config`` with ``block_size`` = ``block`` where a chunk of it fits the pool
-    (a multiple of the pool's page size must); else the whole pool is one block."""
-    if block is None or "block_size" in config:
+    """``config`` with ``block_size`` = ``block`` where a registration unit of it
+    (``lcm(block, page size)``) fits the pool; else the whole pool, rounded to its
+    pages, is one unit (one registration, as HiSparse's private pool is)."""
+    if "block_size" in config:
         return config
     page = hostpool.plan({**{k: v for k, v in config.items() if k != "sharing"}, "size": total})["page_size"]
-    if math.lcm(block, page) <= total:
-        config = {**config, "block_size": block}
-    return config
+    if block is None or math.lcm(block, page) > _round_up(total, page):
+        block = _round_up(total, page)
+    return {**config, "block_size": block}
 
 
 def _round_up(n: int, to: int) -> int:
