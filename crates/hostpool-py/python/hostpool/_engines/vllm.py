@@ -12,6 +12,10 @@ from release to release: 0.34 moved ``_REGION_SEGMENTS`` into
 each release keeps it; :func:`check` runs where vLLM builds hostpool's spec
 and raises one :class:`hostpool.EngineVersionError` naming the version found
 and every name missing, never an ``AttributeError`` in a worker later.
+
+HiSparse's host pool (:mod:`hostpool.hisparse`) has its own list,
+:data:`HISPARSE_REQUIRED`, checked where its hook installs; 0.34 added the
+pool's ``pinned`` list and dropped the runtimes from ``release_pinned_state``.
 """
 
 from __future__ import annotations
