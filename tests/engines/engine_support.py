@@ -23,7 +23,7 @@ free_hugepages = _conftest.free_hugepages
 run_python = _conftest.run_python
 shm_files = _conftest.shm_files
 
-__all__ = ["engine_objects", "assert_same_objects", "doctor_engines", "installed_versions_are_the_readmes", "fake_cuda_dir", "nothing_left_behind", "hugetlbfs_mount", "free_hugepages", "run_python", "shm_files", "start_mooncake_master", "child_processes", "mooncake_master"]
+__all__ = ["die_once_prefaulted", "engine_objects", "assert_same_objects", "doctor_engines", "installed_versions_are_the_readmes", "fake_cuda_dir", "nothing_left_behind", "hugetlbfs_mount", "free_hugepages", "run_python", "shm_files", "start_mooncake_master", "child_processes", "mooncake_master"]
 
 
 def installed_versions_are_the_readmes(rows: dict[str, str]) -> None:
@@ -48,6 +48,27 @@ def installed_versions_are_the_readmes(rows: dict[str, str]) -> None:
         assert f"| {name.split(' (')[0]} {version} |" in engines_md, (
             f"docs/engines.md's compatibility table lacks a row for {name} {version}"
         )
+
+
+def die_once_prefaulted() -> None:
+    """Make this process a rank that dies mid-setup: it stalls before the shared pool's
+    barrier (a failpoint of the test build) and SIGKILLs itself once its shard is
+    prefaulted, in the next ``hostpool.Pool.from_config`` it makes."""
+    import signal
+
+    import hostpool
+
+    os.environ["HOSTPOOL_TEST_FAILPOINTS"] = "shared-before-barrier=stall"
+    real = hostpool.Pool.from_config
+
+    def dying(source, **kw):
+        def progress(phase, done, total):
+            if phase == "prefault" and done == total:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        return real(source, progress=progress)
+
+    hostpool.Pool.from_config = dying
 
 
 def engine_objects(*prefixes: str) -> dict[tuple[str, ...], object]:

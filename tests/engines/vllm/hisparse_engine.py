@@ -20,7 +20,6 @@ import ctypes
 import gc
 import json
 import os
-import signal
 import sys
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import engine_support  # noqa: E402
 import vllm_engine  # noqa: E402
 
 LAYERS = tuple(f"model.layers.{i}.self_attn.attn" for i in range(3))
@@ -105,13 +105,7 @@ def model_dir(root: str) -> str:
 
 
 def vllm_config(args: dict[str, Any]) -> Any:
-    from vllm.config import (
-        DeviceConfig,
-        KVTransferConfig,
-        ModelConfig,
-        ParallelConfig,
-        VllmConfig,
-    )
+    from vllm.config import ModelConfig
 
     extra: dict[str, Any] = {"host_pool_gib": args.get("gib", 1)}
     if args.get("table") is not None:
@@ -218,7 +212,6 @@ def allocate(args: dict[str, Any]) -> dict[str, Any]:
     from vllm.plugins import load_general_plugins
     from vllm.v1.hisparse import runtime
 
-    import engine_support
 
     install_platform()
     watched = ("vllm.v1.hisparse", "vllm.distributed.kv_transfer.kv_connector.v1.hisparse")
@@ -226,6 +219,13 @@ def allocate(args: dict[str, Any]) -> dict[str, Any]:
     import vllm.v1.hisparse.binding  # noqa: F401
 
     before = engine_support.engine_objects(*watched)
+    if args.get("vllm_logging"):
+        # As vLLM's worker process starts (``worker_main``): vLLM's own logging
+        # config, applied before its plugins load.
+        from vllm.config.logging import LoggingConfig
+        from vllm.logger import configure_logging
+
+        configure_logging(LoggingConfig())
     load_general_plugins()  # what every vLLM process runs at start: the wheel's entry point
     config = vllm_config(args)
     kcc = kv_cache_config(args["blocks"], shared=False)
@@ -297,16 +297,7 @@ def shared_rank(args: dict[str, Any]) -> dict[str, Any]:
         initialize_model_parallel(tensor_model_parallel_size=world)
         tp = get_tp_group()
         if args.get("die") == rank:
-            real = hostpool.Pool.from_config
-
-            def dying(source, **kw):  # the victim dies once its shard is prefaulted
-                def progress(phase, done, total):
-                    if phase == "prefault" and done == total:
-                        os.kill(os.getpid(), signal.SIGKILL)
-
-                return real(source, progress=progress)
-
-            hostpool.Pool.from_config = dying
+            engine_support.die_once_prefaulted()
         kcc = kv_cache_config(args["blocks"], shared=True)
         size = kcc.kv_cache_tensors[0].size
         host_pool = runtime.get_hisparse_host_pool(config, kcc)

@@ -25,7 +25,6 @@ import types
 
 import pytest
 
-import hostpool
 from engine_support import free_hugepages, hugetlbfs_mount, shm_files
 
 ENGINE = pathlib.Path(__file__).with_name("hisparse_engine.py")
@@ -95,6 +94,23 @@ def test_with_the_table_the_pool_is_hostpools_on_huge_pages_pinned_once(model, f
     assert info["restored"]
 
 
+def test_hostpools_line_reaches_stderr_under_vllms_own_logging(model, fake_cuda_dir, tmp_path):
+    env = {**_env(fake_cuda_dir, tmp_path / "cuda.log"), "VLLM_CONFIGURE_LOGGING": "1",
+           "VLLM_LOGGING_STREAM": "ext://sys.stderr", "VLLM_LOGGING_LEVEL": "INFO"}
+    out = subprocess.run(
+        [sys.executable, str(ENGINE), "allocate",
+         json.dumps({"model": model, "blocks": 64, "table": {}, "vllm_logging": True})],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    lines = [l for l in out.stderr.splitlines() if "HiSparse host pool of" in l]
+    # Once, in vLLM's format ("(pid) LEVEL date [file.py:line] message"), at vLLM's level.
+    assert len(lines) == 1, out.stderr[-4000:]
+    assert " INFO " in f" {lines[0].split('[')[0]} " and "[hisparse.py:" in lines[0], lines[0]
+    assert "private" in lines[0] and "pinned: True" in lines[0], lines[0]
+    assert "HiSparse host pool of" not in out.stdout
+
+
 def test_pinned_chunks_never_split_a_hisparse_block(model, fake_cuda_dir, tmp_path):
     # 4 KiB pages: chunks are cut on multiples of lcm(41984, 4096) = 167936 bytes.
     chunk = 4 * 167936
@@ -147,10 +163,6 @@ def _ranks(model, fake_cuda_dir, tmp_path, table, die=None):
     procs = []
     for rank in range(2):
         env = _env(fake_cuda_dir, tmp_path / f"cuda{rank}.log")
-        if rank == die:
-            # Stop before the barrier, so the rank is certainly mid-setup when it
-            # dies, once its shard is prefaulted (a failpoint of the test build).
-            env["HOSTPOOL_TEST_FAILPOINTS"] = "shared-before-barrier=stall"
         procs.append(subprocess.Popen(
             [sys.executable, str(ENGINE), "shared", json.dumps({**args, "rank": rank})],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -21,7 +21,7 @@ import torch
 
 import hostpool
 import hostpool.vllm
-from engine_support import doctor_engines, free_hugepages, hugetlbfs_mount, run_python, shm_files
+from engine_support import die_once_prefaulted, doctor_engines, free_hugepages, hugetlbfs_mount, run_python, shm_files
 from hostpool.torch import HostPoolRegion, OffloadRegion, RegionFullError, pool_name
 from vllm.v1.kv_offload import factory
 from vllm.v1.kv_offload.config import (
@@ -367,17 +367,7 @@ def _worker(engine_id, rank, world, mode, q, barrier):
         if mode == "kill" and rank == 1:
             # Stop before the barrier, so the worker is certainly mid-setup
             # when it dies, once its prefault is done.
-            os.environ["HOSTPOOL_TEST_FAILPOINTS"] = "shared-before-barrier=stall"
-            real = hostpool.Pool.from_config
-
-            def dying(config, **kw):  # the victim dies once its shard is prefaulted
-                def progress(phase, done, total):
-                    if phase == "prefault" and done == total:
-                        os.kill(os.getpid(), signal.SIGKILL)
-
-                return real(config, progress=progress)
-
-            hostpool.Pool.from_config = dying
+            die_once_prefaulted()
         try:
             region = HostPoolRegion(
                 engine_id, chunks, rank, row, page,

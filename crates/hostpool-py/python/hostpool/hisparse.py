@@ -48,11 +48,11 @@ reached only through :mod:`hostpool._engines.vllm`.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import mmap
 import sys
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -195,18 +195,13 @@ class HisparseAdapter(Adapter):
         super().__init__()
         self._regions: dict[int, Any] = {}
         """Private pools' regions by pool address (a shared pool's is HiSparse's ``shared_region``)."""
-        self._region_lock = threading.Lock()
 
     def hooks(self) -> None:
-        runtime = sys.modules.get(_names.HISPARSE_MODULES[0]) or __import__(
-            _names.HISPARSE_MODULES[0], fromlist=["_"]
-        )
+        runtime = importlib.import_module(_names.HISPARSE_MODULES[0])
         self.patch(runtime.HiSparseHostPool, "allocate", _allocate)
 
     def hook_teardown(self) -> None:
         """Put ``release_pinned_state`` in place in every HiSparse module that calls it."""
-        import importlib
-
         with self._lock:
             runtime = importlib.import_module(_names.HISPARSE_MODULES[0])
             theirs = self.theirs(runtime, "release_pinned_state")
@@ -216,7 +211,7 @@ class HisparseAdapter(Adapter):
                     self.patch(module, "release_pinned_state", _release_pinned_state)
 
     def keep(self, region: Any) -> None:
-        with self._region_lock:
+        with self._lock:
             self._regions[region.pool.addr] = region
         self.track(region.pool)
 
@@ -229,11 +224,11 @@ class HisparseAdapter(Adapter):
         pool = self.pool_of(ptr, max(nbytes, 1))
         if pool is None:
             return None
-        with self._region_lock:
+        with self._lock:
             return self._regions.get(pool.addr)
 
     def forget(self, region: Any) -> None:
-        with self._region_lock:
+        with self._lock:
             for addr, r in list(self._regions.items()):
                 if r is region:
                     del self._regions[addr]
@@ -264,8 +259,10 @@ def _theirs_allocate() -> Any:
 def _allocate(self: Any, size: int) -> Any:
     """``HiSparseHostPool.allocate``: with the connector's ``hostpool`` table, the pool
     is hostpool's; without it, vLLM's own."""
+    if self.backing is not None:  # allocated already: HiSparse's own check of the size
+        return _theirs_allocate()(self, size)
     config = pool_config_of(self.vllm_config)
-    if config is None or self.backing is not None:
+    if config is None:
         return _theirs_allocate()(self, size)
     from hostpool._vllm_region import HostPoolRegion
 

@@ -463,7 +463,8 @@ _CONNECTOR_METHODS: dict[str, Any] = {
 
 
 def _vllm_general_plugin() -> None:
-    """The ``vllm.general_plugins`` entry point: :func:`install` when ``HOSTPOOL_LMCACHE`` is set.
+    """The ``vllm.general_plugins`` entry point's LMCache half (``hostpool._vllm_plugin``):
+    :func:`install` when ``HOSTPOOL_LMCACHE`` is set.
 
     vLLM runs it in every process and does not catch what it raises, so it
     never raises: without the variable it does nothing; a config that does
