@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::barrier::{known, peer};
 use crate::kept::{how_to_start, keeper_error, socket_name};
-use crate::message::{LeaseInfo, Message};
+use crate::message::{LeaseInfo, Message, PROTOCOL, Protocol};
 use crate::wire::{self, Handover, Received};
 use pool_core::file::{self, FileMapping, MapContext};
 use pool_core::interrupt::Cancel;
@@ -101,6 +101,21 @@ impl Holder {
             }
             Holder::Keeper { name, .. } => Self::keeper_error(name, message, blamed),
         }
+    }
+
+    /// The error when the holder (`pid`) speaks a lease protocol this side
+    /// does not: both versions named. A creator is of the same hostpool
+    /// as its ranks and sends none.
+    fn speaks(&self, pid: u32, theirs: Protocol) -> Option<Error> {
+        let Holder::Keeper { name, .. } = self else {
+            return None;
+        };
+        let why = PROTOCOL.refusal(
+            theirs,
+            "this engine",
+            &format!("the keeper of `{name}` (pid {pid})"),
+        )?;
+        Some(Self::keeper_error(name, why, Some(pid)))
     }
 
     /// The holder hung up (or said something else) before the handover.
@@ -383,6 +398,7 @@ pub(crate) fn join(j: Joining<'_>) -> Result<Joined> {
                 (Offer::Welcome, None, handed, files)
             }
             Received::Msg(Message::Lease {
+                protocol,
                 info,
                 logical,
                 mapped,
@@ -390,12 +406,20 @@ pub(crate) fn join(j: Joining<'_>) -> Result<Joined> {
                 backing,
                 extents: handed,
                 files,
-            }) => (
-                Offer::Lease { info, backing },
-                Some((logical, mapped, page)),
-                handed,
-                files,
-            ),
+            }) => {
+                if let Some(e) = holder.speaks(pid, protocol) {
+                    // Nothing is mapped: the descriptors close with `fds`,
+                    // and the keeper reads a clean end.
+                    let _ = wire::send(&conn, &Message::Release, &[]);
+                    return Err(e);
+                }
+                (
+                    Offer::Lease { info, backing },
+                    Some((logical, mapped, page)),
+                    handed,
+                    files,
+                )
+            }
             Received::Msg(Message::Refused {
                 usage: true,
                 message,
@@ -611,6 +635,7 @@ mod tests {
                 extents,
             },
             Holder::Keeper { .. } => Message::Lease {
+                protocol: PROTOCOL,
                 info: LeaseInfo {
                     name: "unit".into(),
                     instance: "i".into(),
@@ -704,6 +729,67 @@ mod tests {
                 joined.offer
             );
         }
+    }
+
+    /// A keeper whose first message speaks a protocol this engine does not
+    /// is refused before anything maps, naming both versions; it reads a
+    /// clean release, not a death.
+    #[test]
+    fn a_keeper_of_another_protocol_is_refused_naming_both_versions() {
+        let (ours, theirs) = pair();
+        let serving = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let asked = wire::recv::<Message>(&theirs, deadline, &mut Vec::new(), None);
+            assert!(matches!(asked, Ok(Received::Msg(_))));
+            let file = memfd(8 * MIB);
+            let whole = Extent {
+                offset: 0,
+                len: 8 * MIB,
+            };
+            hand_over(
+                theirs.as_fd(),
+                |x, n| {
+                    let mut m = head(&keeper(), x, n);
+                    if let Message::Lease { protocol, .. } = &mut m {
+                        *protocol = Protocol {
+                            version: 9,
+                            oldest: 9,
+                        };
+                    }
+                    m
+                },
+                &[(file.as_fd(), whole)],
+            )
+            .unwrap();
+            wire::recv::<Message>(&theirs, deadline, &mut Vec::new(), None)
+        });
+        let e = join(Joining {
+            conn: ours,
+            holder: keeper(),
+            request: Message::Status,
+            deadline: Instant::now() + Duration::from_secs(10),
+            cancel: &Cancel::new(),
+            planned: None,
+            map: MapContext::default(),
+            stall: "unit",
+        })
+        .expect_err("another protocol is refused");
+        let text = e.to_string();
+        assert!(matches!(e, Error::Keeper { absent: false, .. }), "{e:?}");
+        assert!(
+            text.contains(&format!(
+                "this engine speaks lease protocol {} (down to {}) and the keeper of `unit` \
+                 (pid {}) speaks 9 (down to 9)",
+                PROTOCOL.version,
+                PROTOCOL.oldest,
+                std::process::id()
+            )) && text.contains("this engine is older"),
+            "{text}"
+        );
+        assert!(matches!(
+            serving.join().unwrap(),
+            Ok(Received::Msg(Message::Release))
+        ));
     }
 
     /// A creator's files must be the joiner's own plan: two files where it

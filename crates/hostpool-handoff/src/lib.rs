@@ -30,7 +30,7 @@ mod sys;
 pub mod wire;
 
 pub use join::hand_over;
-pub use message::Message;
+pub use message::{Message, PROTOCOL, Protocol};
 pub use pool_core::shared::RefusalTerms;
 pub use rendezvous::Refusal;
 

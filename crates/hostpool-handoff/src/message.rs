@@ -30,6 +30,10 @@ pub enum Message {
     /// the lease its ranks hold: it joins no barrier, counts no
     /// generation, and the lease ends only once it went too.
     Hello {
+        /// The protocol the engine speaks (absent: protocol 1, the one
+        /// before versions were sent).
+        #[serde(default = "Protocol::unversioned")]
+        protocol: Protocol,
         world: u32,
         rank: u32,
         engine: String,
@@ -56,6 +60,9 @@ pub enum Message {
     /// extents of the descriptors it carries (so that a message stays small
     /// however many files the pool has).
     Lease {
+        /// The protocol the keeper speaks (absent: protocol 1).
+        #[serde(default = "Protocol::unversioned")]
+        protocol: Protocol,
         info: LeaseInfo,
         logical: u64,
         mapped: u64,
@@ -104,6 +111,70 @@ pub enum Message {
     Status,
     /// The keeper's status.
     StatusOf(Value),
+}
+
+/// The version of the lease protocol one side speaks, and the oldest
+/// version it still speaks: the first message of each side of a lease
+/// carries it ([`Message::Hello`], [`Message::Lease`]). Two sides get on
+/// when each speaks the other's version or newer down to its `oldest`
+/// ([`Protocol::compatible`]; the rule is in `docs/design.md`): a change
+/// that an older side could misread raises `version` and `oldest`, a change
+/// it can ignore (a field with a default) raises `version` alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Protocol {
+    /// The version this side speaks.
+    pub version: u32,
+    /// The oldest version this side still speaks.
+    pub oldest: u32,
+}
+
+/// The protocol this build speaks.
+pub const PROTOCOL: Protocol = Protocol {
+    version: 2,
+    oldest: 2,
+};
+
+impl Protocol {
+    /// What a side that sends no version speaks: protocol 1, the lease of
+    /// hostpool before versions were sent.
+    pub fn unversioned() -> Protocol {
+        Protocol {
+            version: 1,
+            oldest: 1,
+        }
+    }
+
+    /// Whether `self` and `theirs` can hold a lease together: each speaks
+    /// a version the other still speaks.
+    pub fn compatible(self, theirs: Protocol) -> bool {
+        self.version >= theirs.oldest && theirs.version >= self.oldest
+    }
+
+    /// The refusal `we` (this side, say "the keeper of `kv0`") give a peer
+    /// (`they`, say "pid 42") that speaks `theirs`, when the two cannot
+    /// hold a lease together: both versions named, and which side to
+    /// upgrade.
+    pub fn refusal(self, theirs: Protocol, we: &str, they: &str) -> Option<String> {
+        if self.compatible(theirs) {
+            return None;
+        }
+        let upgrade = if theirs.version < self.oldest {
+            format!(
+                "{they} is older: run it with hostpool {}",
+                pool_core::VERSION
+            )
+        } else {
+            format!(
+                "{we} is older: restart it with the hostpool {they} runs (this is hostpool {})",
+                pool_core::VERSION
+            )
+        };
+        Some(format!(
+            "{we} speaks lease protocol {} (down to {}) and {they} speaks {} (down to {}): \
+             they have no version in common; {upgrade}",
+            self.version, self.oldest, theirs.version, theirs.oldest
+        ))
+    }
 }
 
 /// How a lease ended.

@@ -748,6 +748,7 @@ impl Serving {
         now: Instant,
     ) -> Answer {
         let Message::Hello {
+            protocol,
             world,
             rank,
             engine,
@@ -767,6 +768,19 @@ impl Serving {
         };
         let name = self.config.name.clone();
         let keeper = Some(std::process::id());
+        // Before anything else: the rest of the hello means what this
+        // keeper thinks only in a protocol both speak.
+        if let Some(message) = hostpool_handoff::PROTOCOL.refusal(
+            *protocol,
+            &format!("the keeper of `{name}`"),
+            "this engine",
+        ) {
+            return Answer::Refuse {
+                usage: false,
+                message,
+                pid: keeper,
+            };
+        }
         if self.stopping {
             return Answer::Refuse {
                 usage: false,
@@ -1250,6 +1264,7 @@ impl Serving {
             "pid": std::process::id(),
             "uid": self.uid,
             "instance": self.instance,
+            "protocol": hostpool_handoff::PROTOCOL,
             "started_at": pool_core::rfc3339(self.started_at),
             "state": state,
             "broken": match &self.state { State::Broken(why) => Some(why.clone()), _ => None },
@@ -1366,6 +1381,7 @@ fn send_lease(
     hostpool_handoff::hand_over(
         conn.as_fd(),
         |extents, files| Message::Lease {
+            protocol: hostpool_handoff::PROTOCOL,
             info,
             logical: s.logical,
             mapped: s.mapped,
@@ -1427,6 +1443,7 @@ mod tests {
 
     fn hello(engine: &str, world: u32, rank: u32, size: Option<u64>) -> Message {
         Message::Hello {
+            protocol: hostpool_handoff::PROTOCOL,
             world,
             rank,
             engine: engine.into(),
@@ -1492,6 +1509,72 @@ mod tests {
             "{message}"
         );
         assert_eq!(s.generation, 1, "a refusal counts no generation");
+    }
+
+    /// An engine of another lease protocol: refused naming both versions
+    /// and which side to upgrade, before anything of its hello is read; a
+    /// newer engine that still speaks this keeper's version is served.
+    #[test]
+    fn an_engine_of_another_protocol_is_refused_naming_both_versions() {
+        use hostpool_handoff::{PROTOCOL, Protocol};
+        let now = Instant::now();
+        let with = |protocol: Protocol| {
+            let mut h = hello("eng", 1, 0, Some(1 << 40));
+            if let Message::Hello { protocol: p, .. } = &mut h {
+                *p = protocol;
+            }
+            h
+        };
+        for (theirs, says) in [
+            (
+                Protocol::unversioned(),
+                "this engine is older: run it with hostpool",
+            ),
+            (
+                Protocol {
+                    version: PROTOCOL.version + 1,
+                    oldest: PROTOCOL.version + 1,
+                },
+                "the keeper of `unit` is older: restart it",
+            ),
+        ] {
+            let mut s = serving("zero");
+            let (usage, message, pid) = refused(s.answer(&with(theirs), || None, now));
+            assert!(!usage && pid == Some(std::process::id()), "{message}");
+            let both = format!(
+                "the keeper of `unit` speaks lease protocol {} (down to {}) and this engine \
+                 speaks {} (down to {})",
+                PROTOCOL.version, PROTOCOL.oldest, theirs.version, theirs.oldest
+            );
+            assert!(
+                message.contains(&both) && message.contains(says),
+                "{message}"
+            );
+            // Refused on the version, not on the absurd size it also asked.
+            assert!(!message.contains("size"), "{message}");
+            assert_eq!(s.generation, 0);
+        }
+        // Newer, and still speaking this version: served.
+        let mut s = serving("zero");
+        let newer = Protocol {
+            version: PROTOCOL.version + 1,
+            oldest: PROTOCOL.version,
+        };
+        let mut h = hello("eng", 1, 0, None);
+        if let Message::Hello { protocol, .. } = &mut h {
+            *protocol = newer;
+        }
+        granted(&mut s, &h, 100, now);
+        // The message as an engine of protocol 1 sends it, without a
+        // version, reads as protocol 1.
+        let old: Message = serde_json::from_str(
+            r#"{"Hello":{"world":1,"rank":0,"engine":"e","size":null,"page":null,"tag":null,"attach_timeout_secs":1.0,"barrier_timeout_secs":1.0}}"#,
+        )
+        .unwrap();
+        let Message::Hello { protocol, .. } = old else {
+            panic!("a hello")
+        };
+        assert_eq!(protocol, Protocol::unversioned());
     }
 
     #[test]

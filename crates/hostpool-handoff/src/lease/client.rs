@@ -101,6 +101,7 @@ pub fn attach(config: &pool_core::PoolConfig, cancel: &Cancel) -> Result<Box<dyn
         });
     let sock = connect(name)?;
     let hello = Message::Hello {
+        protocol: crate::message::PROTOCOL,
         world,
         rank,
         engine,
