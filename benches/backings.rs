@@ -244,7 +244,7 @@ fn populate(
     method: support::Method,
     threads: usize,
 ) {
-    let size = plan.backing_plan().size.mapped();
+    let size = plan.backing_plan().map_or(0, |bp| bp.size.mapped());
     g.bench_function(BenchmarkId::new(method.name(), threads), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
@@ -260,7 +260,7 @@ fn populate(
 
 /// `memset` over a resident pool of the same backing.
 fn memset(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, plan: &PoolPlan, threads: usize) {
-    let size = plan.backing_plan().size.mapped();
+    let size = plan.backing_plan().map_or(0, |bp| bp.size.mapped());
     let mut pool = benchkit::FreshPool::build(plan).expect("pool build");
     pool.memset(threads).expect("memset buffer");
     g.bench_function(BenchmarkId::new("memset", threads), |b| {

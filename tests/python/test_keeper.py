@@ -74,7 +74,7 @@ def test_the_size_asked_for_must_be_the_kept_pools(keeper):
     keeper(name, "--size", "4MiB")
     with pytest.raises(hostpool.ConfigError, match="asks for 8 MiB, but kept pool"):
         hostpool.Pool(keeper=name, size="8MiB")
-    with hostpool.Pool.from_config({"keeper": name, "size": "4MiB"}) as pool:
+    with hostpool.Pool.from_config({"lease": {"keeper": name}, "size": "4MiB"}) as pool:
         assert pool.report["keeper"]["name"] == name
 
 
@@ -82,16 +82,19 @@ def test_lease_keys_are_checked_and_a_stopped_keeper_is_waited_for_as_long_as_as
     name = f"py-stopped-{os.getpid()}"
     ready = keeper(name, "--size", "4MiB")
     for kwargs, says in [
-        ({"keeper": "a b"}, "keeper name `a b`"),
-        ({"keeper": name, "keeper_tag": "t" * 20000}, "keeper_tag is 20000 bytes"),
-        ({"keeper": name, "keeper_attach_timeout": 0.0}, "keeper attach timeout 0"),
+        ({"keeper": "a b"}, "lease.keeper name `a b`"),
+        ({"keeper": name, "keeper_tag": "t" * 20000}, r"Python keeper_tag=\) is 20000 bytes"),
+        ({"keeper": name, "keeper_attach_timeout": 0.0}, r"Python keeper_attach_timeout=\) = 0 s"),
         ({"keeper": name, "keeper_attach_timeout": float("inf")}, "at most one day"),
-        ({"keeper_attach_timeout": 1.0}, "go with keeper="),
+        ({"keeper_attach_timeout": 1.0}, r"keeper_attach_timeout=\) is given but no keeper"),
     ]:
         with pytest.raises(hostpool.ConfigError, match=says):
             hostpool.Pool(**kwargs)
-    with pytest.raises(hostpool.ConfigError, match="goes with `keeper"):
+    # A config's lease keys are one table; the old flat keys name their place in it.
+    with pytest.raises(hostpool.ConfigError, match=r"`keeper_tag` moved into the \[lease\] table as `tag`"):
         hostpool.Pool.from_config({"keeper_tag": "x", "size": "4MiB"})
+    with pytest.raises(hostpool.ConfigError, match="is given but no keeper"):
+        hostpool.Pool.from_config({"lease": {"tag": "x"}, "size": "4MiB"})
     os.kill(ready["pid"], signal.SIGSTOP)
     try:
         t = time.monotonic()
@@ -102,7 +105,7 @@ def test_lease_keys_are_checked_and_a_stopped_keeper_is_waited_for_as_long_as_as
         assert took < 4, took
         t = time.monotonic()
         with pytest.raises(hostpool.KeeperError, match="it is stopped"):
-            hostpool.Pool.from_config({"keeper": name, "keeper_attach_timeout_secs": 0.5})
+            hostpool.Pool.from_config({"lease": {"keeper": name, "attach_timeout_secs": 0.5}})
         assert time.monotonic() - t < 3
     finally:
         os.kill(ready["pid"], signal.SIGCONT)
@@ -206,7 +209,7 @@ def test_a_companion_maps_its_engines_lease_and_the_lease_ends_after_it(keeper, 
     name = f"py-comp-{os.getpid()}"
     keeper(name, "--size", "8MiB", "--content", "keep")
     engine = f"py-engine-{os.getpid()}"
-    companion = {"keeper": name, "keeper_companion_of": engine}
+    companion = {"lease": {"keeper": name, "companion_of": engine}}
     # No lease of the engine yet: a companion starts none.
     with pytest.raises(hostpool.KeeperError, match=f"no lease of engine `{engine}`") as e:
         hostpool.Pool.from_config(companion)
@@ -219,7 +222,7 @@ def test_a_companion_maps_its_engines_lease_and_the_lease_ends_after_it(keeper, 
         said = [json.loads(p.stdout.readline() or "null") for p in ranks]
         assert all(said), [p.stderr.read() for p in ranks]
         with pytest.raises(hostpool.KeeperError, match=f"leased by engine `{engine}`"):
-            hostpool.Pool.from_config({"keeper": name, "keeper_companion_of": "another-engine"})
+            hostpool.Pool.from_config({"lease": {"keeper": name, "companion_of": "another-engine"}})
         pool = hostpool.Pool.from_config(companion)
         lease = pool.report["keeper"]
         # The same lease: no generation of its own, the whole pool mapped.

@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn auto_without_dir_selects_anon() {
         let plan = PoolPlan::new(PoolConfig::default()).unwrap();
-        assert_eq!(plan.backing_plan().backing, NAME);
+        assert_eq!(plan.backing_plan().unwrap().backing, NAME);
         assert!(plan.report().explain[0].contains("no dir"));
     }
 

@@ -246,10 +246,14 @@ fn enomem_at_mmap_becomes_one_clear_error_when_pages_run_out_after_the_check() {
         let c = config((r.available + 8) * r.page, dir, Some(r.page));
         let plan = PoolPlan::new(c.clone()).unwrap();
         let before = free_pages(r.page);
-        let pool_core::plugin::MemorySource::Files(files) = &plan.backing_plan().source else {
-            panic!("hugetlbfs plans files: {:?}", plan.backing_plan().source)
+        let pool_core::plugin::MemorySource::Files(files) = &plan.backing_plan().unwrap().source
+        else {
+            panic!(
+                "hugetlbfs plans files: {:?}",
+                plan.backing_plan().unwrap().source
+            )
         };
-        let e = pool_core::file::map_planned(files, plan.backing_plan().size).unwrap_err();
+        let e = pool_core::file::map_planned(files, plan.backing_plan().unwrap().size).unwrap_err();
         assert_eq!(e.errno(), Some(libc::ENOMEM), "{e:?}");
         let msg = e.to_string();
         assert!(

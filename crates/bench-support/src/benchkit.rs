@@ -227,9 +227,11 @@ impl Memory {
             }
         }
         match self.plan(size) {
-            Ok(plan) => pool_core::host::capacity::require(&plan.backing_plan().capacity)
-                .err()
-                .map(|e| e.to_string()),
+            Ok(plan) => pool_core::host::capacity::require(
+                plan.backing_plan().map_or(&[][..], |bp| &bp.capacity),
+            )
+            .err()
+            .map(|e| e.to_string()),
             Err(e) => Some(e.to_string()),
         }
     }

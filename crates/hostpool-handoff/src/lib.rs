@@ -6,8 +6,8 @@
 //! `SCM_RIGHTS` in chunks, credentials with `SO_PEERCRED`).
 //!
 //! `pool-core` names none of this: it builds a shared or leased pool through
-//! the [`pool_core::shared::Handoff`] this crate submits, so a
-//! program links it to share or lease (the `hostpool` library, its CLI and
+//! the [`pool_core::shared::Handoff`] it is given ([`HANDOFF`], passed in
+//! the build's options), so a program links it to share or lease (the `hostpool` library, its CLI and
 //! its Python package do). The keeper itself, a daemon, is `hostpool-keeper`,
 //! which only the CLI links.
 //!
@@ -15,10 +15,11 @@
 //! which refuses one shorter than its extent; memfds come sealed against
 //! shrinking and growing ([`pool_core::file::create_memfd`]).
 
-use pool_core::file::Attachment;
+use pool_core::Handoff;
 use pool_core::interrupt::Cancel;
-use pool_core::shared::{Handoff, HandoffPlugin, SharedPoolSpec};
-use pool_core::{PoolConfig, Result};
+use pool_core::shared::Attachment;
+use pool_core::shared::SharedPoolSpec;
+use pool_core::{LeasePlan, Result};
 
 pub mod barrier;
 mod join;
@@ -34,7 +35,11 @@ pub use message::{Message, PROTOCOL, Protocol};
 pub use pool_core::shared::RefusalTerms;
 pub use rendezvous::Refusal;
 
-/// This crate's [`Handoff`].
+/// This crate's [`Handoff`]: what a build that shares or leases a pool is
+/// given (`BuildOptions::handoff(hostpool_handoff::HANDOFF)`).
+pub const HANDOFF: &dyn Handoff = &Handoffs;
+
+/// The [`Handoff`] of this crate.
 #[derive(Debug)]
 struct Handoffs;
 
@@ -43,20 +48,7 @@ impl Handoff for Handoffs {
         rendezvous::map_shared(spec)
     }
 
-    fn lease(&self, config: &PoolConfig, cancel: &Cancel) -> Result<Box<dyn Attachment>> {
-        lease::attach(config, cancel)
+    fn lease(&self, lease: &LeasePlan, cancel: &Cancel) -> Result<Box<dyn Attachment>> {
+        lease::attach(lease, cancel)
     }
-
-    fn keeper_socket(&self, name: &str) -> String {
-        lease::socket_name(name)
-    }
-}
-
-pool_core::inventory::submit! {
-    HandoffPlugin::new(
-        "seqpacket",
-        "shared pools over a socket or a control file, and leases of kept pools",
-        env!("CARGO_PKG_NAME"),
-        &Handoffs,
-    )
 }

@@ -11,6 +11,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use pool_core::lease::{LeaseEnd, LeaseInfo, PreviousLease};
+
 /// A message of the handoff.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Message {
@@ -175,47 +177,4 @@ impl Protocol {
             self.version, self.oldest, theirs.version, theirs.oldest
         ))
     }
-}
-
-/// How a lease ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LeaseEnd {
-    /// Every rank released it.
-    Closed,
-    /// A rank's connection ended without a release: it died.
-    Died,
-}
-
-/// The lease before this one: who held it and how it ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PreviousLease {
-    /// The process that held it (for a lease that died, the first rank that
-    /// died).
-    pub pid: u32,
-    /// `closed` or `died`.
-    pub how: LeaseEnd,
-    /// When it ended (RFC 3339, UTC).
-    pub ended_at: String,
-}
-
-/// A kept pool's identity, as each lease is told it (the report's `keeper`
-/// object, with `attach_seconds`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LeaseInfo {
-    /// The kept pool's name.
-    pub name: String,
-    /// The keeper's instance: changes when the keeper restarts (and the
-    /// generations start again at 1).
-    pub instance: String,
-    /// Leases so far, this one included.
-    pub generation: u64,
-    /// `zero` or `keep`.
-    pub content: String,
-    /// The lease before this one, `None` for the first.
-    pub previous: Option<PreviousLease>,
-    /// The tag the previous lease stored (`keeper_tag`), `None` if it stored none.
-    pub tag: Option<String>,
-    /// The keeper's pid.
-    pub keeper_pid: u32,
 }

@@ -24,17 +24,30 @@
 //! the pool's identity ([`LeaseInfo`]): the keeper's instance, the
 //! generation, how the previous lease ended and the tag it stored.
 //!
-//! The messages are JSON over `SOCK_SEQPACKET` (the crate's `wire` module):
+//! The messages are JSON over `SOCK_SEQPACKET` (`hostpool_handoff::wire`);
+//! a hello of a lease protocol the keeper does not speak is refused first,
+//! naming both versions:
 //!
 //! ```text
-//! engine → keeper   Hello {world, rank, engine, size?, page?, tag?, attach_timeout_secs}
-//! keeper → engine   Lease {info, logical, mapped, page, backing, extents, files} + fds (Files…)
-//!                   or Refused {usage, message, pid}
+//! engine → keeper   Hello {protocol, world, rank, engine, companion, size?, page?, tag?,
+//!                          attach_timeout_secs, barrier_timeout_secs}
+//! keeper → engine   Lease {protocol, info, logical, mapped, page, backing, extents, files}
+//!                   + fds (Files…), or Refused {usage, message, pid}
 //! engine → keeper   Arrived {error}        (ranks of a world > 1, after mapping)
 //! keeper → engine   Go, or Failed {message, ranks, pid}
 //! engine → keeper   Release                (a clean end; an EOF without it is a death)
 //! anyone → keeper   Status → Status(json)  (`hostpool keep status`)
 //! ```
+//!
+//! The keeper (the private `server` module) keeps its state apart from its
+//! I/O: a state machine (`server::state`, `Serving`) holds the lease, its
+//! ranks, the waiting attaches and the keeper's own state, names
+//! connections by id, and changes only by transitions (a hello answered, a
+//! rank joined, ranks arriving, releasing or gone, the clock, the clearing,
+//! stop requests) that return what to send or close; the I/O side
+//! (`server::io`) owns the socket and the connections, reads and feeds
+//! events, and sends. `Keeper::serve`'s loop drives both; the pool is
+//! cleared between leases on a thread of its own (`server::clear`).
 
 use std::path::Path;
 
@@ -99,9 +112,10 @@ impl KeptPoolConfig {
                  drop `sharing` (the engine's ranks give --shared when they attach)"
             )));
         }
-        if p.keeper.is_some() {
+        if p.lease.is_some() {
             return Err(Error::config(format!(
-                "kept pool `{n}` names a keeper itself; drop `keeper` from the keeper's config"
+                "kept pool `{n}` has a [lease] table: it would lease a keeper's pool itself; drop \
+                 `lease` from the keeper's config"
             )));
         }
         if p.pin.kind.is_some() || !p.register.is_empty() {
@@ -125,22 +139,6 @@ impl KeptPoolConfig {
             )));
         }
         Ok(())
-    }
-
-    /// The config the keeper plans with: the pool's, marked as shared so
-    /// that backings (and `auto`) plan memory another process can map.
-    pub(crate) fn plan_config(&self) -> PoolConfig {
-        let mut c = self.pool.clone();
-        c.sharing = Some(pool_core::SharingConfig {
-            name: format!("keep-{}", self.name),
-            world: 1,
-            rank: 0,
-            attach_timeout_secs: pool_core::DEFAULT_ATTACH_TIMEOUT_SECS,
-            barrier_timeout_secs: pool_core::DEFAULT_BARRIER_TIMEOUT_SECS,
-            rendezvous: pool_core::Rendezvous::Socket,
-            control_dir: None,
-        });
-        c
     }
 
     /// One pool's table: the keeper's keys and a pool config.

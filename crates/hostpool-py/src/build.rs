@@ -152,8 +152,13 @@ fn run(py: Python<'_>, plan: PoolPlan, progress: Option<Bound<'_, PyAny>>) -> Py
         std::thread::Builder::new()
             .name("hostpool-build".into())
             .spawn(move || {
-                let pool =
-                    Pool::build_with_options(&plan, &*watch, &BuildOptions::new().cancel(&cancel));
+                let pool = Pool::build_with_options(
+                    &plan,
+                    &*watch,
+                    &BuildOptions::new()
+                        .cancel(&cancel)
+                        .handoff(hostpool::hostpool_handoff::HANDOFF),
+                );
                 let _ = tx.send(pool);
             })
             .map_err(|e| {

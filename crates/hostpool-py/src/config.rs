@@ -167,20 +167,22 @@ pub struct Args {
 }
 
 impl Args {
-    /// The config these arguments describe, checked as the CLI checks flags.
+    /// The config these arguments describe. The keeper's keywords fill the
+    /// `[lease]` table, which the plan checks as it checks a config file's
+    /// (the one check of a lease: none here).
     pub fn into_config(self) -> Result<PoolConfig, Error> {
-        if let Some(s) = &self.sharing {
-            s.validate()?;
-        }
-        if self.keeper.is_none()
-            && (self.keeper_tag.is_some()
-                || self.keeper_fallback != pool_core::KeeperFallback::Fail
-                || self.keeper_attach_timeout.is_some())
-        {
-            return Err(Error::config(
-                "keeper_tag, keeper_fallback and keeper_attach_timeout go with keeper=\"NAME\": the pool is leased from that keeper",
-            ));
-        }
+        let leased = self.keeper.is_some()
+            || self.keeper_tag.is_some()
+            || self.keeper_fallback != pool_core::KeeperFallback::Fail
+            || self.keeper_attach_timeout.is_some();
+        let lease = leased.then(|| pool_core::LeaseConfig {
+            keeper: self.keeper,
+            tag: self.keeper_tag,
+            fallback: self.keeper_fallback,
+            attach_timeout_secs: self.keeper_attach_timeout,
+            companion_of: None,
+            size: self.size_given.then_some(self.size),
+        });
         let mut config = PoolConfig {
             size: self.size,
             backing: self.backing,
@@ -192,11 +194,7 @@ impl Args {
             register: self.register,
             sharing: self.sharing,
             numa_node: self.numa_node,
-            keeper: self.keeper,
-            keeper_tag: self.keeper_tag,
-            keeper_fallback: self.keeper_fallback,
-            keeper_attach_timeout_secs: self.keeper_attach_timeout,
-            size_given: self.size_given,
+            lease,
             huge_pages: self.huge_pages,
             ..PoolConfig::default()
         };

@@ -17,11 +17,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::config::PoolConfig;
 use crate::error::{Error, Result, TeardownIssue};
-use crate::file::Attachment;
 use crate::layout::{self, Extent, format_bytes};
 use crate::plugin::{Pin, PinContext, Pinner};
+use crate::shared::Attachment;
 use crate::sys::Region;
 
 /// A pool's mapping and the background pin's thread, which runs on its
@@ -202,6 +201,19 @@ pub fn chunks(
         .collect())
 }
 
+/// How a background pin runs, as the plan decided it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    /// The chunk asked for (rounded to whole pages and blocks).
+    pub chunk: u64,
+    /// Whether the chunk was given rather than defaulted.
+    pub chunk_asked: bool,
+    /// Whether a failure is the pin's error (else it is skipped).
+    pub required: bool,
+    /// The block and memlock policy.
+    pub context: PinContext,
+}
+
 impl Background {
     /// Start pinning `extent` of the mapping `owner` owns with `pinner`, on
     /// a thread of the owner's (which joins it before the mapping goes). The
@@ -210,17 +222,14 @@ impl Background {
         owner: &mut MappingOwner,
         extent: Extent,
         pinner: Arc<dyn Pinner>,
-        config: &PoolConfig,
+        settings: Settings,
     ) -> Result<Background> {
         let page = owner.get().region().page();
-        let block = config.block_size.map_or(page.get(), crate::ByteSize::get);
-        let chunk = config
-            .pin
-            .background_chunk
-            .map_or(DEFAULT_CHUNK, crate::ByteSize::get);
+        let block = settings.context.block(page);
+        let chunk = settings.chunk;
         let parts = chunks(extent, page, block, chunk)?;
         let largest = parts.iter().map(|p| p.len).max().unwrap_or(0);
-        if config.pin.background_chunk.is_some() && largest != chunk.min(extent.len) {
+        if settings.chunk_asked && largest != chunk.min(extent.len) {
             tracing::info!(
                 "pin.background_chunk {} pins in chunks of up to {}: whole {} pages and blocks",
                 crate::layout::format_bytes(chunk),
@@ -245,8 +254,8 @@ impl Background {
             changed: Condvar::new(),
             started: Instant::now(),
         });
-        let ctx = PinContext::of(config);
-        let required = config.pin.required;
+        let ctx = settings.context;
+        let required = settings.required;
         let thread_shared = Arc::clone(&shared);
         let name = format!("hostpool-pin-{}", pinner.name());
         owner

@@ -40,12 +40,18 @@ pub const POOL_KEYS: &[&str] = &[
     "register",
     "sharing",
     "numa_node",
-    "keeper",
-    "keeper_tag",
-    "keeper_fallback",
-    "keeper_attach_timeout_secs",
-    "keeper_companion_of",
+    "lease",
     "huge_pages",
+];
+
+/// Keys that moved, and where to: an operator's file that still has one is
+/// told the new place, never ignored.
+pub const MOVED_KEYS: &[(&str, &str)] = &[
+    ("keeper", "keeper"),
+    ("keeper_tag", "tag"),
+    ("keeper_fallback", "fallback"),
+    ("keeper_attach_timeout_secs", "attach_timeout_secs"),
+    ("keeper_companion_of", "companion_of"),
 ];
 
 /// How pages are faulted in before the pool is handed out.
@@ -217,75 +223,135 @@ pub const MAX_FILES: usize = 1024;
 
 pub const MAX_KEEPER_TAG_BYTES: usize = 16 << 10;
 
-impl PoolConfig {
-    /// How long a lease waits for its keeper: `keeper_attach_timeout_secs`,
-    /// else a shared pool's attach timeout, else the default.
-    pub fn keeper_attach_timeout(&self) -> f64 {
-        self.keeper_attach_timeout_secs
-            .or(self.sharing.as_ref().map(|s| s.attach_timeout_secs))
+/// A lease of a kept pool: the `[lease]` table. The one place a lease's
+/// settings are read and checked ([`LeaseConfig::validate`], which the plan
+/// runs); the CLI's flags and the Python package's keywords fill it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseConfig {
+    /// The kept pool's name (`hostpool keep --name NAME`): the pool is
+    /// leased from its keeper instead of built; the memory comes resident,
+    /// this process maps, pins and registers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keeper: Option<String>,
+    /// A tag this engine stores with its lease, handed to the next lease
+    /// (say, a hash of the model config its offloaded KV cache is for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// What to do when no keeper answers: fail (default) or build a pool of
+    /// this process's own.
+    #[serde(default)]
+    pub fallback: KeeperFallback,
+    /// How long a lease waits for the keeper to hand the pool over (it may
+    /// be clearing it after the previous lease); unset, a shared pool's
+    /// attach timeout, else [`DEFAULT_ATTACH_TIMEOUT_SECS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach_timeout_secs: Option<f64>,
+    /// Map the lease this engine's ranks hold, as a process of the engine
+    /// that is none of its ranks (vLLM's scheduler, which keeps the kept
+    /// pool's index): no rank, no barrier, no generation of its own. The
+    /// keeper refuses it unless a lease of this engine is in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub companion_of: Option<String>,
+    /// The size this engine expects of the kept pool, when it named one
+    /// (the pool's `size`, given as a key, a flag or a keyword): the keeper
+    /// refuses a pool of another size. `None`: any size.
+    #[serde(skip)]
+    pub size: Option<ByteSize>,
+}
+
+impl LeaseConfig {
+    /// A lease of the pool `keeper` keeps, with every other setting at its
+    /// default.
+    pub fn of(keeper: impl Into<String>) -> LeaseConfig {
+        LeaseConfig {
+            keeper: Some(keeper.into()),
+            ..LeaseConfig::default()
+        }
+    }
+
+    /// How long the lease waits for its keeper: `attach_timeout_secs`,
+    /// else the ranks' attach timeout, else the default.
+    pub fn attach_timeout(&self, sharing: Option<&SharingConfig>) -> f64 {
+        self.attach_timeout_secs
+            .or(sharing.map(|s| s.attach_timeout_secs))
             .unwrap_or(DEFAULT_ATTACH_TIMEOUT_SECS)
     }
 
-    /// Check the keys of a lease: a keeper's name as a keeper names it, a
-    /// tag it can store, a timeout it can wait, and no lease key without
-    /// `keeper`.
+    /// Check the lease: a keeper named as a keeper names it, a tag it can
+    /// store, a timeout it can wait, and a companion that is none of the
+    /// engine's ranks (`sharing` is the pool's). The one check of a lease,
+    /// whoever filled the table (a config file, the CLI's flags, the Python
+    /// package's keywords, which each name in the message).
     ///
     /// # Errors
     /// [`Error::Config`] naming the key and what to give instead.
-    pub(crate) fn validate_keeper(&self) -> Result<()> {
+    pub fn validate(&self, sharing: Option<&SharingConfig>) -> Result<&str> {
         let Some(keeper) = &self.keeper else {
-            let stray = [
-                self.keeper_tag.is_some().then_some("keeper_tag"),
-                (self.keeper_fallback != KeeperFallback::Fail).then_some("keeper_fallback"),
-                self.keeper_attach_timeout_secs
+            let given = [
+                self.tag.is_some().then_some("tag"),
+                (self.fallback != KeeperFallback::Fail).then_some("fallback"),
+                self.attach_timeout_secs
                     .is_some()
-                    .then_some("keeper_attach_timeout_secs"),
-                self.keeper_companion_of
-                    .is_some()
-                    .then_some("keeper_companion_of"),
+                    .then_some("attach_timeout_secs"),
+                self.companion_of.is_some().then_some("companion_of"),
             ];
-            if let Some(key) = stray.into_iter().flatten().next() {
-                return Err(Error::config(format!(
-                    "`{key}` goes with `keeper = \"NAME\"` (the pool is leased from that keeper); \
-                     name the keeper, or drop `{key}`"
-                )));
-            }
-            return Ok(());
+            let key = given.into_iter().flatten().next().unwrap_or("a setting");
+            return Err(Error::config(format!(
+                "{} is given but no keeper {}: name the kept pool to lease, or drop `{key}`",
+                lease_key(key),
+                lease_key("keeper")
+            )));
         };
-        check_name("keeper", keeper)?;
-        if let Some(engine) = &self.keeper_companion_of {
-            check_name("keeper_companion_of", engine)?;
+        check_name("lease.keeper", keeper)?;
+        if let Some(engine) = &self.companion_of {
+            check_name("lease.companion_of", engine)?;
             let ranked = [
-                self.sharing.is_some().then_some("sharing"),
-                self.keeper_tag.is_some().then_some("keeper_tag"),
-                (self.keeper_fallback != KeeperFallback::Fail).then_some("keeper_fallback"),
+                sharing.is_some().then_some("sharing"),
+                self.tag.is_some().then_some("lease.tag"),
+                (self.fallback != KeeperFallback::Fail).then_some("lease.fallback"),
             ];
             if let Some(key) = ranked.into_iter().flatten().next() {
                 return Err(Error::config(format!(
-                    "`{key}` is for an engine's ranks; a companion (`keeper_companion_of = \
+                    "`{key}` is for an engine's ranks; a companion (`lease.companion_of = \
                      \"{engine}\"`) maps the lease they hold and is none of them: drop `{key}`"
                 )));
             }
         }
-        if let Some(tag) = &self.keeper_tag
+        if let Some(tag) = &self.tag
             && tag.len() > MAX_KEEPER_TAG_BYTES
         {
             return Err(Error::config(format!(
-                "keeper_tag is {} bytes; a lease stores at most {MAX_KEEPER_TAG_BYTES} (store a \
-                 hash of what the offloaded bytes are for, not the thing itself)",
+                "{} is {} bytes; a lease stores at most {MAX_KEEPER_TAG_BYTES} (store a hash of \
+                 what the offloaded bytes are for, not the thing itself)",
+                lease_key("tag"),
                 tag.len()
             )));
         }
-        if let Some(t) = self.keeper_attach_timeout_secs
+        if let Some(t) = self.attach_timeout_secs
             && !(t.is_finite() && t > 0.0 && t <= MAX_ATTACH_TIMEOUT_SECS)
         {
             return Err(Error::config(format!(
-                "keeper attach timeout {t} s must be a positive number of seconds, at most one \
-                 day ({MAX_ATTACH_TIMEOUT_SECS} s)"
+                "{} = {t} s must be a positive number of seconds, at most one day \
+                 ({MAX_ATTACH_TIMEOUT_SECS} s)",
+                lease_key("attach_timeout_secs")
             )));
         }
-        Ok(())
+        Ok(keeper)
     }
+}
+
+/// A key of the `[lease]` table as each front end spells it: the config
+/// file's, the CLI's flag and the Python keyword, where they have one.
+fn lease_key(key: &str) -> String {
+    let (flag, keyword) = match key {
+        "keeper" => ("--keeper", "keeper="),
+        "tag" => ("--keeper-tag", "keeper_tag="),
+        "fallback" => ("--keeper-fallback", "keeper_fallback="),
+        "attach_timeout_secs" => ("--attach-timeout", "keeper_attach_timeout="),
+        _ => return format!("`lease.{key}`"),
+    };
+    format!("`lease.{key}` ({flag}, Python {keyword})")
 }
 
 /// The default attach timeout: how long a rank waits for the creator, and
@@ -415,39 +481,15 @@ pub struct PoolConfig {
     /// the GPU this process drives), or in a shared pool one node per rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<NumaNode>,
-    /// Lease the pool from the keeper of this name (`hostpool keep`)
-    /// instead of building it: the memory comes resident, this process maps,
-    /// pins and registers it.
+    /// Lease the pool from a keeper (`hostpool keep`) instead of building
+    /// it: the `[lease]` table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keeper: Option<String>,
-    /// A tag this engine stores with its lease, handed to the next lease
-    /// (say, a hash of the model config that its offloaded KV cache is for).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keeper_tag: Option<String>,
-    /// What to do when no keeper answers: fail (default) or build a pool of
-    /// this process's own.
-    #[serde(default)]
-    pub keeper_fallback: KeeperFallback,
-    /// How long a lease waits for the keeper to hand the pool over (it may
-    /// be clearing it after the previous lease); unset, a shared pool's
-    /// attach timeout, else [`DEFAULT_ATTACH_TIMEOUT_SECS`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keeper_attach_timeout_secs: Option<f64>,
-    /// Map the lease that this engine's ranks hold, as a process of the
-    /// engine that is none of its ranks (vLLM's scheduler, which keeps the
-    /// kept pool's index): no rank, no barrier, no generation of its own.
-    /// The keeper refuses it unless a lease of this engine is in force.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keeper_companion_of: Option<String>,
+    pub lease: Option<LeaseConfig>,
     /// Huge pages with `backing = "auto"`: required, prefer (fall back to
     /// 4 KiB pages when they run short, and say so) or off; unset, the
     /// backing `auto` picks from `dir` decides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub huge_pages: Option<HugePages>,
-    /// Whether `size` was given (a key, a flag or an argument) rather than
-    /// defaulted: a keeper's client asks for a size only when it was.
-    #[serde(skip)]
-    pub size_given: bool,
     /// Plugin tables by plugin name, each parsed by its plugin.
     #[serde(skip)]
     pub plugins: BTreeMap<String, Value>,
@@ -619,13 +661,8 @@ impl Default for PoolConfig {
             register: Vec::new(),
             sharing: None,
             numa_node: None,
-            keeper: None,
-            keeper_tag: None,
-            keeper_fallback: KeeperFallback::Fail,
-            keeper_companion_of: None,
-            keeper_attach_timeout_secs: None,
+            lease: None,
             huge_pages: None,
-            size_given: false,
             plugins: BTreeMap::new(),
         }
     }
@@ -716,6 +753,13 @@ impl PoolConfig {
         let mut pool = serde_json::Map::new();
         let mut plugins = BTreeMap::new();
         for (key, value) in map {
+            if let Some((_, new)) = MOVED_KEYS.iter().find(|(old, _)| *old == key) {
+                // A scalar as JSON writes it reads the same in TOML.
+                return Err(Error::config(format!(
+                    "`{key}` moved into the [lease] table as `{new}`: write `[lease]` then \
+                     `{new} = {value}` (JSON: \"lease\": {{\"{new}\": {value}}})"
+                )));
+            }
             if POOL_KEYS.contains(&key.as_str()) {
                 pool.insert(key, value);
             } else if value.is_object() {
@@ -742,7 +786,11 @@ impl PoolConfig {
                 }
             })?;
         config.plugins = plugins;
-        config.size_given = pool.contains_key("size");
+        if let Some(lease) = &mut config.lease
+            && pool.contains_key("size")
+        {
+            lease.size = Some(config.size);
+        }
         Ok(config)
     }
 
@@ -867,10 +915,7 @@ mod tests {
                 control_dir: None,
             }),
             numa_node: Some(NumaNode::Node(0)),
-            keeper: Some("kv0".into()),
-            keeper_tag: Some("t".into()),
-            keeper_attach_timeout_secs: Some(5.0),
-            keeper_companion_of: Some("e0".into()),
+            lease: Some(LeaseConfig::of("kv0")),
             huge_pages: Some(HugePages::Prefer),
             ..PoolConfig::default()
         };
@@ -888,20 +933,58 @@ mod tests {
 
     #[test]
     fn a_companion_names_a_keeper_and_takes_no_rank_keys() {
-        let parse =
-            |text: &str| PoolConfig::parse(text, Format::Toml).and_then(|c| c.validate_keeper());
-        assert!(parse("keeper = \"kv0\"\nkeeper_companion_of = \"vllm-e0\"\n").is_ok());
+        let parse = |text: &str| {
+            PoolConfig::parse(text, Format::Toml).and_then(|c| {
+                c.lease
+                    .as_ref()
+                    .map(|l| l.validate(c.sharing.as_ref()).map(|_| ()))
+                    .unwrap_or(Ok(()))
+            })
+        };
+        assert!(parse("[lease]\nkeeper = \"kv0\"\ncompanion_of = \"vllm-e0\"\n").is_ok());
         let err = |text: &str| parse(text).unwrap_err().to_string();
-        let msg = err("keeper_companion_of = \"vllm-e0\"\n");
+        let msg = err("[lease]\ncompanion_of = \"vllm-e0\"\n");
         assert!(
-            msg.contains("`keeper_companion_of` goes with `keeper"),
+            msg.contains("`lease.companion_of` is given but no keeper `lease.keeper` (--keeper"),
             "{msg}"
         );
-        let msg = err("keeper = \"kv0\"\nkeeper_companion_of = \"vllm-e0\"\n\
+        let msg = err("[lease]\nkeeper = \"kv0\"\ncompanion_of = \"vllm-e0\"\n\
              [sharing]\nname = \"vllm-e0\"\nworld = 2\nrank = 0\n");
         assert!(msg.contains("`sharing` is for an engine's ranks"), "{msg}");
-        let msg = err("keeper = \"kv0\"\nkeeper_companion_of = \"a b\"\n");
-        assert!(msg.contains("keeper_companion_of name `a b`"), "{msg}");
+        let msg = err("[lease]\nkeeper = \"kv0\"\ncompanion_of = \"a b\"\n");
+        assert!(msg.contains("lease.companion_of name `a b`"), "{msg}");
+    }
+
+    /// The lease's old flat keys are refused, each naming its place in the
+    /// [lease] table, in TOML and JSON; the table gets the size only when
+    /// one was given.
+    #[test]
+    fn an_old_flat_lease_key_names_its_new_place() {
+        for (old, new) in MOVED_KEYS {
+            let value = if *old == "keeper_attach_timeout_secs" {
+                "5.0"
+            } else {
+                "\"x\""
+            };
+            let msg = PoolConfig::parse(&format!("{old} = {value}\n"), Format::Toml)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains(&format!("`{old}` moved into the [lease] table as `{new}`"))
+                    && msg.contains(&format!("`{new} = {value}`"))
+                    && msg.contains(&format!("\"lease\": {{\"{new}\": {value}}}")),
+                "{msg}"
+            );
+        }
+        let c = PoolConfig::parse("[lease]\nkeeper = \"kv0\"\n", Format::Toml).unwrap();
+        assert_eq!(c.lease, Some(LeaseConfig::of("kv0")));
+        let c = PoolConfig::parse("size = \"8MiB\"\n[lease]\nkeeper = \"kv0\"\n", Format::Toml)
+            .unwrap();
+        assert_eq!(c.lease.unwrap().size, Some(ByteSize(8 << 20)));
+        let e = PoolConfig::parse("[lease]\nkeeper = \"kv0\"\ntagg = 1\n", Format::Toml)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`lease`") && e.contains("tagg"), "{e}");
     }
 
     #[test]

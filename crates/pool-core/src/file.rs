@@ -20,7 +20,7 @@ use rustix::fs::{Mode, OFlags};
 
 use crate::error::{Context, Error, Result, TeardownIssue};
 use crate::layout::{Extent, MappedSize, PageSize, format_bytes};
-use crate::plugin::{FilePlan, Mapping, RankBarrier};
+use crate::plugin::{FilePlan, Mapping};
 use crate::sys::{FixedMapError, Mmap, Placeholder, Region, Reservation};
 
 /// A shared control file's view and its open-file-description locks: what
@@ -463,101 +463,6 @@ pub fn map_files(files: Vec<PoolFile>, size: MappedSize, ctx: &MapContext) -> Re
     Ok(FileMapping { mmap, files })
 }
 
-/// What the build holds of a pool's memory and asks of it: a backing's own
-/// mapping ([`crate::plugin::Mapping`], through an adapter of the build's), the files
-/// the core mapped ([`FileMapping`]), or memory handed over by
-/// another process (a shared pool's rank, a lease: the [`crate::shared::Handoff`]'s). Only
-/// the core and the handoff implement it; a plugin implements
-/// [`crate::plugin::Mapping`].
-pub trait Attachment: Send + Sync + std::fmt::Debug {
-    /// The mapped memory.
-    fn region(&self) -> Region<'_>;
-
-    /// Files that exist while the mapping lives (checked gone after teardown).
-    fn files(&self) -> Vec<PathBuf> {
-        Vec::new()
-    }
-
-    /// The open files the region maps, in pool order, each at its file
-    /// offset 0 (linked or not): what another mapper of the same memory
-    /// (`/proc/self/fd/N`, a Mooncake Store segment) opens. Empty for
-    /// anonymous memory (a backing's own mapping).
-    fn pool_files(&self) -> &[PoolFile] {
-        &[]
-    }
-
-    /// Called once after prefault with its outcome: a shared mapping meets its
-    /// peers here (through `barrier`, or its built-in one) and the owner
-    /// unlinks the files. Private mappings have nothing to do.
-    ///
-    /// # Errors
-    /// [`crate::Error::Peer`] naming a rank that failed, died or never came.
-    fn rendezvous(
-        &mut self,
-        outcome: std::result::Result<(), String>,
-        barrier: Option<&dyn RankBarrier>,
-    ) -> Result<()> {
-        let _ = (outcome, barrier);
-        Ok(())
-    }
-
-    /// Make sure every page of `extent` can be supplied before it is touched
-    /// one byte at a time (the prefault fallback on kernels without
-    /// `MADV_POPULATE_WRITE`): a file backing allocates the range
-    /// (`fallocate`), which fails with `ENOSPC` where a touch would die of
-    /// SIGBUS (a full tmpfs, a hugetlbfs mount or hugetlb cgroup out of
-    /// pages). Anonymous memory has nothing to do (it is refused by the OOM
-    /// killer, never with SIGBUS).
-    ///
-    /// # Errors
-    /// [`crate::Error::Os`] naming the file, the range and the remedy.
-    fn reserve_for_touch(&self, extent: Extent) -> Result<()> {
-        let _ = extent;
-        Ok(())
-    }
-
-    /// Whether this process ran the plan's capacity checks. A shared pool's
-    /// joiners do not (the creator did, and once it has reserved the pages
-    /// the figures look short to everyone else): their report lists none.
-    fn checked_capacity(&self) -> bool {
-        true
-    }
-
-    /// The `sharing` object of the report, for shared mappings.
-    fn sharing(&self) -> Option<serde_json::Value> {
-        None
-    }
-
-    /// The report's `keeper` object, for memory leased from a keeper
-    /// (which came resident: the build skips its prefault).
-    fn leased(&self) -> Option<serde_json::Value> {
-        None
-    }
-
-    /// Unmap, close, unlink. Never panics; returns what could not be undone.
-    ///
-    /// It also runs in a child that inherited the pool through `fork` (the
-    /// pins and registrations are then skipped, being the parent's): once the
-    /// pool is built it must hold no named file, so that teardown gives back
-    /// only the calling process's view.
-    fn teardown(self: Box<Self>) -> Vec<TeardownIssue>;
-
-    /// As [`Attachment::teardown`], keeping the region's address range
-    /// reserved until the returned placeholder is dropped (see
-    /// [`Mapping::teardown_keeping_range`]). The default keeps nothing.
-    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
-        (self.teardown(), None)
-    }
-}
-
-/// A pool's attachment keeps its region mapped for as long as it lives, so
-/// the core's owner of it may run the background pin on it.
-impl crate::sys::Holds for Box<dyn Attachment> {
-    fn held(&self) -> Region<'_> {
-        self.region()
-    }
-}
-
 /// Refuse to map a file shorter than its extent: whoever holds it (a peer
 /// rank, a keeper's earlier lease, anyone who opened its `/proc/PID/fd/N`)
 /// truncated it, and every access past its new end would be a SIGBUS. The
@@ -730,32 +635,6 @@ impl Mapping for FileMapping {
 
     fn reserve_for_touch(&self, extent: Extent) -> Result<()> {
         self.reserve(extent)
-    }
-
-    fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
-        self.release()
-    }
-
-    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
-        self.release_with(true)
-    }
-}
-
-impl Attachment for FileMapping {
-    fn region(&self) -> Region<'_> {
-        self.mmap.region()
-    }
-
-    fn reserve_for_touch(&self, extent: Extent) -> Result<()> {
-        self.reserve(extent)
-    }
-
-    fn files(&self) -> Vec<PathBuf> {
-        self.linked_files()
-    }
-
-    fn pool_files(&self) -> &[PoolFile] {
-        FileMapping::pool_files(self)
     }
 
     fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {

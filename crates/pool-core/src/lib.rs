@@ -19,7 +19,7 @@
 //! - [`file`](mod@file): the mechanisms every file backing shares (private and
 //!   exclusive files, memfds, files stitched into one mapping);
 //! - [`prefault`]: the prefault engine; [`shared`]: pools shared by the
-//!   ranks of one engine; [`gc`]; [`interrupt`];
+//!   ranks of one engine; [`lease`]: what a lease of a kept pool is told; [`gc`]; [`interrupt`];
 //! - at the root, the layout math ([`PageSize`], [`MappedSize`],
 //!   [`Extent`], [`round_to_page`], [`registration_chunks`], ...);
 //! - at the root too, the owners of mappings ([`Mmap`], [`Reservation`])
@@ -42,6 +42,7 @@ pub mod gc;
 pub mod host;
 pub mod interrupt;
 mod layout;
+pub mod lease;
 pub mod plugin;
 pub mod prefault;
 pub mod shared;
@@ -52,9 +53,9 @@ pub use background::{DEFAULT_CHUNK as DEFAULT_BACKGROUND_CHUNK, PinProgress, Pin
 pub use choice::{Choice, ChoiceError};
 pub use config::{
     DEFAULT_ATTACH_TIMEOUT_SECS, DEFAULT_BARRIER_TIMEOUT_SECS, Format, HISPARSE_KEYS, HugePages,
-    KeeperFallback, MAX_ATTACH_TIMEOUT_SECS, MAX_FILES, MAX_KEEPER_TAG_BYTES, MAX_WORLD, NumaNode,
-    PIN_OFF, POOL_KEYS, PinConfig, PinScope, PoolConfig, PrefaultChoice, Rendezvous, SharingConfig,
-    check_name, pin_kind_from,
+    KeeperFallback, LeaseConfig, MAX_ATTACH_TIMEOUT_SECS, MAX_FILES, MAX_KEEPER_TAG_BYTES,
+    MAX_WORLD, MOVED_KEYS, NumaNode, PIN_OFF, POOL_KEYS, PinConfig, PinScope, PoolConfig,
+    PrefaultChoice, Rendezvous, SharingConfig, check_name, pin_kind_from,
 };
 pub use error::{Context, Error, Result, TeardownIssue};
 pub use layout::{
@@ -62,10 +63,10 @@ pub use layout::{
     mr_regions, registration_chunks, round_to_page, segments, shards,
 };
 pub use pool::{
-    BuildOptions, GpuPlace, HugePagesReport, LeasedOrigin, NUMA_SAMPLES, NumaPlan, NumaReport,
-    Observer, Origin, Phase, Phases, PinPlanReport, PinReport, PlanReport, Pool, PoolPlan,
-    PoolReport, PrefaultPlanReport, Quiet, RegistrationReport, ShardPlacement, SharedOrigin,
-    ThpReport,
+    BuildOptions, GpuPlace, Handoff, HugePagesReport, LeasePlan, Memory, NUMA_SAMPLES, NumaPlan,
+    NumaReport, Observer, Phase, Phases, PinPlan, PinPlanReport, PinReport, PlanReport, Pool,
+    PoolPlan, PoolReport, PrefaultPlanReport, Quiet, RegistrationReport, ShardPlacement, Share,
+    Source, ThpReport,
 };
 pub use size::{ByteSize, SizeError};
 #[cfg(feature = "conformance")]

@@ -214,17 +214,17 @@ def test_the_versions_tested_are_the_readmes():
 
 
 def test_sglangs_host_pool_leases_its_buffer_from_a_keeper():
-    """Issue 19: `keeper` in HOSTPOOL_SGLANG leases SGLang's host buffer from
-    `hostpool keep` (no keeper: a clear error, or a pool of its own with
-    keeper_fallback = "build"); the keeper's pool must be the buffer's size."""
+    """Issue 19: a `[lease]` table in HOSTPOOL_SGLANG leases SGLang's host buffer
+    from `hostpool keep` (no keeper: a clear error, or a pool of its own with
+    fallback = "build"); the keeper's pool must be the buffer's size."""
     import os
     import signal
     import subprocess
 
     name = f"sglang-keep-{os.getpid()}"
-    got = _plugin({"HOSTPOOL_SGLANG": f'threads = 1\nkeeper = "{name}"'})
+    got = _plugin({"HOSTPOOL_SGLANG": f'threads = 1\n[lease]\nkeeper = "{name}"'})
     assert "KeeperError" in got.get("error", "") and f"@hostpool-keep/{name}" in got["error"], got
-    got = _plugin({"HOSTPOOL_SGLANG": f'threads = 1\nkeeper = "{name}"\nkeeper_fallback = "build"'})
+    got = _plugin({"HOSTPOOL_SGLANG": f'threads = 1\n[lease]\nkeeper = "{name}"\nfallback = "build"'})
     assert got["in_pool"] and got["lease"] is None and "no keeper answers" in got["fallback"], got
     keeper = subprocess.Popen(
         [os.environ["HOSTPOOL_BIN"], "keep", "--name", name, "--size", str(got["nbytes"]),
@@ -235,7 +235,7 @@ def test_sglangs_host_pool_leases_its_buffer_from_a_keeper():
         ready = json.loads(keeper.stdout.readline() or "null")
         assert ready and ready["name"] == name, keeper.stderr.read()
         for generation in (1, 2):
-            got = _plugin({"HOSTPOOL_SGLANG": f'threads = 1\nkeeper = "{name}"'})
+            got = _plugin({"HOSTPOOL_SGLANG": f'threads = 1\n[lease]\nkeeper = "{name}"'})
             assert got["in_pool"] and got["lease"]["generation"] == generation, got
             assert got["lease"]["instance"] == ready["instance"], got
     finally:

@@ -1,6 +1,6 @@
 """One generation of a vLLM engine on a kept pool, as its own process(es).
 
-    python kept_engine.py '{"engine": ..., "model": ..., "table": {"keeper": ...}, ...}'
+    python kept_engine.py '{"engine": ..., "model": ..., "table": {"lease": {"keeper": ...}}, ...}'
 
 Steps, from the JSON argument (each prints one JSON line on stdout):
 

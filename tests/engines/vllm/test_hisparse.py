@@ -235,7 +235,8 @@ def _vllm_config(table) -> types.SimpleNamespace:
     ("table", "names"),
     [
         ({"size": "1GiB"}, ["size", "host_pool_gib"]),
-        ({"keeper": "kv"}, ["keeper"]),
+        ({"lease": {"keeper": "kv"}}, ["lease", "not leased"]),
+        ({"keeper": "kv"}, ["`keeper` moved into the [lease] table"]),
         ({"pin": {"kind": "mlock"}}, ["pin.kind", "cuda"]),
         ({"pin": {"kind": "cuda", "scope": "shard"}}, ["pin.scope"]),
         ({"sharing": {"world": 2}}, ["sharing", "world"]),

@@ -131,7 +131,7 @@ class Generation:
 
 
 def args_for(name: str, model: str, **kw) -> dict:
-    table = {"keeper": name, "threads": 1}
+    table = {"lease": {"keeper": name}, "threads": 1}
     table.update(kw.pop("table", {}))
     return {"engine": name, "model": model, "cpu_bytes": kw.pop("cpu_bytes", 1 * MiB), "table": table, **kw}
 

@@ -188,7 +188,7 @@ def test_lmcache_restarted_against_a_keeper_finds_the_bytes_it_offloaded():
     try:
         ready = json.loads(keeper.stdout.readline() or "null")
         assert ready and ready["name"] == name, keeper.stderr.read()
-        hl.install({"threads": 1, "keeper": name, "keeper_tag": "model-x"})
+        hl.install({"threads": 1, "lease": {"keeper": name, "tag": "model-x"}})
         try:
             alloc = PinMemoryAllocator(8 * MiB)
             pool = _in_a_pool(alloc.buffer)  # writes 1..8 at the start

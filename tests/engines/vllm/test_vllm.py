@@ -565,13 +565,13 @@ def test_the_versions_tested_are_the_readmes():
 
 
 def test_a_region_leased_from_a_keeper_is_resident_and_keeps_vllms_bytes(engine_id):
-    """Issue 19: `keeper` in the region's pool config (the `hostpool` table of
+    """Issue 19: a `[lease]` table in the region's pool config (the `hostpool` table of
     vLLM's extra config) leases the region's memory from `hostpool keep`
     instead of building it; a restarted engine (a new region) gets the same
     memory back with `content = "keep"`."""
     import subprocess
 
-    probe = HostPoolRegion(engine_id, 4, 0, 8192, 4096, pool_config={"keeper": engine_id, "keeper_fallback": "build"})
+    probe = HostPoolRegion(engine_id, 4, 0, 8192, 4096, pool_config={"lease": {"keeper": engine_id, "fallback": "build"}})
     assert "no keeper answers" in probe.pool.report["keeper_fallback"]
     size = probe.total_size_bytes
     probe.cleanup()
@@ -583,14 +583,14 @@ def test_a_region_leased_from_a_keeper_is_resident_and_keeps_vllms_bytes(engine_
     try:
         ready = json.loads(keeper.stdout.readline() or "null")
         assert ready and ready["name"] == engine_id, keeper.stderr.read()
-        region = HostPoolRegion(engine_id, 4, 0, 8192, 4096, pool_config={"keeper": engine_id})
+        region = HostPoolRegion(engine_id, 4, 0, 8192, 4096, pool_config={"lease": {"keeper": engine_id}})
         lease = region.pool.report["keeper"]
         assert lease["generation"] == 1 and region.pool.report["prefault"]["bytes"] == 0
         try:
             region.create_next_worker_view(4096).fill_(7)
         finally:
             region.cleanup()
-        again = HostPoolRegion(engine_id, 4, 0, 8192, 4096, pool_config={"keeper": engine_id})
+        again = HostPoolRegion(engine_id, 4, 0, 8192, 4096, pool_config={"lease": {"keeper": engine_id}})
         assert again.pool.report["keeper"]["generation"] == 2
         assert again.pool.report["keeper"]["previous"]["how"] == "closed"
         try:

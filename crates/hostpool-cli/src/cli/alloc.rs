@@ -68,6 +68,7 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
     }
     // From here on an early return drops `pool`, which tears it down.
     let options = BuildOptions::new()
+        .handoff(hostpool::hostpool_handoff::HANDOFF)
         .cancel(&cancel)
         .refusals(Refusals::Hand(super::refuse::hand_over));
     let mut pool = Pool::build_with_options(&plan, &observer, &options)?;

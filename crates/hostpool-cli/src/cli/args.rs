@@ -172,7 +172,6 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
     };
     if let Some(size) = args.size {
         config.size = size;
-        config.size_given = true;
     }
     if let Some(backing) = &args.backing {
         config.backing = backing.clone();
@@ -217,13 +216,17 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
         config.huge_pages = Some(h);
     }
     if let Some(keeper) = &args.keeper {
-        config.keeper = Some(keeper.clone());
+        config.lease.get_or_insert_default().keeper = Some(keeper.clone());
     }
     if let Some(tag) = &args.keeper_tag {
-        config.keeper_tag = Some(tag.clone());
+        config.lease.get_or_insert_default().tag = Some(tag.clone());
     }
     if let Some(f) = args.keeper_fallback {
-        config.keeper_fallback = f;
+        config.lease.get_or_insert_default().fallback = f;
+    }
+    // A lease asks the keeper for the size only when one was given.
+    if let (Some(size), Some(lease)) = (args.size, config.lease.as_mut()) {
+        lease.size = Some(size);
     }
     if let (Some(name), Some(world), Some(rank)) = (&args.shared, args.world, args.rank) {
         let previous = config.sharing.take();
@@ -256,13 +259,13 @@ pub fn resolve_config(args: &PoolArgs) -> Result<PoolConfig, Error> {
             s.barrier_timeout_secs = t;
         }
     } else if let Some(t) = args.attach_timeout {
-        if config.keeper.is_none() {
+        let Some(lease) = config.lease.as_mut() else {
             return Err(Error::config(
                 "--attach-timeout goes with --shared (how long a rank waits for its peers) or \
                  --keeper (how long a lease waits for the keeper)",
             ));
-        }
-        config.keeper_attach_timeout_secs = Some(t);
+        };
+        lease.attach_timeout_secs = Some(t);
     }
     Ok(config)
 }

@@ -135,8 +135,7 @@ pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
 /// [[pool]] of the keeper's config.
 fn configs(args: &KeepArgs) -> Result<Vec<KeptPoolConfig>, Error> {
     if let Some(name) = &args.name {
-        let mut pool = resolve_config(&args.pool)?;
-        pool.size_given = pool.size_given || args.pool.size.is_some();
+        let pool = resolve_config(&args.pool)?;
         let kept = KeptPoolConfig {
             name: name.clone(),
             content: args.content.unwrap_or_default(),

@@ -62,12 +62,15 @@ pub fn human_report(r: &PoolReport, status: &str) -> String {
     if let Some(sh) = &r.sharing {
         s.push_str(&format!(
             "  sharing    `{}` rank {} of {} ({}), shard {}+{}\n",
-            sh["name"].as_str().unwrap_or(""),
-            sh["rank"],
-            sh["world"],
-            sh["role"].as_str().unwrap_or(""),
-            sh["shard"]["offset"],
-            format_bytes(sh["shard"]["len"].as_u64().unwrap_or(0))
+            sh.name,
+            sh.rank,
+            sh.world,
+            match sh.role {
+                pool_core::shared::Role::Creator => "creator",
+                pool_core::shared::Role::Joiner => "joiner",
+            },
+            sh.shard.offset,
+            format_bytes(sh.shard.len)
         ));
     }
     if let Some(n) = &r.numa {

@@ -1,5 +1,5 @@
-//! Leasing a kept pool: what an engine's process does (`keeper = "NAME"`
-//! in its config) and the protocol it speaks with the keeper (the crate
+//! Leasing a kept pool: what an engine's process does (`[lease]` in its
+//! config) and the protocol it speaks with the keeper (the crate
 //! `hostpool-keeper`, which serves it). Apart from the keeper, so that a
 //! pool's build can lease without knowing how pools are kept.
 
@@ -8,6 +8,7 @@ use serde_json::Value;
 use pool_core::Result;
 
 mod client;
+mod status;
 
 pub use crate::message::{LeaseEnd, LeaseInfo, PreviousLease};
 
@@ -34,5 +35,5 @@ pub fn list() -> Vec<String> {
 /// # Errors
 /// [`pool_core::Error::Keeper`] when no keeper answers or it refuses.
 pub fn status(name: &str) -> Result<Value> {
-    client::status(name)
+    status::status(name)
 }

@@ -41,14 +41,15 @@ use super::{Role, SharedPoolSpec, SharingReport, known, peer, shard};
 use crate::barrier::{Barrier, Event, Failure, Mark, Verdict};
 use crate::sys::{Blamed, Ctl, MAX_BLAMED};
 use pool_core::SharingConfig;
-use pool_core::file::Attachment;
 use pool_core::file::{self, FileId, FileMapping, PoolFile};
 use pool_core::file::{SharedView, ofd_byte_locked, ofd_lock_byte};
 use pool_core::gc::{DEFAULT_CONTROL_DIR, ctl_path};
 use pool_core::host::capacity;
 use pool_core::host::process::why_late;
 use pool_core::interrupt::Cancel;
+use pool_core::plugin::Mapping;
 use pool_core::plugin::RankBarrier;
+use pool_core::shared::{Attached, Attachment};
 use pool_core::{Context, Error, Result, TeardownIssue};
 use pool_core::{Extent, PageSize, format_bytes};
 use pool_core::{Placeholder, Region};
@@ -1021,13 +1022,9 @@ impl Drop for Unpassed {
     }
 }
 
-impl Attachment for SharedMapping {
+impl Mapping for SharedMapping {
     fn region(&self) -> Region<'_> {
         self.inner.region()
-    }
-
-    fn pool_files(&self) -> &[pool_core::file::PoolFile] {
-        pool_core::file::Attachment::pool_files(&self.inner)
     }
 
     fn files(&self) -> Vec<PathBuf> {
@@ -1038,21 +1035,31 @@ impl Attachment for SharedMapping {
         v
     }
 
-    fn checked_capacity(&self) -> bool {
-        self.session.role == Role::Creator
-    }
-
     fn reserve_for_touch(&self, extent: Extent) -> Result<()> {
         self.inner.reserve_for_touch(extent)
     }
 
-    fn sharing(&self) -> Option<serde_json::Value> {
-        SharingReport::of(
+    fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
+        self.release(false).0
+    }
+
+    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        self.release(true)
+    }
+}
+
+impl Attachment for SharedMapping {
+    fn pool_files(&self) -> &[pool_core::file::PoolFile] {
+        self.inner.pool_files()
+    }
+
+    fn attached(&self) -> Attached {
+        Attached::Shared(SharingReport::of(
             &self.session.sharing,
             self.session.role,
             self.shard,
             self.session.ctl_path.display().to_string(),
-        )
+        ))
     }
 
     fn rendezvous(
@@ -1083,14 +1090,6 @@ impl Attachment for SharedMapping {
             self.inner.forget_paths();
         }
         result
-    }
-
-    fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
-        self.release(false).0
-    }
-
-    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
-        self.release(true)
     }
 }
 

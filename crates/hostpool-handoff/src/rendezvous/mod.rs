@@ -11,7 +11,7 @@
 //! which every rank unlinks after the barrier.
 
 use pool_core::MAX_FILES;
-use pool_core::file::Attachment;
+use pool_core::shared::Attachment;
 use pool_core::shared::{Role, SharedPoolSpec, SharingReport, shard};
 use pool_core::{Error, Result};
 
@@ -177,7 +177,14 @@ mod tests {
     }
 
     pub(super) fn role(m: &dyn Attachment) -> String {
-        m.sharing().unwrap()["role"].as_str().unwrap().to_string()
+        match m.attached() {
+            pool_core::shared::Attached::Shared(s) => serde_json::to_value(s.role)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string(),
+            other => panic!("a shared pool's attachment: {other:?}"),
+        }
     }
 
     /// A rank that vanishes after attaching (its mapping dropped: its

@@ -35,10 +35,11 @@ use crate::barrier::{Barrier, Event, Mark, Verdict};
 use crate::join::{self, Holder, Joining};
 use crate::message::Message;
 use crate::wire::{self, TICK, os, readable, send, seqpacket};
-use pool_core::file::Attachment;
 use pool_core::file::{self, FileMapping, PoolFile};
 use pool_core::interrupt::Cancel;
+use pool_core::plugin::Mapping;
 use pool_core::plugin::RankBarrier;
+use pool_core::shared::{Attached, Attachment};
 use pool_core::shared::{RefusalTerms, Refusals};
 use pool_core::{Error, Result, TeardownIssue};
 use pool_core::{Extent, format_bytes};
@@ -829,25 +830,36 @@ impl SocketMapping {
     }
 }
 
-impl Attachment for SocketMapping {
+impl Mapping for SocketMapping {
     fn region(&self) -> Region<'_> {
         self.inner.region()
-    }
-
-    fn pool_files(&self) -> &[pool_core::file::PoolFile] {
-        pool_core::file::Attachment::pool_files(&self.inner)
-    }
-
-    fn checked_capacity(&self) -> bool {
-        self.role == Role::Creator
     }
 
     fn reserve_for_touch(&self, extent: Extent) -> Result<()> {
         self.inner.reserve_for_touch(extent)
     }
 
-    fn sharing(&self) -> Option<serde_json::Value> {
-        SharingReport::of(&self.sharing, self.role, self.shard, String::new())
+    fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
+        self.inner.release()
+    }
+
+    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
+        self.inner.release_with(true)
+    }
+}
+
+impl Attachment for SocketMapping {
+    fn pool_files(&self) -> &[pool_core::file::PoolFile] {
+        self.inner.pool_files()
+    }
+
+    fn attached(&self) -> Attached {
+        Attached::Shared(SharingReport::of(
+            &self.sharing,
+            self.role,
+            self.shard,
+            String::new(),
+        ))
     }
 
     fn rendezvous(
@@ -872,14 +884,6 @@ impl Attachment for SocketMapping {
                 r
             }
         }
-    }
-
-    fn teardown(self: Box<Self>) -> Vec<TeardownIssue> {
-        self.inner.release()
-    }
-
-    fn teardown_keeping_range(self: Box<Self>) -> (Vec<TeardownIssue>, Option<Placeholder>) {
-        self.inner.release_with(true)
     }
 }
 

@@ -15,7 +15,7 @@ raises them; they are re-exported here and from :mod:`hostpool`. Their
 - ``NotAvailableError(Error)``: something this host lacks;
 - ``PinError(Error)``: pinning failed (and was required);
 - ``PoolBusyError(Error, BufferError)``: ``close()`` while exports are alive;
-- ``KeeperError(Error)``: the pool's keeper (``keeper="NAME"``) does not answer,
+- ``KeeperError(Error)``: the pool's keeper (``keeper="NAME"``, or a ``[lease]`` table) does not answer,
   refused the lease, or went away during it (``keeper``, ``pid``, ``absent``);
 - ``EngineVersionError(Error)``: the installed serving engine lacks names
   hostpool's adapter for it reaches (``engine``, ``version``, ``missing``,

@@ -24,7 +24,7 @@ durable copy, the index at the tail of a kept pool (``hostpool keep`` with
   with one warning naming the field.
 
 The scheduler process maps the kept pool as its engine's *companion*
-(``keeper_companion_of``): the workers hold the lease; the scheduler maps
+(``lease.companion_of``): the workers hold the lease; the scheduler maps
 it beside them, in no barrier.
 """
 

@@ -209,7 +209,9 @@ class HostPoolRegion:
                 f"pool_config has `size`, which the region sets itself "
                 f"(num_chunks x kv_bytes_per_chunk = {total} bytes): remove it"
             )
-        if config.get("keeper") is None or config.get("keeper_fallback") == "build":
+        lease = config.get("lease")
+        lease = lease if isinstance(lease, Mapping) else {}
+        if lease.get("keeper") is None or lease.get("fallback") == "build":
             config["size"] = total
         # else: a lease takes the kept pool as it is; it must hold the region
         # (a keeper that keeps content holds the index at its tail too).

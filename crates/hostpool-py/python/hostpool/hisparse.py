@@ -17,7 +17,7 @@ the pool is a hostpool pool built from the table (any key of a pool config:
 ``prefault``, ``pin``, ``register``, a plugin's table, ...):
 
 * the size is HiSparse's (from ``host_pool_gib``); a ``size`` in the table
-  is refused, as are ``keeper`` and a ``sharing`` ``name``/``world``/``rank``
+  is refused, as are ``lease`` and a ``sharing`` ``name``/``world``/``rank``
   (vLLM decides them);
 * TP 1 (HiSparse's private pool): one private pool, of the exact size
   HiSparse asks for, its registered range rounded to 4 KiB as HiSparse's;
@@ -100,7 +100,7 @@ def pool_config_of(vllm_config: Any) -> dict[str, Any] | None:
     """The pool config of the table, checked; ``None`` without one.
 
     Raises :class:`hostpool.ConfigError` naming the key for a table that is not
-    one, a ``size`` (the size is ``host_pool_gib``'s), a ``keeper``, a sharing
+    one, a ``size`` (the size is ``host_pool_gib``'s), a ``lease``, a sharing
     ``name``/``world``/``rank``, a pin HiSparse cannot use, or anything
     :func:`hostpool.check_config` refuses.
     """
@@ -111,12 +111,11 @@ def pool_config_of(vllm_config: Any) -> dict[str, Any] | None:
 
     config = pool_config_from(extra, size_from="the HiSparseConnector's host_pool_gib")
     where = f"kv_connector_extra_config.{EXTRA_CONFIG_KEY}"
-    for key in ("keeper", "keeper_fallback", "keeper_attach_timeout_secs"):
-        if key in config:
-            raise hostpool.ConfigError(
-                f"{where} has `{key}`: HiSparse's host pool is the engine's own and is not "
-                "leased from a keeper; remove it"
-            )
+    if "lease" in config:
+        raise hostpool.ConfigError(
+            f"{where} has `lease`: HiSparse's host pool is the engine's own and is not "
+            "leased from a keeper; remove it"
+        )
     pin = config.get("pin", dict(_DEFAULT_PIN))
     if isinstance(pin, str):
         pin = {"kind": pin}

@@ -319,7 +319,7 @@ def mount(pool: hostpool.Pool, store: Any, *, protocol: str = "tcp", location: s
         raise hostpool.ConfigError(
             f"the pool (backing {pool.backing}) is anonymous memory, which has no file to mount as a "
             "Mooncake segment; build it with backing = \"shm-segmented\" (dir = \"/dev/shm\") or "
-            "\"hugetlbfs\" (dir = a hugetlbfs mount), or keep it (keeper = ...)"
+            "\"hugetlbfs\" (dir = a hugetlbfs mount), or keep it ([lease] keeper = ...)"
         )
     start, length = pool.shard
     end = start + length

@@ -25,7 +25,7 @@ manager and worker) whose workers lay their region over a hostpool pool
   memory with the last worker;
 * hostpool pins the pool (``pin``), and vLLM's own ``pin_mmap_region`` is
   kept from registering it a second time;
-* with ``keeper`` (a pool kept by ``hostpool keep``) and that keeper's
+* with a ``lease`` table naming a ``keeper`` (a pool kept by ``hostpool keep``) and that keeper's
   ``content = "keep"``, the CPU tier survives the engine: the manager
   (:class:`~hostpool._vllm_kept.HostPoolOffloadingManager`, vLLM's own,
   subclassed) records which chunk holds which block in an index at the kept
@@ -192,14 +192,16 @@ class HostPoolOffloadingSpec(_Base):  # type: ignore[misc,valid-type]
         """The kept pool as this scheduler maps it, beside the lease its workers hold,
         or ``None`` (logged) when the tier is not kept: no keeper, ``content = "zero"``,
         no room for the index, or no lease of this engine to accompany."""
-        keeper = self.pool_config.get("keeper")
+        table = self.pool_config.get("lease")
+        keeper = table.get("keeper") if isinstance(table, Mapping) else None
         if keeper is None or self.num_chunks <= 0:
             return None
         from hostpool._vllm_kept import KeptTier, identity
 
-        config: dict[str, Any] = {"keeper": keeper, "keeper_companion_of": pool_name(self.config.engine_id)}
-        if "keeper_attach_timeout_secs" in self.pool_config:
-            config["keeper_attach_timeout_secs"] = self.pool_config["keeper_attach_timeout_secs"]
+        lease: dict[str, Any] = {"keeper": keeper, "companion_of": pool_name(self.config.engine_id)}
+        if "attach_timeout_secs" in table:
+            lease["attach_timeout_secs"] = table["attach_timeout_secs"]
+        config: dict[str, Any] = {"lease": lease}
         try:
             pool = hostpool.Pool.from_config(config)
         except hostpool.Error as e:
@@ -248,7 +250,7 @@ class HostPoolOffloadingSpec(_Base):  # type: ignore[misc,valid-type]
         world = self.config.parallel.world_size
         # A lease names its engine even for one worker: the scheduler maps it
         # as that engine's companion.
-        if world > 1 or "keeper" in config:
+        if world > 1 or "lease" in config:
             config["sharing"] = {
                 **config.get("sharing", {}),
                 "name": pool_name(self.config.engine_id),

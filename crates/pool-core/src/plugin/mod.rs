@@ -530,7 +530,6 @@ macro_rules! record {
         }
     };
 }
-pub(crate) use record;
 
 record!(BackingPlugin, "backing");
 record!(PinnerPlugin, "pinner");
@@ -686,17 +685,14 @@ fn neither_nor(names: &[&str]) -> String {
     }
 }
 
-/// Resolve `config.backing` (including `auto`) to a registered record.
+/// Resolve `config.backing` (including `auto`) to a registered record, for
+/// memory other processes map (`shared`: a shared or kept pool) or not.
 ///
 /// # Errors
 /// As for [`auto_backing`] and [`lookup`].
-pub fn select_backing(config: &PoolConfig) -> Result<BackingSelection> {
+pub fn select_backing(config: &PoolConfig, shared: bool) -> Result<BackingSelection> {
     let (plugin, reason) = if config.backing == "auto" {
-        auto_backing(
-            config.dir.as_deref(),
-            config.sharing.is_some(),
-            config.huge_pages,
-        )?
+        auto_backing(config.dir.as_deref(), shared, config.huge_pages)?
     } else {
         let plugin = lookup::<BackingPlugin>(&config.backing)?;
         (plugin, format!("backing = {} was asked for", plugin.name))

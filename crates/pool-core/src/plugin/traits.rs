@@ -196,10 +196,10 @@ pub trait Backing: Send + Sync + fmt::Debug {
 }
 
 /// A live mapping made by a backing ([`Backing::map`], for memory of its
-/// own): its region, the files it keeps alive, how to reserve pages before
-/// a touch, and its teardown. What the core's own kinds of mapping need
-/// besides (a rendezvous, a shared pool's or a lease's report) is the
-/// core's ([`crate::file::Attachment`]).
+/// own) or by the core: its region, the files it keeps alive, how to
+/// reserve pages before a touch, and its teardown. What the core's own
+/// kinds of mapping need besides (how the memory came, its files, a
+/// rendezvous) is the core's ([`crate::shared::Attachment`]).
 pub trait Mapping: Send + Sync + fmt::Debug {
     /// The mapped memory.
     fn region(&self) -> Region<'_>;

@@ -6,21 +6,19 @@
 
 use std::time::Instant;
 
-use serde_json::Value;
-
-use super::plan::{Origin, SharedOrigin};
-use super::report::{Phases, PinReport, PoolReport, RegistrationReport, segment_reports};
+use super::plan::{LeasePlan, Memory, Share, Source};
+use super::report::{PoolReport, RegistrationReport};
 use super::{NUMA_SAMPLES, Observer, Phase, Pool, PoolPlan, gone, timed};
 use crate::background::{Background, MappingOwner, PinStatus};
 use crate::config::PinScope;
 use crate::error::{Context, Result};
-use crate::file::Attachment;
 use crate::host::capacity;
 use crate::interrupt::Cancel;
 use crate::layout::Extent;
 use crate::plugin::Mapping;
-use crate::plugin::{FilePlan, MemorySource, PinContext, RankBarrier};
+use crate::plugin::{FilePlan, MemorySource, RankBarrier};
 use crate::prefault::{self, PrefaultMethod, PrefaultOutcome};
+use crate::shared::{Attached, Attachment};
 use crate::sys::Region;
 
 /// How a build runs besides its plan and observer: the embedding engine's
@@ -37,6 +35,9 @@ pub struct BuildOptions<'a> {
     pub cancel: Cancel,
     /// What a failed creator does about the ranks not told yet.
     pub refusals: crate::shared::Refusals,
+    /// What hands memory between processes, for a shared or leased pool
+    /// (`hostpool_handoff::HANDOFF`); a private pool needs none.
+    pub handoff: Option<&'a dyn super::handoff::Handoff>,
 }
 
 impl std::fmt::Debug for BuildOptions<'_> {
@@ -45,6 +46,7 @@ impl std::fmt::Debug for BuildOptions<'_> {
             .field("barrier", &self.barrier.is_some())
             .field("cancel", &self.cancel)
             .field("refusals", &self.refusals)
+            .field("handoff", &self.handoff)
             .finish()
     }
 }
@@ -75,6 +77,18 @@ impl<'a> BuildOptions<'a> {
     pub fn refusals(mut self, refusals: crate::shared::Refusals) -> BuildOptions<'a> {
         self.refusals = refusals;
         self
+    }
+
+    /// Handing memory between processes with `handoff`.
+    #[must_use]
+    pub fn handoff(mut self, handoff: &'a dyn super::handoff::Handoff) -> BuildOptions<'a> {
+        self.handoff = Some(handoff);
+        self
+    }
+
+    /// The handoff, for `what` (a shared pool, a lease).
+    fn handed(&self, what: &str) -> Result<&'a dyn super::handoff::Handoff> {
+        self.handoff.ok_or_else(|| super::handoff::no_handoff(what))
     }
 }
 
@@ -122,24 +136,37 @@ impl Pool {
     ) -> Result<Pool> {
         let barrier = options.barrier;
         let cancel = &options.cancel;
-        let mut pool = match map(plan, observer, options) {
+        let mapped = match map(plan, observer, options) {
             // A joiner whose `huge_pages = "prefer"` chose other pages than
-            // the shared pool's creator: every rank takes the creator's.
-            Err(crate::Error::PageSizeMismatch { creator_page, .. })
-                if takes_creators_pages(&plan.origin) =>
-            {
-                let creators = plan.with_creators_pages(creator_page)?;
-                return Pool::build_with_options(&creators, observer, options);
+            // the shared pool's creator: every rank takes the creator's, as
+            // the plan made ready.
+            Err(e @ crate::Error::PageSizeMismatch { creator_page, .. }) => {
+                return match plan.creators_pages(creator_page) {
+                    Some(theirs) => Pool::build_with_options(theirs, observer, options),
+                    None => Err(e),
+                };
             }
             other => other?,
         };
+        let mut pool = match mapped {
+            Mapped::Pool(pool) => *pool,
+            // No keeper answered: build the plan made for that.
+            Mapped::Fallback(build, why) => {
+                tracing::warn!(
+                    "{why}; building a pool of this process's own (lease.fallback = \"build\")"
+                );
+                let mut pool = Pool::build_with_options(build, observer, options)?;
+                pool.report.keeper_fallback = Some(why);
+                return Ok(pool);
+            }
+        };
         // Said once the pool has its pages (a shared pool's rank may yet take
         // its creator's choice).
-        if let Some(h) = plan.huge_pages.as_ref().filter(|h| h.fell_back) {
+        if let Some(h) = plan.huge_pages().filter(|h| h.fell_back) {
             tracing::warn!("huge_pages = {}: {}", h.asked, h.reason);
         }
         // From here on, an early return drops `pool`, which tears down.
-        let leased = pool.report.keeper.is_some();
+        let leased = matches!(plan.source, Source::Leased(_));
         if !leased {
             bind(&mut pool, plan, barrier)?;
         }
@@ -152,7 +179,10 @@ impl Pool {
         // so that they fail on its error instead of waiting for it.
         let met = rendezvous(&mut pool, plan, &faulted, barrier);
         pool.report.prefault = Some(faulted?);
-        if plan.backing_plan.transparent_huge_pages && !leased {
+        if plan
+            .backing_plan()
+            .is_some_and(|bp| bp.transparent_huge_pages)
+        {
             pool.report.thp = thp_backed(&pool);
         }
         met?;
@@ -179,13 +209,18 @@ impl Pool {
         observer: &dyn Observer,
         cancel: &Cancel,
     ) -> Result<(Pool, Vec<(std::os::fd::OwnedFd, Extent)>)> {
-        let bp = &plan.backing_plan;
-        let MemorySource::Files(files) = &bp.source else {
-            return Err(crate::Error::config(format!(
-                "backing {} maps memory of its own, which a keeper cannot hand to another \
-                 process; use a file backing (shm-segmented, hugetlbfs)",
-                bp.backing
-            )));
+        let kept = match &plan.source {
+            Source::Kept(memory) => Some(memory),
+            _ => None,
+        };
+        let (bp, files) = match kept.map(|m| (&m.plan, &m.plan.source)) {
+            Some((bp, MemorySource::Files(files))) => (bp, files),
+            _ => {
+                return Err(crate::Error::config(
+                    "a keeper builds the plan of a kept pool (PoolPlan::kept): files another \
+                     process can be handed",
+                ));
+            }
         };
         capacity::require(&bp.capacity)?;
         let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
@@ -205,24 +240,13 @@ impl Pool {
                         .remedy("raise the open-file limit (ulimit -n)"),
                 )
             })?;
-        let mut report = first_report(plan, &mapping, map_secs);
-        report.sharing = None;
-        let mut pool = Pool::of(Box::new(mapping), report);
+        let report = first_report(plan, mapping.region(), &Attached::Own, map_secs);
+        let mut pool = Pool::of(Box::new(mapping), Attached::Own, report);
         bind(&mut pool, plan, None)?;
         let faulted = prefault(&mut pool, plan, observer, cancel);
         pool.report.prefault = Some(faulted?);
         check_placement(&mut pool, plan)?;
         Ok((pool, fds))
-    }
-}
-
-/// Whether a joiner of the shared pool `origin` builds (itself, or when no
-/// keeper answers) takes its creator's page size when it differs.
-fn takes_creators_pages(origin: &Origin) -> bool {
-    match origin {
-        Origin::Shared(s) => s.take_creators_pages,
-        Origin::Leased(l) => l.fallback.as_deref().is_some_and(takes_creators_pages),
-        Origin::Own => false,
     }
 }
 
@@ -253,166 +277,156 @@ fn resident() -> PrefaultOutcome {
     }
 }
 
-/// The mapping of the backing's plan, in a [`Pool`] with its first report,
-/// from where the plan says the memory comes: a keeper's lease (or, when no
-/// keeper answers and the plan says so, what this process builds instead),
-/// the backing's own memory, or the files it planned, which the core
-/// creates, maps and (for a shared pool) shares.
-fn map(plan: &PoolPlan, observer: &dyn Observer, options: &BuildOptions<'_>) -> Result<Pool> {
-    let bp = &plan.backing_plan;
-    let cancel = &options.cancel;
-    let (origin, fallback) = match &plan.origin {
-        Origin::Leased(lease) => {
-            let (leased, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
-                crate::shared::handoff("a kept pool").and_then(|h| h.lease(&plan.config, cancel))
-            });
-            match (leased, lease.fallback.as_deref()) {
-                (Ok(mapping), _) => {
-                    let report = first_report(plan, mapping.as_ref(), map_secs);
-                    return Ok(Pool::of(mapping, report));
-                }
-                (
-                    Err(crate::Error::Keeper {
-                        absent: true,
-                        message,
-                        ..
-                    }),
-                    Some(build),
-                ) => {
-                    tracing::warn!(
-                        "{message}; building a pool of this process's own (keeper_fallback = \"build\")"
-                    );
-                    (build, Some(message))
-                }
-                (Err(e), _) => return Err(e),
-            }
-        }
-        own_or_shared => (own_or_shared, None),
+/// What [`map`] made: a pool, or (a lease no keeper answered, with a
+/// fallback) the plan to build instead and why.
+enum Mapped<'p> {
+    Pool(Box<Pool>),
+    Fallback(&'p PoolPlan, String),
+}
+
+/// The mapping of the plan's source, in a [`Pool`] with its first report: a
+/// keeper's lease (or, when no keeper answers and the plan has a fallback,
+/// that plan), the backing's own memory, or the files it planned, which the
+/// core creates, maps and (for a shared pool) shares.
+fn map<'p>(
+    plan: &'p PoolPlan,
+    observer: &dyn Observer,
+    options: &BuildOptions<'_>,
+) -> Result<Mapped<'p>> {
+    let mapped = |attachment: Box<dyn Attachment>, map_secs: f64| {
+        let attached = attachment.attached();
+        let report = first_report(plan, attachment.region(), &attached, map_secs);
+        Mapped::Pool(Box::new(Pool::of(attachment, attached, report)))
     };
+    let (memory, share) = match &plan.source {
+        Source::Leased(lease) => {
+            return match lease_of(lease, observer, options) {
+                Ok((attachment, secs)) => Ok(mapped(attachment, secs)),
+                Err(crate::Error::Keeper {
+                    absent: true,
+                    message,
+                    ..
+                }) if lease.fallback.is_some() => Ok(Mapped::Fallback(
+                    lease.fallback.as_deref().ok_or_else(gone)?,
+                    message,
+                )),
+                Err(e) => Err(e),
+            };
+        }
+        Source::Own(memory) => (memory, None),
+        Source::Shared(share) => (&share.memory, Some(share)),
+        Source::Kept(_) => {
+            return Err(crate::Error::config(
+                "a kept pool's plan is built by its keeper (Pool::build_kept)",
+            ));
+        }
+    };
+    let bp = &memory.plan;
     // A shared pool's creator checks capacity itself: once it has reserved
     // the pages, the counts look too low to joiners.
-    if !matches!(origin, Origin::Shared(_)) {
+    if share.is_none() {
         capacity::require(&bp.capacity)?;
     }
     let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
-        match (&bp.source, origin) {
-            (MemorySource::Files(files), Origin::Shared(shared)) => {
-                share(plan, files, shared, options)
+        match (&bp.source, share) {
+            (MemorySource::Files(files), Some(share)) => {
+                share_of(plan, memory, files, share, options)
             }
-            (MemorySource::Files(files), _) => {
+            (MemorySource::Files(files), None) => {
                 Ok(Box::new(crate::file::map_planned(files, bp.size)?) as Box<dyn Attachment>)
             }
             // The plan refuses to share memory of a backing's own.
-            (MemorySource::Own, _) => plan
+            (MemorySource::Own, _) => memory
                 .backing
                 .map(bp)
                 .map(|m| Box::new(OwnMapping(m)) as Box<dyn Attachment>),
         }
     });
-    let mapping = mapping?;
-    let mut report = first_report(plan, mapping.as_ref(), map_secs);
-    report.keeper_fallback = fallback;
-    Ok(Pool::of(mapping, report))
+    Ok(mapped(mapping?, map_secs))
+}
+
+/// The report of a pool of `plan` just mapped at `region`.
+fn first_report(
+    plan: &PoolPlan,
+    region: Region<'_>,
+    attached: &Attached,
+    map_secs: f64,
+) -> PoolReport {
+    PoolReport::first(
+        plan.backing_plan(),
+        plan.pin().map_or(crate::PIN_OFF, |p| p.pinner.name()),
+        plan.huge_pages().cloned(),
+        region,
+        attached,
+        map_secs,
+    )
+}
+
+/// The lease's mapping, from the build's handoff, and the seconds it took.
+fn lease_of(
+    lease: &LeasePlan,
+    observer: &dyn Observer,
+    options: &BuildOptions<'_>,
+) -> Result<(Box<dyn Attachment>, f64)> {
+    let handoff = options.handed("a lease of a kept pool")?;
+    let (leased, secs) = timed(observer, Phase::Map, lease.size.unwrap_or(0), || {
+        handoff.lease(lease, &options.cancel)
+    });
+    Ok((leased?, secs))
 }
 
 impl Pool {
-    /// A pool of `mapping`, with its first report, nothing pinned yet.
-    fn of(mapping: Box<dyn Attachment>, report: PoolReport) -> Pool {
+    /// A pool of `mapping`, which came as `attached`, with its first
+    /// report, nothing pinned yet.
+    fn of(mapping: Box<dyn Attachment>, attached: Attached, report: PoolReport) -> Pool {
         Pool {
             mapping: Some(crate::sys::Owner::new(mapping)),
             pin: None,
             background: None,
             pin_extent: None,
             registrations: Vec::new(),
+            attached,
             report,
             owner: std::process::id(),
         }
     }
 }
 
-/// A shared pool's mapping, over the rendezvous its plan names, of the
-/// files its plan named.
-fn share(
+/// A shared pool's mapping, over the build's handoff, of the files its plan
+/// named.
+fn share_of(
     plan: &PoolPlan,
+    memory: &Memory,
     files: &FilePlan,
-    shared: &SharedOrigin,
+    share: &Share,
     options: &BuildOptions<'_>,
 ) -> Result<Box<dyn Attachment>> {
-    let bp = &plan.backing_plan;
-    crate::shared::map_shared(crate::shared::SharedPoolSpec {
-        sharing: &shared.sharing,
-        size: bp.size,
-        files: shared
-            .files
-            .iter()
-            .cloned()
-            .zip(files.extents.iter().copied())
-            .collect(),
-        capacity: &bp.capacity,
-        recheck: &*files.recheck,
-        create: &*files.create,
-        map: crate::file::MapContext {
-            enomem_remedy: files.enomem_remedy.clone(),
-            truncated_remedy:
-                "a rank, or a process that opened a rank's descriptor, truncated the \
+    let bp = &memory.plan;
+    let _ = plan;
+    options
+        .handed("a shared pool")?
+        .share(crate::shared::SharedPoolSpec {
+            sharing: &share.sharing,
+            size: bp.size,
+            files: share
+                .files
+                .iter()
+                .cloned()
+                .zip(files.extents.iter().copied())
+                .collect(),
+            capacity: &bp.capacity,
+            recheck: &*files.recheck,
+            create: &*files.create,
+            map: crate::file::MapContext {
+                enomem_remedy: files.enomem_remedy.clone(),
+                truncated_remedy:
+                    "a rank, or a process that opened a rank's descriptor, truncated the \
                                shared pool's file; stop every rank and start them again"
-                    .into(),
-        },
-        cancel: options.cancel.clone(),
-        refusals: options.refusals,
-    })
-}
-
-fn first_report(plan: &PoolPlan, mapping: &dyn Attachment, map_secs: f64) -> PoolReport {
-    let bp = &plan.backing_plan;
-    let region = mapping.region();
-    let leased = mapping.leased();
-    PoolReport {
-        version: crate::VERSION,
-        backing: leased
-            .as_ref()
-            .and_then(|l| l["backing"].as_str())
-            .unwrap_or(bp.backing)
-            .to_string(),
-        page_size: region.page().get(),
-        logical_bytes: region.logical_len(),
-        mapped_bytes: region.mapped_len(),
-        address: format!("{:#x}", region.addr() as usize),
-        segments: if leased.is_some() {
-            Vec::new()
-        } else {
-            segment_reports(bp)
-        },
-        options: if leased.is_some() {
-            Value::Null
-        } else {
-            bp.options.clone()
-        },
-        prefault: None,
-        phases: Phases {
-            map: Some(map_secs),
-            ..Phases::default()
-        },
-        pin: PinReport {
-            kind: plan.config.pin.kind_name().to_string(),
-            status: PinStatus::Off,
-            reason: None,
-            details: Value::Null,
-        },
-        registrations: Vec::new(),
-        capacity: if mapping.checked_capacity() {
-            bp.capacity.clone()
-        } else {
-            Vec::new()
-        },
-        sharing: mapping.sharing(),
-        numa: None,
-        keeper: leased,
-        keeper_fallback: None,
-        huge_pages: plan.huge_pages.clone(),
-        thp: None,
-        teardown_issues: Vec::new(),
-    }
+                        .into(),
+            },
+            cancel: options.cancel.clone(),
+            refusals: options.refusals,
+        })
 }
 
 /// The pool's mapping, for a step that reads it (its owner is a field
@@ -525,10 +539,9 @@ fn rendezvous(
 /// now, in one pass, rather than let the driver fault them in one page at a
 /// time under its lock.
 fn attach(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> {
-    let leased = pool.report.keeper.is_some();
+    let leased = matches!(plan.source, Source::Leased(_));
     if (plan.ranks().is_none() && !leased)
-        || plan.pinner.is_none()
-        || plan.config.pin.scope != PinScope::Pool
+        || plan.pin.as_ref().is_none_or(|p| p.scope != PinScope::Pool)
     {
         return Ok(());
     }
@@ -558,7 +571,7 @@ fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
     let Some(numa) = &plan.numa else {
         return Ok(());
     };
-    let leased = pool.report.keeper.is_some();
+    let leased = matches!(plan.source, Source::Leased(_));
     let mut report = pool
         .report
         .numa
@@ -602,17 +615,18 @@ fn check_placement(pool: &mut Pool, plan: &PoolPlan) -> Result<()> {
 /// empty shard, more ranks than pages, pins nothing), in the foreground or
 /// on the background thread.
 fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> {
-    let Some(pinner) = &plan.pinner else {
+    let Some(pin_plan) = &plan.pin else {
         return Ok(());
     };
-    let mapped = pool.report.mapped_bytes;
-    let pin_extent = match (plan.ranks(), plan.config.pin.scope) {
+    let pinner = &pin_plan.pinner;
+    let mapped = held(&pool.mapping)?.region().mapped_len();
+    let pin_extent = match (plan.ranks(), pin_plan.scope, &plan.source) {
         // A leased pool's shard is of the keeper's size, not the plan's.
-        (Some(s), PinScope::Shard) if pool.report.keeper.is_some() => {
+        (Some(s), PinScope::Shard, Source::Leased(_)) => {
             let region = held(&pool.mapping)?.region();
             crate::shared::shard(region.size(), s)?
         }
-        (Some(_), PinScope::Shard) => plan.prefault.extent,
+        (Some(_), PinScope::Shard, _) => plan.prefault.extent,
         _ => Extent {
             offset: 0,
             len: mapped,
@@ -625,7 +639,7 @@ fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> 
             Some("this rank's shard is empty (more ranks than pages): nothing to pin".into());
         return Ok(());
     }
-    if plan.config.pin.background {
+    if let Some(chunk) = pin_plan.background_chunk {
         // The thread runs on the mapping's owner, which joins it before the
         // mapping goes; the pool stops it first in `release`.
         let owner = pool.mapping.as_mut().ok_or_else(gone)?;
@@ -633,21 +647,22 @@ fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> 
             owner,
             pin_extent,
             std::sync::Arc::clone(pinner),
-            &plan.config,
+            crate::background::Settings {
+                chunk,
+                chunk_asked: pin_plan.chunk_asked,
+                required: pin_plan.required,
+                context: plan.context,
+            },
         )?;
         pool.report.pin.status = PinStatus::Pinning;
-        pool.report.pin.details = serde_json::json!({
-            "background": true,
-            "chunk": started.chunk(),
-            "bytes": pin_extent.len,
-        });
+        pool.report.pin.details = super::report::background_details(started.chunk(), pin_extent);
         pool.background = Some(started);
         return Ok(());
     }
     let region = held(&pool.mapping)?.region();
     let pin_region = region.sub(pin_extent).ok_or_else(gone)?;
     let (pinned, secs) = timed(observer, Phase::Pin, pin_region.mapped_len(), || {
-        pinner.pin(pin_region, &PinContext::of(&plan.config))
+        pinner.pin(pin_region, &plan.context)
     });
     pool.report.phases.pin = Some(secs);
     match pinned {
@@ -656,7 +671,7 @@ fn pin(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result<()> 
             pool.report.pin.details = pin.details();
             pool.pin = Some(pin);
         }
-        Err(e) if !plan.config.pin.required => {
+        Err(e) if !pin_plan.required => {
             tracing::warn!(
                 "pinning with {} skipped, the pool stays pageable: {e}",
                 pinner.name()
@@ -677,7 +692,7 @@ fn register(pool: &mut Pool, plan: &PoolPlan, observer: &dyn Observer) -> Result
     let region = held(&pool.mapping)?.region();
     let (registered, secs) = timed(observer, Phase::Register, region.mapped_len(), || {
         for r in &plan.registrars {
-            let reg = r.register(region, &PinContext::of(&plan.config))?;
+            let reg = r.register(region, &plan.context)?;
             pool.report.registrations.push(RegistrationReport {
                 kind: r.name().to_string(),
                 details: reg.details(),
@@ -721,7 +736,7 @@ fn attach_peers(region: &Region<'_>, own: Extent) -> Result<()> {
 #[derive(Debug)]
 struct OwnMapping(Box<dyn Mapping>);
 
-impl Attachment for OwnMapping {
+impl Mapping for OwnMapping {
     fn region(&self) -> Region<'_> {
         self.0.region()
     }
@@ -744,3 +759,5 @@ impl Attachment for OwnMapping {
         self.0.teardown_keeping_range()
     }
 }
+
+impl Attachment for OwnMapping {}

@@ -10,12 +10,15 @@
 //! [`Pool::teardown`] tears itself down.
 
 mod build;
+mod handoff;
 
 pub use build::BuildOptions;
+pub use handoff::Handoff;
 mod numa;
 mod pin_status;
 mod plan;
 mod report;
+mod source;
 mod teardown;
 
 use std::time::Instant;
@@ -26,7 +29,7 @@ use crate::plugin::{Pin, Registration};
 use crate::sys::Region;
 
 pub use numa::{GpuPlace, NumaPlan, NumaReport, ShardPlacement};
-pub use plan::{LeasedOrigin, Origin, PoolPlan, SharedOrigin};
+pub use plan::{LeasePlan, Memory, PinPlan, PoolPlan, Share, Source};
 pub use report::{
     HugePagesReport, Phases, PinPlanReport, PinReport, PlanReport, PoolReport, PrefaultPlanReport,
     RegistrationReport, ThpReport,
@@ -94,6 +97,8 @@ pub struct Pool {
     /// What the pin covers (offsets in the pool), when a pinner was asked for.
     pin_extent: Option<Extent>,
     registrations: Vec<Box<dyn Registration>>,
+    /// How the memory came: the build's own, a share, a lease.
+    attached: crate::shared::Attached,
     report: PoolReport,
     /// The process that built the pool. A child that inherited it through
     /// `fork` has the mapping but none of the rest: the pins and
@@ -115,6 +120,12 @@ impl Pool {
     /// once torn down).
     pub fn region(&self) -> Option<Region<'_>> {
         self.mapping.as_ref().map(|m| m.get().region())
+    }
+
+    /// How the pool's memory came to this process: mapped alone, a shared
+    /// pool's share, or a lease (what the keeper told).
+    pub fn attached(&self) -> &crate::shared::Attached {
+        &self.attached
     }
 
     /// The report so far (teardown not yet included).

@@ -2,109 +2,40 @@
 //! without creating, mapping or reserving anything, and its report.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::report::{HugePagesReport, PinPlanReport, PlanReport, PrefaultPlanReport};
+pub use super::source::{LeasePlan, Memory, PinPlan, PoolPlan, Share, Source};
 use crate::config::{PoolConfig, SharingConfig};
 use crate::error::Result;
 use crate::host::capacity;
 use crate::layout::{Extent, MAX_POOL_BYTES, format_bytes};
 use crate::plugin::{
-    self, Backing, BackingPlan, ExtentReport, PinContext, Pinner, PinnerPlugin, Registrar,
-    RegistrarPlugin,
+    self, BackingPlan, ExtentReport, PinContext, Pinner, PinnerPlugin, Registrar, RegistrarPlugin,
 };
 use crate::prefault::{self, FaultIn, PrefaultPlan};
-
-/// Everything a build will do, resolved from the config. Making a plan
-/// creates, maps and reserves nothing, and a plan cannot change once made:
-/// its parts are read through its methods, and the build reads nothing of
-/// the config that the plan resolved (where the memory comes from, the
-/// shared files' names, the page size a joiner takes).
-#[derive(Debug)]
-pub struct PoolPlan {
-    pub(crate) config: PoolConfig,
-    pub(crate) backing_reason: String,
-    pub(crate) backing: Box<dyn Backing>,
-    pub(crate) backing_plan: BackingPlan,
-    pub(crate) prefault: PrefaultPlan,
-    pub(crate) pinner: Option<std::sync::Arc<dyn Pinner>>,
-    pub(crate) registrars: Vec<Box<dyn Registrar>>,
-    pub(crate) huge_pages: Option<HugePagesReport>,
-    pub(crate) numa: Option<super::numa::NumaPlan>,
-    pub(crate) origin: Origin,
-}
-
-/// Where a pool's memory comes from: decided by the plan, for every
-/// backing alike, and consumed by the build.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum Origin {
-    /// This process maps it alone: the backing's own memory, or the files it
-    /// planned.
-    Own,
-    /// The ranks of one engine share it over a rendezvous.
-    Shared(SharedOrigin),
-    /// A keeper leases it.
-    Leased(LeasedOrigin),
-}
-
-/// A shared pool, as the plan decided it.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct SharedOrigin {
-    /// The ranks, this one, the rendezvous and its timeouts.
-    pub sharing: SharingConfig,
-    /// The data files' names, one per extent (empty paths for files only
-    /// the socket passes).
-    pub files: Vec<PathBuf>,
-    /// Whether a joiner takes its creator's page size when it differs
-    /// (`huge_pages = "prefer"`), instead of failing.
-    pub take_creators_pages: bool,
-}
-
-/// A leased pool, as the plan decided it.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct LeasedOrigin {
-    /// The kept pool's name.
-    pub keeper: String,
-    /// The ranks of the engine that share the lease, when it has several.
-    pub ranks: Option<SharingConfig>,
-    /// What this process builds when no keeper answers
-    /// (`keeper_fallback = "build"`); `None`: the build fails instead.
-    pub fallback: Option<Box<Origin>>,
-}
-
-impl Origin {
-    /// The ranks this process is one of: a shared pool's, or those sharing
-    /// a lease.
-    pub fn ranks(&self) -> Option<&SharingConfig> {
-        match self {
-            Origin::Own => None,
-            Origin::Shared(s) => Some(&s.sharing),
-            Origin::Leased(l) => l.ranks.as_ref(),
-        }
-    }
-}
 
 /// A backing, configured and planned.
 type Planned = (
     plugin::BackingSelection,
-    Box<dyn Backing>,
+    Box<dyn plugin::Backing>,
     crate::plugin::BackingPlan,
 );
 
-/// A backing planned, with what `huge_pages` got.
+/// A backing planned, with what `huge_pages` got, and under `prefer` the
+/// other page size it could have got.
 type Chosen = (
     plugin::BackingSelection,
-    Box<dyn Backing>,
+    Box<dyn plugin::Backing>,
     crate::plugin::BackingPlan,
     Option<HugePagesReport>,
+    Option<u64>,
 );
 
-fn plan_with(config: &PoolConfig) -> Result<Planned> {
-    let selection = plugin::select_backing(config)?;
+fn plan_with(config: &PoolConfig, shared: bool) -> Result<Planned> {
+    let selection = plugin::select_backing(config, shared)?;
     let backing = (selection.plugin.build)(config.plugin_table(selection.plugin.name))?;
     let plan = backing.plan(config)?;
     Ok((selection, backing, plan))
@@ -117,12 +48,12 @@ fn plan_with(config: &PoolConfig) -> Result<Planned> {
 /// dir) when the huge page backing's plan cannot hold the pool: a capacity
 /// check short, or no huge pages to be had. The choice is made here, from the
 /// plan's own capacity figures, so `plan` shows what `alloc` does.
-fn choose_backing(config: &PoolConfig, backing_config: PoolConfig) -> Result<Chosen> {
+fn choose_backing(config: &PoolConfig, backing_config: PoolConfig, shared: bool) -> Result<Chosen> {
     use crate::config::HugePages;
     use crate::host::capacity::Verdict;
     let Some(policy) = backing_config.huge_pages else {
-        let (s, b, p) = plan_with(&backing_config)?;
-        return Ok((s, b, p, None));
+        let (s, b, p) = plan_with(&backing_config, shared)?;
+        return Ok((s, b, p, None, None));
     };
     let asked = crate::choice::Choice::name(policy);
     if config.backing != "auto" {
@@ -153,11 +84,11 @@ fn choose_backing(config: &PoolConfig, backing_config: PoolConfig) -> Result<Cho
                 dir.display()
             )));
         }
-        let (s, b, p) = plan_with(&backing_config)?;
+        let (s, b, p) = plan_with(&backing_config, shared)?;
         let r = report(&p, "huge_pages = off: base pages".into(), false);
-        return Ok((s, b, p, r));
+        return Ok((s, b, p, r, None));
     }
-    let first = plan_with(&backing_config);
+    let first = plan_with(&backing_config, shared);
     let short = |p: &crate::plugin::BackingPlan| {
         p.capacity
             .iter()
@@ -194,7 +125,7 @@ fn choose_backing(config: &PoolConfig, backing_config: PoolConfig) -> Result<Cho
                 "huge_pages = required: a shortage is the capacity error".into(),
                 false,
             );
-            Ok((s, b, p, r))
+            Ok((s, b, p, r, None))
         }
         (HugePages::Required, Err(e)) => Err(e),
         (_, first) => {
@@ -214,9 +145,14 @@ fn choose_backing(config: &PoolConfig, backing_config: PoolConfig) -> Result<Cho
                         "the huge page pool holds it".to_string()
                     };
                     let r = report(&p, reason, false);
-                    Ok((s, b, p, r))
+                    let other = (p.size.page().get() != base).then_some(base);
+                    Ok((s, b, p, r, other))
                 }
-                (why, _) => {
+                (why, first) => {
+                    let other = first
+                        .ok()
+                        .map(|(_, _, p)| p.size.page().get())
+                        .filter(|&page| page != base);
                     let why = why.unwrap_or_default();
                     let fallback = PoolConfig {
                         dir: None,
@@ -224,7 +160,7 @@ fn choose_backing(config: &PoolConfig, backing_config: PoolConfig) -> Result<Cho
                         huge_pages: Some(HugePages::Off),
                         ..backing_config
                     };
-                    let (s, b, p) = plan_with(&fallback)?;
+                    let (s, b, p) = plan_with(&fallback, shared)?;
                     let r = report(
                         &p,
                         format!(
@@ -233,7 +169,7 @@ fn choose_backing(config: &PoolConfig, backing_config: PoolConfig) -> Result<Cho
                         ),
                         true,
                     );
-                    Ok((s, b, p, r))
+                    Ok((s, b, p, r, other))
                 }
             }
         }
@@ -241,34 +177,42 @@ fn choose_backing(config: &PoolConfig, backing_config: PoolConfig) -> Result<Cho
 }
 
 impl PoolPlan {
-    /// The config the plan was made from.
+    /// The config the plan was made from (for the caller: the build reads
+    /// none of it).
     pub fn config(&self) -> &PoolConfig {
         &self.config
     }
 
-    /// Why this backing.
-    pub fn backing_reason(&self) -> &str {
-        &self.backing_reason
+    /// Where the memory comes from.
+    pub fn source(&self) -> &Source {
+        &self.source
     }
 
-    /// The configured backing.
-    pub fn backing(&self) -> &dyn Backing {
-        &*self.backing
+    /// The memory a backing plans for this process (the creator's in a
+    /// shared pool); `None` for a lease, whose memory is the keeper's.
+    pub fn memory(&self) -> Option<&Memory> {
+        self.source.memory()
     }
 
-    /// What the backing will map.
-    pub fn backing_plan(&self) -> &BackingPlan {
-        &self.backing_plan
+    /// What the backing will map; `None` for a lease.
+    pub fn backing_plan(&self) -> Option<&BackingPlan> {
+        self.memory().map(|m| &m.plan)
     }
 
-    /// How the pool will be prefaulted (this rank's shard of a shared pool).
+    /// How the pool will be prefaulted (this rank's shard of a shared pool;
+    /// nothing for a lease, whose memory comes resident).
     pub fn prefault(&self) -> &PrefaultPlan {
         &self.prefault
     }
 
+    /// What pinning will do, when a pinner is asked for.
+    pub fn pin(&self) -> Option<&PinPlan> {
+        self.pin.as_ref()
+    }
+
     /// The pinner, when one is asked for.
     pub fn pinner(&self) -> Option<&dyn Pinner> {
-        self.pinner.as_deref()
+        self.pin.as_ref().map(|p| &*p.pinner)
     }
 
     /// The registrars, in order.
@@ -276,9 +220,14 @@ impl PoolPlan {
         &self.registrars
     }
 
+    /// What pinners and registrars are told (block, memlock policy).
+    pub fn context(&self) -> &PinContext {
+        &self.context
+    }
+
     /// What `huge_pages` asked for and what the pool gets, when it asked.
     pub fn huge_pages(&self) -> Option<&HugePagesReport> {
-        self.huge_pages.as_ref()
+        self.memory().and_then(|m| m.huge_pages.as_ref())
     }
 
     /// What `numa_node` asked for and the node this process binds, when it
@@ -287,34 +236,116 @@ impl PoolPlan {
         self.numa.as_ref()
     }
 
-    /// Where the memory comes from.
-    pub fn origin(&self) -> &Origin {
-        &self.origin
-    }
-
     /// The ranks this process is one of (a shared pool's, or those sharing
     /// a lease).
     pub fn ranks(&self) -> Option<&SharingConfig> {
-        self.origin.ranks()
+        self.source.ranks()
     }
 }
 
 impl PoolPlan {
-    /// Resolve a config: plugins, sizes, capacity checks and prefault.
+    /// Resolve a config: plugins, sizes, capacity checks and prefault; for a
+    /// lease (`[lease]`), what to ask the keeper and, with `fallback =
+    /// "build"`, the plan to build when none answers.
     ///
     /// # Errors
     /// Configuration errors (unknown plugins or tables, bad sizes, settings a
-    /// backing cannot honour). Capacity shortfalls are *not* errors here:
-    /// they are verdicts in the plan, and [`Pool::build`](crate::Pool::build) refuses them.
+    /// backing cannot honour, a bad `[lease]` table). Capacity shortfalls are
+    /// *not* errors here: they are verdicts in the plan, and
+    /// [`Pool::build`](crate::Pool::build) refuses them.
     pub fn new(config: PoolConfig) -> Result<PoolPlan> {
+        PoolPlan::resolve(config, false)
+    }
+
+    /// The plan of a keeper's own pool (`hostpool keep`): files that another
+    /// process can be handed (`auto` picks a backing of files, and a backing
+    /// of memory of its own is refused), mapped and prefaulted by the
+    /// keeper, pinned and registered by none of it.
+    ///
+    /// # Errors
+    /// As for [`PoolPlan::new`], and [`crate::Error::Config`] for a backing
+    /// that maps memory of its own.
+    pub fn kept(config: PoolConfig) -> Result<PoolPlan> {
+        if config.sharing.is_some() || config.lease.is_some() {
+            return Err(crate::Error::config(
+                "a kept pool is shared by leasing it: drop `sharing` and `[lease]` from a \
+                 keeper's pool",
+            ));
+        }
+        if config.pin.is_on() || !config.register.is_empty() {
+            return Err(crate::Error::config(
+                "pins and registrations of a kept pool belong to the process that uses the \
+                 memory: drop `pin` and `register` from a keeper's pool",
+            ));
+        }
+        PoolPlan::resolve(config, true)
+    }
+
+    fn resolve(config: PoolConfig, kept: bool) -> Result<PoolPlan> {
         check_size(&config)?;
         check_dir(&config)?;
-        config.validate_keeper()?;
         plugin::validate_plugin_tables(&config)?;
         if let Some(sharing) = &config.sharing {
             sharing.validate()?;
         }
+        let keeper = match &config.lease {
+            Some(lease) => Some(lease.validate(config.sharing.as_ref())?.to_string()),
+            None => None,
+        };
         let numa = super::numa::resolve(&config)?;
+        let (pin, context) = pin_plan(&config)?;
+        let registrars = config
+            .register
+            .iter()
+            .map(|name| {
+                let r = plugin::lookup::<RegistrarPlugin>(name)?;
+                (r.build)(config.plugin_table(r.name))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let (Some(keeper), Some(lease)) = (keeper, &config.lease) {
+            // The fallback is the plan of this config without its lease.
+            let fallback = match lease.fallback {
+                crate::config::KeeperFallback::Build => {
+                    Some(Box::new(PoolPlan::new(PoolConfig {
+                        lease: None,
+                        ..config.clone()
+                    })?))
+                }
+                crate::config::KeeperFallback::Fail => None,
+            };
+            let sharing = config.sharing.clone();
+            let source = Source::Leased(LeasePlan {
+                keeper,
+                attach_timeout_secs: lease.attach_timeout(sharing.as_ref()),
+                barrier_timeout_secs: sharing
+                    .as_ref()
+                    .map_or(crate::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
+                        s.barrier_timeout_secs
+                    }),
+                ranks: sharing,
+                companion_of: lease.companion_of.clone(),
+                tag: lease.tag.clone(),
+                size: lease.size.map(crate::ByteSize::get),
+                page: config.page_size.map(crate::ByteSize::get),
+                fallback,
+            });
+            // Leased memory comes resident: nothing to fault.
+            let prefault = PrefaultPlan {
+                method: prefault::NoPrefault.into(),
+                threads: 0,
+                extent: Extent { offset: 0, len: 0 },
+                explain: vec!["leased memory comes resident: no prefault".into()],
+            };
+            return Ok(PoolPlan {
+                config,
+                source,
+                prefault,
+                pin,
+                registrars,
+                context,
+                numa,
+            });
+        }
         // The backing sees the one node that holds the whole pool (and checks
         // that node's own capacity: free huge pages per node); where ranks
         // bind their shards to nodes of their own it sees what was asked, a
@@ -323,50 +354,13 @@ impl PoolPlan {
             p.whole_pool_on()
                 .map_or_else(|| p.asked.clone(), crate::config::NumaNode::Node)
         });
-        // An engine that leases its pool and never builds one plans only
-        // what it does itself: the backing's side is the keeper's, so its
-        // own `dir`, backing and page size are not planned (a page size is
-        // checked against the kept pool's when it attaches).
-        let leases_only = config.keeper.is_some()
-            && config.keeper_fallback == crate::config::KeeperFallback::Fail;
-        let backing_config = if leases_only {
-            PoolConfig {
-                backing: "auto".into(),
-                dir: None,
-                page_size: None,
-                huge_pages: None,
-                numa_node,
-                ..config.clone()
-            }
-        } else {
-            PoolConfig {
-                numa_node,
-                ..config.clone()
-            }
+        let backing_config = PoolConfig {
+            numa_node,
+            ..config.clone()
         };
-        let (mut selection, backing, mut backing_plan, huge_pages) =
-            choose_backing(&config, backing_config)?;
-        if let Some(keeper) = config.keeper.as_deref().filter(|_| leases_only) {
-            selection.reason = format!(
-                "leased from keeper `{keeper}` ({}): its backing; this process maps, pins and \
-                 registers it",
-                crate::shared::handoff("a kept pool")?.keeper_socket(keeper)
-            );
-        }
-        // Memory that crosses processes needs the handoff: say so now, not
-        // at map time.
-        if config.sharing.is_some() {
-            crate::shared::handoff("a shared pool")?;
-        }
-        // A shared pool of files names them in the plan (the file
-        // rendezvous's data files).
-        if let (Some(sharing), crate::plugin::MemorySource::Files(files)) =
-            (&config.sharing, &backing_plan.source)
-            && files.dir.is_some()
-        {
-            backing_plan.files = shared_names(files, sharing);
-        }
-        let origin = origin(&config, &backing_plan, leases_only)?;
+        let shared = kept || config.sharing.is_some();
+        let (selection, backing, mut backing_plan, huge_pages, other_pages) =
+            choose_backing(&config, backing_config, shared)?;
         if let Some(block) = config.block_size {
             check_block(block.get(), backing_plan.size)?;
         }
@@ -385,53 +379,84 @@ impl PoolPlan {
             backing_plan.size.page(),
             config.threads,
         )?;
-        let pinner = if let Some(kind) = &config.pin.kind {
-            let p = plugin::lookup::<PinnerPlugin>(kind)?;
-            Some(std::sync::Arc::from((p.build)(
-                config.plugin_table(p.name),
-            )?))
-        } else {
-            if config.pin.background {
-                return Err(crate::Error::config(
-                    "background pinning needs a pinner: set pin.kind (--pin cuda or --pin mlock)",
-                ));
-            }
-            None
+        let files = match &backing_plan.source {
+            crate::plugin::MemorySource::Files(files) => Some(files),
+            crate::plugin::MemorySource::Own => None,
         };
-        if config.pin.background_chunk.is_some_and(|c| c.get() == 0) {
-            return Err(crate::Error::config(
-                "pin.background_chunk is 0; give a size such as \"256MiB\", or leave it out",
-            ));
-        }
-        let registrars = config
-            .register
-            .iter()
-            .map(|name| {
-                let r = plugin::lookup::<RegistrarPlugin>(name)?;
-                (r.build)(config.plugin_table(r.name))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let source = match (&config.sharing, files) {
+            (None, _) if kept && files.is_none() => {
+                return Err(crate::Error::config(format!(
+                    "backing {} maps memory of its own, which a keeper cannot hand to another \
+                     process; use a file backing (shm-segmented, hugetlbfs)",
+                    backing_plan.backing
+                )));
+            }
+            (None, _) => {
+                let memory = Memory {
+                    reason: selection.reason,
+                    backing,
+                    plan: backing_plan,
+                    huge_pages,
+                };
+                if kept {
+                    Source::Kept(memory)
+                } else {
+                    Source::Own(memory)
+                }
+            }
+            (Some(sharing), Some(files)) => {
+                // A shared pool of files names them in the plan (the file
+                // rendezvous's data files).
+                let names = shared_names(files, sharing);
+                if files.dir.is_some() {
+                    backing_plan.files = names.clone();
+                }
+                let creators_pages = match other_pages {
+                    Some(page) => PoolPlan::with_creators_pages(&config, page)
+                        .ok()
+                        .map(Box::new),
+                    None => None,
+                };
+                Source::Shared(Share {
+                    memory: Memory {
+                        reason: selection.reason,
+                        backing,
+                        plan: backing_plan,
+                        huge_pages,
+                    },
+                    sharing: sharing.clone(),
+                    files: names,
+                    creators_pages,
+                })
+            }
+            (Some(sharing), None) => {
+                return Err(crate::Error::config(format!(
+                    "backing {} cannot be shared between processes (shared pool `{}`): its \
+                     memory has no name another rank could open, and each rank would get a \
+                     private pool of its own; drop --backing {} (auto then picks segmented \
+                     files in /dev/shm), or give --dir /dev/shm or a hugetlbfs mount",
+                    backing_plan.backing, sharing.name, backing_plan.backing
+                )));
+            }
+        };
         Ok(PoolPlan {
-            huge_pages,
-            numa,
-            backing_reason: selection.reason,
-            backing,
-            backing_plan,
-            prefault,
-            pinner,
-            registrars,
-            origin,
             config,
+            source,
+            prefault,
+            pin,
+            registrars,
+            context,
+            numa,
         })
     }
 
-    /// This plan as a shared pool's joiner whose `huge_pages = "prefer"`
-    /// chose other pages than the creator makes it again: with the
-    /// creator's `page` size (its huge pages, or base pages without a dir).
+    /// The plan of a shared pool's joiner whose `huge_pages = "prefer"`
+    /// could have chosen other pages than it did: with `page` size (huge
+    /// pages, or base pages without a dir), the creator's choice.
     ///
     /// # Errors
     /// As for [`PoolPlan::new`].
-    pub(crate) fn with_creators_pages(&self, page: u64) -> Result<PoolPlan> {
+    fn with_creators_pages(config: &PoolConfig, page: u64) -> Result<PoolPlan> {
         use crate::config::HugePages;
         let base = crate::sys::base_page_size() as u64;
         let config = if page == base {
@@ -439,40 +464,74 @@ impl PoolPlan {
                 dir: None,
                 page_size: None,
                 huge_pages: Some(HugePages::Off),
-                ..self.config.clone()
+                ..config.clone()
             }
         } else {
             PoolConfig {
                 page_size: Some(crate::size::ByteSize(page)),
                 huge_pages: Some(HugePages::Required),
-                ..self.config.clone()
+                ..config.clone()
             }
         };
         let mut plan = PoolPlan::new(config)?;
         let got = crate::layout::format_bytes(page);
-        plan.huge_pages = Some(HugePagesReport {
-            asked: "prefer",
-            reason: format!(
-                "the shared pool's creator has {got} pages: every rank takes its choice"
-            ),
-            got,
-            page_size: page,
-            fell_back: page == base,
-        });
+        if let Source::Shared(share) = &mut plan.source {
+            share.memory.huge_pages = Some(HugePagesReport {
+                asked: "prefer",
+                reason: format!(
+                    "the shared pool's creator has {got} pages: every rank takes its choice"
+                ),
+                got,
+                page_size: page,
+                fell_back: page == base,
+            });
+        }
         Ok(plan)
+    }
+
+    /// The plan a joiner builds when its shared pool's creator has `page`
+    /// pages (`huge_pages = "prefer"` chose the other size), when it has one.
+    pub(crate) fn creators_pages(&self, page: u64) -> Option<&PoolPlan> {
+        let Source::Shared(share) = &self.source else {
+            return None;
+        };
+        share.creators_pages.as_deref().filter(|p| {
+            p.backing_plan()
+                .is_some_and(|b| b.size.page().get() == page)
+        })
     }
 
     /// The plan as a serializable report (`hostpool plan --json`).
     pub fn report(&self) -> PlanReport {
-        let bp = &self.backing_plan;
-        let mut explain = vec![self.backing_reason.clone()];
-        explain.extend(bp.explain.iter().cloned());
+        let mut explain = Vec::new();
+        match &self.source {
+            Source::Leased(l) => {
+                explain.push(format!(
+                    "leased from keeper `{}`: its backing and pages{}; this process maps, pins \
+                     and registers it",
+                    l.keeper,
+                    l.size
+                        .map(|s| format!(", which must be {}", format_bytes(s)))
+                        .unwrap_or_default()
+                ));
+                if let Some(f) = &l.fallback {
+                    explain.push("when no keeper answers (fallback = build):".into());
+                    explain.extend(f.report().explain.into_iter().map(|l| format!("  {l}")));
+                }
+            }
+            _ => {
+                if let Some(m) = self.memory() {
+                    explain.push(m.reason.clone());
+                    explain.extend(m.plan.explain.iter().cloned());
+                }
+            }
+        }
         explain.extend(self.prefault.explain.iter().cloned());
-        explain.push(match &self.pinner {
+        explain.push(match &self.pin {
             Some(p) => format!(
                 "pin with {} ({})",
-                p.name(),
-                if self.config.pin.required {
+                p.pinner.name(),
+                if p.required {
                     "required"
                 } else {
                     "best effort"
@@ -483,7 +542,7 @@ impl PoolPlan {
         for r in &self.registrars {
             explain.push(format!("register with {}", r.name()));
         }
-        if let Some(h) = &self.huge_pages {
+        if let Some(h) = self.huge_pages() {
             explain.push(format!(
                 "huge_pages = {}: {} pages ({})",
                 h.asked, h.got, h.reason
@@ -493,10 +552,14 @@ impl PoolPlan {
             explain.push(super::numa::explain(
                 numa,
                 self.prefault.extent,
-                self.config.sharing.is_some(),
+                self.ranks().is_some(),
             ));
         }
-        for c in &bp.capacity {
+        let capacity = self
+            .backing_plan()
+            .map(|bp| bp.capacity.clone())
+            .unwrap_or_default();
+        for c in &capacity {
             explain.push(format!(
                 "capacity {}: need {}, free {} ({}): {:?}",
                 c.resource,
@@ -506,79 +569,83 @@ impl PoolPlan {
                 c.verdict
             ));
         }
-        let size = bp.size;
-        let shards: Vec<ExtentReport> = match &self.config.sharing {
-            Some(s) => crate::layout::shards(size.mapped(), size.page(), s.world)
-                .map(|v| v.into_iter().map(ExtentReport::from).collect())
-                .unwrap_or_default(),
-            None => crate::layout::shards(
-                size.page().round_down(self.prefault.extent.len),
-                size.page(),
-                u32::try_from(self.prefault.threads).unwrap_or(1),
-            )
-            .map(|v| v.into_iter().map(ExtentReport::from).collect())
-            .unwrap_or_default(),
+        let pin_plan = match (&self.pin, self.backing_plan()) {
+            (Some(p), Some(bp)) => p.pinner.plan(bp.size, &self.context),
+            _ => Value::Null,
         };
-        let pin_plan = self
-            .pinner
-            .as_ref()
-            .map_or(Value::Null, |p| p.plan(size, &PinContext::of(&self.config)));
-        let registration_plans = self
-            .registrars
-            .iter()
-            .map(|r| serde_json::json!({"kind": r.name(), "plan": r.plan(size, &PinContext::of(&self.config))}))
-            .collect();
-        let prefault_cost = plugin::lookup::<plugin::BackingPlugin>(bp.backing)
-            .ok()
-            .and_then(|r| r.cost)
-            .unwrap_or(plugin::PrefaultCost::DEFAULT);
-        let predicted = crate::plugin::predict(
-            size,
-            &crate::plugin::CostInputs {
-                prefault: prefault_cost,
-                prefault_bytes: self.prefault.extent.len,
-                threads: self.prefault.threads,
-                pin: self
-                    .pinner
-                    .as_ref()
-                    .and_then(|p| plugin::lookup::<PinnerPlugin>(p.name()).ok())
-                    .and_then(|r| r.cost),
-                registrars: self
-                    .registrars
-                    .iter()
-                    .filter_map(|r| plugin::lookup::<RegistrarPlugin>(r.name()).ok())
-                    .filter_map(|r| r.cost)
-                    .collect(),
-            },
-        );
-        explain.push(format!(
-            "predicted: prefault {:.1} s{}{} ({})",
-            predicted.prefault,
-            predicted
-                .pin
-                .map(|p| format!(", pin {p:.1} s"))
-                .unwrap_or_default(),
-            predicted
-                .register
-                .map(|r| format!(", register {r:.1} s"))
-                .unwrap_or_default(),
-            predicted.basis
-        ));
+        let registration_plans = match self.backing_plan() {
+            Some(bp) => self
+                .registrars
+                .iter()
+                .map(|r| serde_json::json!({"kind": r.name(), "plan": r.plan(bp.size, &self.context)}))
+                .collect(),
+            None => Vec::new(),
+        };
+        let (shards, predicted) = match self.backing_plan() {
+            Some(bp) => {
+                let predicted = self.predict(bp);
+                explain.push(format!(
+                    "predicted: prefault {:.1} s{}{} ({})",
+                    predicted.prefault,
+                    predicted
+                        .pin
+                        .map(|p| format!(", pin {p:.1} s"))
+                        .unwrap_or_default(),
+                    predicted
+                        .register
+                        .map(|r| format!(", register {r:.1} s"))
+                        .unwrap_or_default(),
+                    predicted.basis
+                ));
+                (self.shards(bp), predicted)
+            }
+            None => (
+                Vec::new(),
+                crate::plugin::Predicted {
+                    prefault: 0.0,
+                    pin: None,
+                    register: None,
+                    basis: "leased: the keeper's pool comes resident",
+                },
+            ),
+        };
+        let (backing, page_size, logical, mapped, segments, files, options) =
+            match (&self.source, self.backing_plan()) {
+                (_, Some(bp)) => (
+                    bp.backing.to_string(),
+                    bp.size.page().get(),
+                    bp.size.logical(),
+                    bp.size.mapped(),
+                    super::report::segment_reports(bp),
+                    bp.files.iter().map(|p| p.display().to_string()).collect(),
+                    bp.options.clone(),
+                ),
+                (Source::Leased(l), None) => (
+                    "keeper".to_string(),
+                    l.page.unwrap_or(0),
+                    l.size.unwrap_or(0),
+                    0,
+                    Vec::new(),
+                    Vec::new(),
+                    serde_json::json!({"keeper": l.keeper}),
+                ),
+                (_, None) => (String::new(), 0, 0, 0, Vec::new(), Vec::new(), Value::Null),
+            };
         PlanReport {
             version: crate::VERSION,
-            huge_pages: self.huge_pages.clone(),
+            huge_pages: self.huge_pages().cloned(),
             numa: self.numa.clone(),
             shards,
             pin_plan,
             registration_plans,
             predicted_seconds: predicted,
-            backing: bp.backing.to_string(),
-            page_size: bp.size.page().get(),
-            logical_bytes: bp.size.logical(),
-            mapped_bytes: bp.size.mapped(),
-            segments: super::report::segment_reports(bp),
-            files: bp.files.iter().map(|p| p.display().to_string()).collect(),
-            options: bp.options.clone(),
+            backing,
+            page_size,
+            logical_bytes: logical,
+            mapped_bytes: mapped,
+            segments,
+            files,
+            options,
             prefault: PrefaultPlanReport {
                 method: self.prefault.method.name(),
                 threads: self.prefault.threads,
@@ -594,14 +661,94 @@ impl PoolPlan {
                 .iter()
                 .map(|r| r.name().to_string())
                 .collect(),
-            capacity: bp.capacity.clone(),
-            fits: bp
-                .capacity
+            fits: capacity
                 .iter()
                 .all(|c| c.verdict != capacity::Verdict::Short),
+            capacity,
             explain,
         }
     }
+
+    /// Prefault shards: one per rank of a shared pool, else one per thread.
+    fn shards(&self, bp: &BackingPlan) -> Vec<ExtentReport> {
+        let size = bp.size;
+        let shards = match self.ranks() {
+            Some(s) => crate::layout::shards(size.mapped(), size.page(), s.world),
+            None => crate::layout::shards(
+                size.page().round_down(self.prefault.extent.len),
+                size.page(),
+                u32::try_from(self.prefault.threads).unwrap_or(1),
+            ),
+        };
+        shards
+            .map(|v| v.into_iter().map(ExtentReport::from).collect())
+            .unwrap_or_default()
+    }
+
+    /// Seconds each phase is predicted to take, from the plugins' figures.
+    fn predict(&self, bp: &BackingPlan) -> crate::plugin::Predicted {
+        let prefault_cost = plugin::lookup::<plugin::BackingPlugin>(bp.backing)
+            .ok()
+            .and_then(|r| r.cost)
+            .unwrap_or(plugin::PrefaultCost::DEFAULT);
+        crate::plugin::predict(
+            bp.size,
+            &crate::plugin::CostInputs {
+                prefault: prefault_cost,
+                prefault_bytes: self.prefault.extent.len,
+                threads: self.prefault.threads,
+                pin: self
+                    .pin
+                    .as_ref()
+                    .and_then(|p| plugin::lookup::<PinnerPlugin>(p.pinner.name()).ok())
+                    .and_then(|r| r.cost),
+                registrars: self
+                    .registrars
+                    .iter()
+                    .filter_map(|r| plugin::lookup::<RegistrarPlugin>(r.name()).ok())
+                    .filter_map(|r| r.cost)
+                    .collect(),
+            },
+        )
+    }
+}
+
+/// The pinning a config asks for, and what pinners and registrars are told.
+fn pin_plan(config: &PoolConfig) -> Result<(Option<PinPlan>, PinContext)> {
+    let pin = &config.pin;
+    if pin.background_chunk.is_some_and(|c| c.get() == 0) {
+        return Err(crate::Error::config(
+            "pin.background_chunk is 0; give a size such as \"256MiB\", or leave it out",
+        ));
+    }
+    let plan = match &pin.kind {
+        Some(kind) => {
+            let p = plugin::lookup::<PinnerPlugin>(kind)?;
+            Some(PinPlan {
+                pinner: Arc::from((p.build)(config.plugin_table(p.name))?),
+                required: pin.required,
+                scope: pin.scope,
+                background_chunk: pin.background.then(|| {
+                    pin.background_chunk
+                        .map_or(crate::DEFAULT_BACKGROUND_CHUNK, crate::ByteSize::get)
+                }),
+                chunk_asked: pin.background_chunk.is_some(),
+            })
+        }
+        None if pin.background => {
+            return Err(crate::Error::config(
+                "background pinning needs a pinner: set pin.kind (--pin cuda or --pin mlock)",
+            ));
+        }
+        None => None,
+    };
+    Ok((
+        plan,
+        PinContext::new(
+            config.block_size.map(crate::ByteSize::get),
+            pin.memlock_bound,
+        ),
+    ))
 }
 
 /// `dir`, where it exists, must be a directory: a file or a device there
@@ -695,45 +842,6 @@ fn check_block(block: u64, size: crate::layout::MappedSize) -> Result<()> {
     }
 }
 
-/// Where the memory of `config`'s pool comes from. Whether a backing can
-/// be shared is decided here, once, for every backing: memory of its own
-/// ([`MemorySource::Own`](crate::plugin::MemorySource)) has no name another
-/// process could open.
-///
-/// # Errors
-/// [`crate::Error::Config`] for a shared pool of a backing that maps memory
-/// of its own.
-fn origin(config: &PoolConfig, backing_plan: &BackingPlan, leases_only: bool) -> Result<Origin> {
-    let build = match (&config.sharing, &backing_plan.source) {
-        (None, _) => Origin::Own,
-        (Some(sharing), crate::plugin::MemorySource::Files(files)) => {
-            Origin::Shared(SharedOrigin {
-                sharing: sharing.clone(),
-                files: shared_names(files, sharing),
-                take_creators_pages: config.huge_pages == Some(crate::config::HugePages::Prefer),
-            })
-        }
-        (Some(sharing), crate::plugin::MemorySource::Own) if !leases_only => {
-            return Err(crate::Error::config(format!(
-                "backing {} cannot be shared between processes (shared pool `{}`): its memory \
-                 has no name another rank could open, and each rank would get a private pool \
-                 of its own; drop --backing {} (auto then picks segmented files in /dev/shm), \
-                 or give --dir /dev/shm or a hugetlbfs mount",
-                backing_plan.backing, sharing.name, backing_plan.backing
-            )));
-        }
-        (Some(_), crate::plugin::MemorySource::Own) => Origin::Own,
-    };
-    Ok(match &config.keeper {
-        None => build,
-        Some(keeper) => Origin::Leased(LeasedOrigin {
-            keeper: keeper.clone(),
-            ranks: config.sharing.clone(),
-            fallback: (!leases_only).then(|| Box::new(build)),
-        }),
-    })
-}
-
 /// The names a shared pool's data files have with the file rendezvous, one
 /// per extent (empty paths for a pool with no directory, whose memory only
 /// the socket passes).
@@ -758,78 +866,6 @@ mod tests {
     use super::*;
     use crate::layout::{PageSize, round_to_page};
     use crate::size::ByteSize;
-
-    /// Where memory comes from is decided by the plan, for every backing:
-    /// memory of a backing's own is never shared (each rank would map a
-    /// private pool without a word), a shared pool of files gets its
-    /// names, and a lease carries what to build when no keeper answers.
-    #[test]
-    fn the_plan_decides_where_memory_comes_from_for_every_backing() {
-        let size = round_to_page(8 << 20, PageSize::BASE_4K).unwrap();
-        let own = BackingPlan::new("anyown", size);
-        let mut files = BackingPlan::new("anyfiles", size);
-        files.source = crate::plugin::MemorySource::Files(
-            crate::plugin::FilePlan::new(
-                vec![Extent {
-                    offset: 0,
-                    len: size.mapped(),
-                }],
-                |_| Err(crate::Error::config("not made in this test")),
-                Vec::new,
-                "",
-            )
-            .named_in(PathBuf::from("/dev/shm"), false),
-        );
-        let sharing = SharingConfig {
-            name: "unit-origin".into(),
-            world: 2,
-            rank: 1,
-            attach_timeout_secs: 1.0,
-            barrier_timeout_secs: 1.0,
-            rendezvous: crate::config::Rendezvous::File,
-            control_dir: None,
-        };
-        let private = PoolConfig::default();
-        assert_eq!(origin(&private, &own, false).unwrap(), Origin::Own);
-        assert_eq!(origin(&private, &files, false).unwrap(), Origin::Own);
-        let shared = PoolConfig {
-            sharing: Some(sharing.clone()),
-            huge_pages: Some(crate::config::HugePages::Prefer),
-            ..PoolConfig::default()
-        };
-        let e = origin(&shared, &own, false).unwrap_err();
-        assert!(
-            e.is_usage() && e.to_string().contains("backing anyown cannot be shared"),
-            "{e}"
-        );
-        let Origin::Shared(s) = origin(&shared, &files, false).unwrap() else {
-            panic!("a shared pool of files is shared");
-        };
-        assert_eq!(s.sharing, sharing);
-        assert_eq!(
-            s.files,
-            [PathBuf::from("/dev/shm/hostpool-unit-origin.pool")]
-        );
-        assert!(s.take_creators_pages);
-        let leased = PoolConfig {
-            keeper: Some("kv0".into()),
-            ..shared.clone()
-        };
-        let Origin::Leased(l) = origin(&leased, &files, false).unwrap() else {
-            panic!("a keeper's pool is leased");
-        };
-        assert_eq!(
-            (l.keeper.as_str(), l.ranks.as_ref()),
-            ("kv0", Some(&sharing))
-        );
-        assert!(matches!(l.fallback.as_deref(), Some(Origin::Shared(_))));
-        // Leasing only: nothing to build, and nothing refused of the
-        // placeholder backing.
-        let Origin::Leased(l) = origin(&leased, &own, true).unwrap() else {
-            panic!("a keeper's pool is leased");
-        };
-        assert_eq!(l.fallback, None);
-    }
 
     #[test]
     fn a_zero_block_or_one_whose_lcm_with_the_page_exceeds_the_pool_is_a_usage_error() {

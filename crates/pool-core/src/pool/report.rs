@@ -182,16 +182,16 @@ pub struct PoolReport {
     pub capacity: Vec<CapacityCheck>,
     /// Name, world, rank, role and shard of a shared pool; absent when private.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub sharing: Option<Value>,
+    pub sharing: Option<crate::shared::SharingReport>,
     /// What `numa_node` asked for, the node bound, and where the sampled
     /// pages are after prefault (per shard, in a shared pool), when it asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub numa: Option<super::numa::NumaReport>,
-    /// The lease, for a pool leased from a keeper (`keeper = "NAME"`):
-    /// name, instance, generation, content, attach_seconds, previous, tag;
-    /// absent otherwise.
+    /// The lease, for a pool leased from a keeper (`[lease]`): name,
+    /// instance, generation, content, attach_seconds, previous, tag; absent
+    /// otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub keeper: Option<Value>,
+    pub keeper: Option<crate::lease::LeaseReport>,
     /// How much of the pool transparent huge pages back, when the backing
     /// asked for them (a hint the kernel may not take): after prefault.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -200,7 +200,7 @@ pub struct PoolReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub huge_pages: Option<HugePagesReport>,
     /// Why this pool was built rather than leased, when its keeper did not
-    /// answer and `keeper_fallback = "build"`.
+    /// answer and `lease.fallback = "build"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keeper_fallback: Option<String>,
     /// Steps teardown could not undo (empty when all went well).
@@ -221,4 +221,67 @@ pub struct HugePagesReport {
     pub reason: String,
     /// Whether `prefer` fell back to base pages.
     pub fell_back: bool,
+}
+
+impl PoolReport {
+    /// The first report of a pool mapped at `region` as `attached` says,
+    /// in `map_secs`: made from what the plan's backing planned (`bp`,
+    /// none for a lease), its pinner's name and `huge_pages`, and how the
+    /// memory came; nothing pinned yet.
+    pub(super) fn first(
+        bp: Option<&crate::plugin::BackingPlan>,
+        pin_kind: &str,
+        huge_pages: Option<HugePagesReport>,
+        region: crate::Region<'_>,
+        attached: &crate::shared::Attached,
+        map_secs: f64,
+    ) -> PoolReport {
+        let lease = attached.lease().cloned();
+        PoolReport {
+            version: crate::VERSION,
+            backing: match (&lease, bp) {
+                (Some(l), _) => l.backing.clone(),
+                (None, Some(bp)) => bp.backing.to_string(),
+                (None, None) => String::new(),
+            },
+            page_size: region.page().get(),
+            logical_bytes: region.logical_len(),
+            mapped_bytes: region.mapped_len(),
+            address: format!("{:#x}", region.addr() as usize),
+            segments: bp.map(segment_reports).unwrap_or_default(),
+            options: bp.map_or(Value::Null, |bp| bp.options.clone()),
+            prefault: None,
+            phases: Phases {
+                map: Some(map_secs),
+                ..Phases::default()
+            },
+            pin: PinReport {
+                kind: pin_kind.to_string(),
+                status: PinStatus::Off,
+                reason: None,
+                details: Value::Null,
+            },
+            registrations: Vec::new(),
+            capacity: match bp {
+                Some(bp) if attached.checked_capacity() => bp.capacity.clone(),
+                _ => Vec::new(),
+            },
+            sharing: attached.sharing().cloned(),
+            numa: None,
+            keeper: lease,
+            keeper_fallback: None,
+            huge_pages,
+            thp: None,
+            teardown_issues: Vec::new(),
+        }
+    }
+}
+
+/// The pin's details while it pins in the background.
+pub(super) fn background_details(chunk: u64, extent: crate::Extent) -> Value {
+    serde_json::json!({
+        "background": true,
+        "chunk": chunk,
+        "bytes": extent.len,
+    })
 }

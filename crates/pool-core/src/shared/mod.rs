@@ -9,16 +9,17 @@
 //! one process to another, are not the core's: [`map_shared`] hands the spec
 //! to the [`Handoff`] linked in (`hostpool-handoff`).
 
-use std::fmt;
 use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::config::{PoolConfig, SharingConfig};
+use crate::config::SharingConfig;
 use crate::error::{Error, Result};
-use crate::file::MapContext;
+use crate::file::{MapContext, PoolFile};
 use crate::host::capacity::CapacityCheck;
 use crate::layout::{Extent, MappedSize};
+use crate::plugin::{Mapping, RankBarrier};
+use crate::sys::Region;
 
 /// This rank's prefault shard: page-aligned, disjoint from every other
 /// rank's, the shards together covering the pool.
@@ -121,19 +122,8 @@ pub struct RefusalTerms {
     pub remaining: std::time::Duration,
 }
 
-/// Create or join a shared pool and map all of it, over the rendezvous
-/// `spec.sharing` names, through the linked [`Handoff`].
-///
-/// # Errors
-/// [`Error::Config`] when no handoff is linked; the rendezvous' capacity,
-/// mapping, mismatch or peer errors (on error the peers are told and no file
-/// is left behind).
-pub fn map_shared(spec: SharedPoolSpec<'_>) -> Result<Box<dyn crate::file::Attachment>> {
-    handoff("a shared pool")?.share(spec)
-}
-
 /// The `sharing` object of a report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SharingReport {
     /// Pool name.
     pub name: String,
@@ -160,8 +150,8 @@ impl SharingReport {
         role: Role,
         shard: Extent,
         control_file: String,
-    ) -> Option<serde_json::Value> {
-        serde_json::to_value(SharingReport {
+    ) -> SharingReport {
+        SharingReport {
             name: sharing.name.clone(),
             world: sharing.world,
             rank: sharing.rank,
@@ -169,14 +159,13 @@ impl SharingReport {
             shard: shard.into(),
             control_file,
             rendezvous: crate::choice::Choice::name(sharing.rendezvous),
-        })
-        .ok()
+        }
     }
 
     /// The `sharing` object of a rank that leased its pool from a keeper:
     /// every rank joins the keeper's pool.
-    pub fn of_lease(sharing: &SharingConfig, shard: Extent) -> Option<serde_json::Value> {
-        serde_json::to_value(SharingReport {
+    pub fn of_lease(sharing: &SharingConfig, shard: Extent) -> SharingReport {
+        SharingReport {
             name: sharing.name.clone(),
             world: sharing.world,
             rank: sharing.rank,
@@ -184,94 +173,107 @@ impl SharingReport {
             shard: shard.into(),
             control_file: String::new(),
             rendezvous: "keeper",
-        })
-        .ok()
-    }
-}
-
-/// Memory handed from one process to another: the rendezvous of a shared
-/// pool's ranks and an engine's lease of a keeper's pool. The core names no
-/// implementation: the crate that speaks the handoff (`hostpool-handoff`)
-/// submits a [`HandoffPlugin`], and a build that shares or leases a pool asks
-/// for it ([`handoff`]); a private pool needs none.
-pub trait Handoff: Sync + fmt::Debug {
-    /// Create or join the shared pool `spec` describes and map all of it.
-    ///
-    /// # Errors
-    /// Capacity, mapping, mismatch or peer errors; on error the peers are
-    /// told and no file is left behind.
-    fn share(&self, spec: SharedPoolSpec<'_>) -> Result<Box<dyn crate::file::Attachment>>;
-
-    /// Lease the pool `config.keeper` names and map it, waiting at most
-    /// its attach timeout (`cancel` ends every wait).
-    ///
-    /// # Errors
-    /// [`Error::Keeper`] (with `absent` when no keeper answers), a usage
-    /// error when the keeper's pool is not the one asked for, mapping errors.
-    fn lease(
-        &self,
-        config: &PoolConfig,
-        cancel: &crate::interrupt::Cancel,
-    ) -> Result<Box<dyn crate::file::Attachment>>;
-
-    /// Where the keeper of kept pool `name` answers, as `ss -x` shows it.
-    fn keeper_socket(&self, name: &str) -> String;
-}
-
-/// The record of the [`Handoff`] a build shares and leases pools through.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct HandoffPlugin {
-    /// Its name.
-    pub name: &'static str,
-    /// One line for `hostpool plugins`.
-    pub summary: &'static str,
-    /// The crate that submitted it.
-    pub origin: &'static str,
-    /// The handoff.
-    pub handoff: &'static dyn Handoff,
-}
-
-impl HandoffPlugin {
-    /// A record.
-    pub const fn new(
-        name: &'static str,
-        summary: &'static str,
-        origin: &'static str,
-        handoff: &'static dyn Handoff,
-    ) -> HandoffPlugin {
-        HandoffPlugin {
-            name,
-            summary,
-            origin,
-            handoff,
         }
     }
 }
 
-inventory::collect!(HandoffPlugin);
+/// A mapping a build attached to: memory (a [`Mapping`]), how it came to
+/// this process ([`Attachment::attached`], typed), and the meeting of a
+/// shared pool's or a lease's ranks ([`Attachment::rendezvous`]). A
+/// private pool's mapping, a shared pool's (the rendezvous', in
+/// `hostpool-handoff`) and a lease's are attachments.
+pub trait Attachment: Mapping {
+    /// The open files the region maps, in pool order, each at its file
+    /// offset 0 (linked or not): what another mapper of the same memory
+    /// (`/proc/self/fd/N`, a Mooncake Store segment) opens. Empty for
+    /// anonymous memory (a backing's own mapping).
+    fn pool_files(&self) -> &[PoolFile] {
+        &[]
+    }
 
-// A handoff has no doctor hook of its own.
-crate::plugin::record!(HandoffPlugin, "handoff", |_: &HandoffPlugin| None);
+    /// How the memory came: mapped alone, a shared pool's share (the role
+    /// this rank took), or a lease (what the keeper told).
+    fn attached(&self) -> Attached {
+        Attached::Own
+    }
 
-/// The one [`Handoff`] linked, for `what` (a shared pool, a lease).
-///
-/// # Errors
-/// [`Error::Config`] when none is linked (a program on `pool-core` alone
-/// that asks for a shared pool or a lease), or several are.
-pub fn handoff(what: &str) -> Result<&'static dyn Handoff> {
-    let reg = crate::plugin::registry::<HandoffPlugin>()?;
-    let mut all = reg.values();
-    match (all.next(), all.next()) {
-        (Some(p), None) => Ok(p.handoff),
-        (None, _) => Err(Error::config(format!(
-            "{what} needs memory handed between processes, and this program links no handoff: \
-             link the crate hostpool-handoff (`use hostpool_handoff as _;`), as the hostpool \
-             library, its CLI and its Python package do"
-        ))),
-        (Some(_), Some(_)) => Err(Error::config(format!(
-            "several handoffs are linked ({}); link one",
-            reg.keys().copied().collect::<Vec<_>>().join(", ")
-        ))),
+    /// Called once after prefault with its outcome: a shared mapping meets
+    /// its peers here (through `barrier`, or its built-in one) and the owner
+    /// unlinks the files. Private mappings have nothing to do.
+    ///
+    /// # Errors
+    /// [`crate::Error::Peer`] naming a rank that failed, died or never came.
+    fn rendezvous(
+        &mut self,
+        outcome: std::result::Result<(), String>,
+        barrier: Option<&dyn RankBarrier>,
+    ) -> Result<()> {
+        let _ = barrier;
+        outcome.map_err(Error::config)
+    }
+}
+
+/// How a pool's memory came to this process, as its attachment says: what
+/// the report's `sharing` and `keeper` objects are made from.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Attached {
+    /// Mapped by this process alone.
+    Own,
+    /// A share of a pool the ranks of one engine share: this rank's role
+    /// and shard.
+    Shared(SharingReport),
+    /// Leased from a keeper: what it told, and this rank's share of the
+    /// lease when the engine has several ranks.
+    Leased {
+        /// The lease.
+        lease: crate::lease::LeaseReport,
+        /// This rank, when the engine's ranks share the lease.
+        ranks: Option<SharingReport>,
+    },
+}
+
+impl Attached {
+    /// Whether this process ran the plan's capacity checks: not a shared
+    /// pool's joiner (the creator did, and once it has reserved the pages
+    /// the figures look short to everyone else), not a lease.
+    pub fn checked_capacity(&self) -> bool {
+        match self {
+            Attached::Own => true,
+            Attached::Shared(s) => s.role == Role::Creator,
+            Attached::Leased { .. } => false,
+        }
+    }
+
+    /// The report's `sharing` object.
+    pub fn sharing(&self) -> Option<&SharingReport> {
+        match self {
+            Attached::Own => None,
+            Attached::Shared(s) => Some(s),
+            Attached::Leased { ranks, .. } => ranks.as_ref(),
+        }
+    }
+
+    /// The report's `keeper` object.
+    pub fn lease(&self) -> Option<&crate::lease::LeaseReport> {
+        match self {
+            Attached::Leased { lease, .. } => Some(lease),
+            _ => None,
+        }
+    }
+}
+
+/// A pool's attachment keeps its region mapped for as long as it lives, so
+/// the core's owner of it may run the background pin on it.
+impl crate::sys::Holds for Box<dyn Attachment> {
+    fn held(&self) -> Region<'_> {
+        self.region()
+    }
+}
+
+/// A private pool of files is an attachment of one process.
+impl Attachment for crate::file::FileMapping {
+    fn pool_files(&self) -> &[PoolFile] {
+        crate::file::FileMapping::pool_files(self)
     }
 }

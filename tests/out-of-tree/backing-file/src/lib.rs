@@ -643,7 +643,7 @@ mod tests {
     fn the_plan_checks_the_real_free_space_of_dir() {
         let s = Scratch::new("plan");
         let plan = PoolPlan::new(config(&s.0, 4 << 20, None)).unwrap();
-        let bp = &plan.backing_plan();
+        let bp = plan.backing_plan().unwrap();
         assert_eq!(bp.backing, NAME);
         assert!(bp.files.is_empty());
         let kind = filesystem_kind(&s.0).unwrap();
@@ -706,7 +706,7 @@ mod tests {
         let s = Scratch::new("busy");
         let plan =
             PoolPlan::new(config(&s.0, 1 << 20, Some(json!({"name_prefix": "kv"})))).unwrap();
-        let path = plan.backing_plan().files[0].clone();
+        let path = plan.backing_plan().unwrap().files[0].clone();
         std::fs::write(&path, b"someone else's").unwrap();
         let e = Pool::build(&plan, &Quiet).unwrap_err();
         let m = e.to_string();

@@ -46,7 +46,7 @@ fn auto_on_a_disk_directory_selects_this_out_of_tree_backing() {
         ..PoolConfig::default()
     })
     .unwrap();
-    assert_eq!(plan.backing_plan().backing, NAME);
+    assert_eq!(plan.backing_plan().unwrap().backing, NAME);
     let why = &plan.report().explain[0];
     assert!(
         why.contains("backing = auto") && why.contains("out-of-tree"),

@@ -104,7 +104,7 @@ impl Bench<'_> {
         self.rows[clear].threads_used = threads;
         let stops = StopRequests::new(0);
         let lease = PoolConfig {
-            keeper: Some(name.clone()),
+            lease: Some(pool_core::LeaseConfig::of(name.clone())),
             ..PoolConfig::default()
         };
         let result = std::thread::scope(|s| {
@@ -134,7 +134,8 @@ impl Bench<'_> {
 fn timed_build(config: &PoolConfig) -> Result<Duration, Error> {
     let t = Instant::now();
     let plan = PoolPlan::new(config.clone())?;
-    let pool = Pool::build(&plan, &Quiet)?;
+    let options = pool_core::BuildOptions::new().handoff(hostpool::hostpool_handoff::HANDOFF);
+    let pool = Pool::build_with_options(&plan, &Quiet, &options)?;
     let took = t.elapsed();
     let report = pool.teardown();
     if let Some(issue) = report.teardown_issues.first() {

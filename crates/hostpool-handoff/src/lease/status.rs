@@ -1,0 +1,50 @@
+//! `hostpool keep status`: asking a keeper how its pool is.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::client::{connect, keeper};
+use super::{how_to_start, keeper_error};
+use crate::join;
+use crate::message::Message;
+use crate::wire::{self, Received};
+use pool_core::Result;
+
+/// The status of the keeper of `name`.
+pub(super) fn status(name: &str) -> Result<Value> {
+    let sock = connect(name)?;
+    let pid = join::holder_pid(&sock, &keeper(name, 0.0, 0.0))?;
+    wire::send(&sock, &Message::Status, &[])
+        .map_err(|e| wire::os("sendmsg", e, "asking the keeper failed"))?;
+    match wire::recv::<Message>(
+        &sock,
+        Instant::now() + Duration::from_secs(5),
+        &mut Vec::new(),
+        None,
+    )? {
+        Received::Msg(Message::StatusOf(v)) => Ok(v),
+        Received::Msg(Message::Refused { message, .. }) => {
+            Err(keeper_error(name, message, Some(pid), false))
+        }
+        Received::TimedOut => Err(keeper_error(
+            name,
+            format!(
+                "the keeper of `{name}` (pid {pid}: {}) did not answer a status request within 5 s",
+                pool_core::host::process::why_late(pid)
+            ),
+            Some(pid),
+            false,
+        )),
+        Received::Msg(_) | Received::Gone => Err(keeper_error(
+            name,
+            format!(
+                "the keeper of `{name}` (pid {pid}) closed the connection without answering a \
+                 status request; {}",
+                how_to_start(name)
+            ),
+            Some(pid),
+            false,
+        )),
+    }
+}

@@ -1,0 +1,478 @@
+//! The keeper's I/O: its socket and its connections ([`Sockets`]). It
+//! binds the pool's name, accepts connections (each named by a
+//! [`ConnId`]), reads hellos and what the lease's ranks say, and feeds all
+//! of it to the state machine (`super::state`), then sends what that
+//! returns (a lease with the pool's descriptors, a refusal, `Go`, a
+//! failure) and closes what it lets go. It decides nothing itself.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use rustix::net::SocketFlags;
+
+use super::Memory;
+use super::state::{Answer, ConnId, Figures, RankEvent, Refusal, Serving, Tell, Waiting};
+use hostpool_handoff::Message;
+use hostpool_handoff::lease::{LeaseInfo, address, socket_name};
+use hostpool_handoff::wire::{self, Received, TICK};
+use pool_core::Extent;
+use pool_core::{Error, Result};
+
+/// How long a new connection has to say what it wants.
+const HELLO_WITHIN: Duration = Duration::from_secs(5);
+
+/// A keeper's socket and connections.
+#[derive(Debug)]
+pub(super) struct Sockets {
+    listener: OwnedFd,
+    /// New connections, until they say what they want (or
+    /// [`HELLO_WITHIN`] passed).
+    hellos: Vec<(ConnId, OwnedFd, Instant)>,
+    /// The connections the state names: the lease's ranks and companions,
+    /// and the attaches that wait.
+    conns: HashMap<ConnId, OwnedFd>,
+    /// The id of the next connection.
+    next: u64,
+}
+
+impl Sockets {
+    /// A keeper's connections on `listener` (from [`bind`]): none yet.
+    pub(super) fn new(listener: OwnedFd) -> Sockets {
+        Sockets {
+            listener,
+            hellos: Vec::new(),
+            conns: HashMap::new(),
+            next: 0,
+        }
+    }
+
+    /// A new connection's id.
+    fn id(&mut self) -> ConnId {
+        self.next += 1;
+        ConnId(self.next)
+    }
+
+    /// The socket of connection `conn`, while it is open.
+    fn fd(&self, conn: ConnId) -> Option<&OwnedFd> {
+        self.conns.get(&conn)
+    }
+
+    /// Wait up to a tick for anything to read: a connection, a hello, a
+    /// rank's message or hang-up, a waiting attach's hang-up. Then take new
+    /// connections: each has [`HELLO_WITHIN`] to say what it wants.
+    pub(super) fn accept(&mut self, s: &Serving) {
+        let mut fds = vec![self.listener.as_fd()];
+        fds.extend(self.hellos.iter().map(|(_, fd, _)| fd.as_fd()));
+        let watched = s.watched();
+        fds.extend(watched.iter().filter_map(|c| self.fd(*c)).map(AsFd::as_fd));
+        wire::wait_any(&fds, TICK);
+        while let Ok(fd) = rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC) {
+            let conn = self.id();
+            self.hellos.push((conn, fd, Instant::now() + HELLO_WITHIN));
+        }
+    }
+
+    /// Read what new connections want: a status, or a lease (refusing
+    /// users that are not allowed).
+    pub(super) fn read_hellos(&mut self, s: &mut Serving, memory: &Memory) {
+        let now = Instant::now();
+        for (conn, fd, until) in std::mem::take(&mut self.hellos) {
+            if !wire::ready(&fd) {
+                if now < until {
+                    self.hellos.push((conn, fd, until));
+                }
+                continue;
+            }
+            let Ok((uid, pid)) = wire::peer_cred(&fd) else {
+                continue;
+            };
+            let msg = match wire::recv::<Message>(&fd, now + TICK, &mut Vec::new(), None) {
+                Ok(Received::Msg(msg)) => msg,
+                Ok(Received::Gone | Received::TimedOut) => continue,
+                Err(e) => {
+                    refuse(&fd, false, s.unreadable(pid, &e), None);
+                    continue;
+                }
+            };
+            if let Some(message) = s.forbidden(uid) {
+                refuse(&fd, false, message, None);
+                continue;
+            }
+            match msg {
+                Message::Status => {
+                    let status = super::status::status(s, memory);
+                    let _ = wire::send(&fd, &Message::StatusOf(status), &[]);
+                }
+                hello @ Message::Hello { .. } => self.hello(s, memory, conn, fd, uid, pid, hello),
+                _ => {}
+            }
+        }
+    }
+
+    /// An engine's rank (or companion) asks for a lease on `fd`: the state
+    /// answers; a grant is sent, and the connection joins the lease; an
+    /// attach told to wait waits.
+    #[allow(clippy::too_many_arguments)]
+    fn hello(
+        &mut self,
+        s: &mut Serving,
+        memory: &Memory,
+        conn: ConnId,
+        fd: OwnedFd,
+        uid: u32,
+        pid: u32,
+        hello: Message,
+    ) {
+        pool_core::failpoint::stall("keeper-hello");
+        // A client that gave up before it was served (its attach timeout
+        // passed while the keeper was stopped or busy) gets no lease: it
+        // would count a generation and end as `died` without ever holding it.
+        if wire::hung_up(&fd) {
+            tracing::debug!(
+                "kept pool `{}`: pid {pid} hung up before it was served",
+                s.name()
+            );
+            return;
+        }
+        match s.answer(&hello, || memory.truncated(), Instant::now()) {
+            Answer::Refuse {
+                usage,
+                message,
+                pid,
+            } => refuse(&fd, usage, message, pid),
+            Answer::Wait { until } => {
+                self.conns.insert(conn, fd);
+                s.waits(Waiting {
+                    conn,
+                    uid,
+                    pid,
+                    hello,
+                    until,
+                });
+            }
+            Answer::Grant(info) => {
+                let rank = !matches!(
+                    &hello,
+                    Message::Hello {
+                        companion: true,
+                        ..
+                    }
+                );
+                pool_core::failpoint::stall("keeper-passing-fds");
+                let sent = send_lease(&fd, memory, info, s.figures()).is_ok();
+                if s.joined(conn, pid, uid, &hello, sent) {
+                    self.conns.insert(conn, fd);
+                }
+                if rank {
+                    pool_core::failpoint::stall("keeper-leased");
+                }
+            }
+        }
+    }
+
+    /// What the connections `conns` (by place; `None`: ended) said since:
+    /// arrived, released, or gone (closed here).
+    fn read_events(&mut self, conns: &[Option<ConnId>]) -> Vec<(usize, RankEvent)> {
+        let mut events = Vec::new();
+        for (i, conn) in conns.iter().enumerate() {
+            let Some((conn, fd)) = conn.and_then(|c| Some((c, self.fd(c)?))) else {
+                continue;
+            };
+            if !wire::ready(fd) {
+                continue;
+            }
+            let event =
+                match wire::recv::<Message>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
+                    Ok(Received::Msg(Message::Arrived { error })) => RankEvent::Arrived(error),
+                    Ok(Received::Msg(Message::Release)) => RankEvent::Released,
+                    Ok(Received::Msg(_) | Received::TimedOut) => continue,
+                    Ok(Received::Gone) | Err(_) => RankEvent::Gone,
+                };
+            if event == RankEvent::Gone {
+                self.conns.remove(&conn);
+            }
+            events.push((i, event));
+        }
+        events
+    }
+
+    /// Read what the lease's ranks and companions say (arrivals, releases,
+    /// deaths), hand it to the state with the time, and tell the ranks what
+    /// it says: `Go` once all arrived, or why the lease failed.
+    pub(super) fn watch_lease(&mut self, s: &mut Serving) {
+        let Some((ranks, companions)) = s.lease_conns() else {
+            return;
+        };
+        let ranks = self.read_events(&ranks);
+        let companions = self.read_events(&companions);
+        if let Some(tell) = s.on_lease_events(ranks, companions, Instant::now()) {
+            self.tell(&tell);
+        }
+    }
+
+    /// Whether a rank or companion of the lease in force has something
+    /// unread (a message, or its hang-up).
+    pub(super) fn lease_unsettled(&self, s: &Serving) -> bool {
+        let Some((ranks, companions)) = s.lease_conns() else {
+            return false;
+        };
+        ranks
+            .iter()
+            .chain(&companions)
+            .filter_map(|c| self.fd((*c)?))
+            .any(wire::ready)
+    }
+
+    /// Serve the attaches that waited for the pool to be cleared, in
+    /// arrival order, while the state lets them in.
+    pub(super) fn serve_waiting(&mut self, s: &mut Serving, memory: &Memory) {
+        while let Some(w) = s.next_waiting() {
+            let Some(fd) = self.conns.remove(&w.conn) else {
+                continue;
+            };
+            if wire::ready(&fd) {
+                // It hung up while waiting.
+                continue;
+            }
+            self.hello(s, memory, w.conn, fd, w.uid, w.pid, w.hello);
+        }
+    }
+
+    /// Waiting attaches that hung up are dropped; those past their timeout
+    /// at `now` are told why.
+    pub(super) fn expire_waiting(&mut self, s: &mut Serving, now: Instant) {
+        let gone: Vec<ConnId> = s
+            .waiting_conns()
+            .into_iter()
+            .filter(|c| self.fd(*c).is_none_or(wire::ready))
+            .collect();
+        s.waiting_gone(&gone);
+        for c in gone {
+            self.conns.remove(&c);
+        }
+        for r in s.expire_waiting(now) {
+            self.refuse(r);
+        }
+    }
+
+    /// Refuse a connection the state names, and close it.
+    pub(super) fn refuse(&mut self, r: Refusal) {
+        if let Some(fd) = self.conns.remove(&r.conn) {
+            refuse(&fd, r.usage, r.message, r.pid);
+        }
+    }
+
+    /// Send a message to connections the state names (an error is a
+    /// connection that ended, which its next read tells).
+    pub(super) fn tell(&self, tell: &Tell) {
+        for fd in tell.to.iter().filter_map(|c| self.fd(*c)) {
+            let _ = wire::send(fd, &tell.message, &[]);
+        }
+    }
+}
+
+/// Bind the kept pool's socket, or say who holds its name.
+pub(super) fn bind(name: &str) -> Result<OwnedFd> {
+    let addr = address(name)?;
+    let sock = wire::seqpacket()?;
+    match rustix::net::bind(&sock, &addr) {
+        Ok(()) => {}
+        Err(e) if e == rustix::io::Errno::ADDRINUSE => {
+            // Who holds the name, and whether it answers as a keeper, over
+            // one connection to it.
+            let holder = wire::seqpacket()?;
+            let who = rustix::net::connect(&holder, &addr)
+                .ok()
+                .and_then(|()| wire::peer_cred(&holder).ok());
+            let keeper = who.is_some()
+                && wire::send(&holder, &Message::Status, &[]).is_ok()
+                && matches!(
+                    wire::recv::<Message>(
+                        &holder,
+                        Instant::now() + Duration::from_secs(5),
+                        &mut Vec::new(),
+                        None
+                    ),
+                    Ok(Received::Msg(Message::StatusOf(_)))
+                );
+            let message = match (who, keeper) {
+                (Some((uid, pid)), true) => format!(
+                    "a keeper of `{name}` already runs (pid {pid}, uid {uid}) on {}; stop it \
+                     first, or give this pool another name",
+                    socket_name(name)
+                ),
+                (Some((uid, pid)), false) => format!(
+                    "the socket name {} is held by pid {pid} of uid {uid}, which is not a keeper \
+                     that answers; stop that process, or give the pool another name",
+                    socket_name(name)
+                ),
+                (None, _) => format!(
+                    "the socket name {} is taken by a process that does not accept connections; \
+                     find it with `ss -xlp | grep hostpool-keep` and stop it, or give the pool \
+                     another name",
+                    socket_name(name)
+                ),
+            };
+            return Err(Error::Conflict {
+                path: socket_name(name).into(),
+                message,
+            });
+        }
+        Err(e) => return Err(wire::os("bind", e, "binding the keeper's socket failed")),
+    }
+    rustix::net::listen(&sock, 64).map_err(|e| wire::os("listen", e, "the keeper's socket"))?;
+    rustix::io::ioctl_fionbio(&sock, true)
+        .map_err(|e| wire::os("ioctl(FIONBIO)", e, "the keeper's socket"))?;
+    Ok(sock)
+}
+
+/// Tell a client why it is refused (the caller closes the connection).
+fn refuse(conn: &OwnedFd, usage: bool, message: String, pid: Option<u32>) {
+    let _ = wire::send(
+        conn,
+        &Message::Refused {
+            usage,
+            message,
+            ranks: Vec::new(),
+            pid,
+            page: None,
+        },
+        &[],
+    );
+}
+
+/// Send a lease: its info and the pool's figures, with the files'
+/// descriptors in as many messages as they need.
+fn send_lease(
+    conn: &OwnedFd,
+    memory: &Memory,
+    info: LeaseInfo,
+    f: &Figures,
+) -> std::io::Result<()> {
+    let files: Vec<(BorrowedFd<'_>, Extent)> = memory
+        .files
+        .iter()
+        .map(|(fd, e)| (fd.as_fd(), *e))
+        .collect();
+    hostpool_handoff::hand_over(
+        conn.as_fd(),
+        |extents, files| Message::Lease {
+            protocol: hostpool_handoff::PROTOCOL,
+            info,
+            logical: f.logical,
+            mapped: f.mapped,
+            page: f.page,
+            backing: f.backing.clone(),
+            extents,
+            files,
+        },
+        &files,
+    )
+}
+
+/// The I/O side over socket pairs, with the state's transitions: what a
+/// rank's connection says reaches the state, what the state says reaches
+/// the ranks, and a connection that ends is closed. As an ordinary user.
+#[cfg(test)]
+mod tests {
+    use super::super::state::testing::{hello, serving};
+    use super::*;
+
+    fn pair() -> (OwnedFd, OwnedFd) {
+        rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap()
+    }
+
+    fn recv(fd: &OwnedFd) -> Message {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        match wire::recv::<Message>(fd, deadline, &mut Vec::new(), None).unwrap() {
+            Received::Msg(m) => m,
+            other => panic!("expected a message, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_ranks_connections_reach_the_state_and_the_state_reaches_the_ranks() {
+        let mut io = Sockets::new(pair().0);
+        let mut s = serving("zero");
+        let now = Instant::now();
+        let mut peers = Vec::new();
+        for rank in 0..2 {
+            let (fd, peer) = pair();
+            let conn = io.id();
+            io.conns.insert(conn, fd);
+            let h = hello("eng", 2, rank, None);
+            assert!(matches!(s.answer(&h, || None, now), Answer::Grant(_)));
+            assert!(s.joined(conn, 10 + rank, 0, &h, true));
+            peers.push(peer);
+        }
+        assert!(!io.lease_unsettled(&s));
+        io.watch_lease(&mut s);
+        assert!(!s.lease_live());
+        for peer in &peers {
+            wire::send(peer, &Message::Arrived { error: None }, &[]).unwrap();
+        }
+        assert!(io.lease_unsettled(&s));
+        io.watch_lease(&mut s);
+        assert!(s.lease_live() && !io.lease_unsettled(&s));
+        for peer in &peers {
+            assert!(matches!(recv(peer), Message::Go));
+        }
+        // Rank 1 releases and hangs up: its connection is closed, and the
+        // lease goes on with rank 0, which hears that the keeper stops.
+        wire::send(&peers[1], &Message::Release, &[]).unwrap();
+        drop(peers.remove(1));
+        io.watch_lease(&mut s);
+        io.watch_lease(&mut s);
+        assert_eq!(io.conns.len(), 1);
+        assert!(!s.lease_over());
+        io.tell(&s.farewell());
+        assert!(matches!(recv(&peers[0]), Message::Failed { message, .. }
+            if message.contains("the keeper of `unit` stopped")));
+        drop(peers.remove(0));
+        io.watch_lease(&mut s);
+        assert!(io.conns.is_empty() && s.lease_over());
+        assert!(s.end_lease(now));
+    }
+
+    #[test]
+    fn a_waiting_attach_that_hangs_up_is_dropped_and_a_refusal_closes_its_connection() {
+        let mut io = Sockets::new(pair().0);
+        let mut s = serving("zero");
+        let now = Instant::now();
+        let mut peers = Vec::new();
+        for pid in [20, 21] {
+            let (fd, peer) = pair();
+            let conn = io.id();
+            io.conns.insert(conn, fd);
+            s.waits(Waiting {
+                conn,
+                uid: 0,
+                pid,
+                hello: hello("", 1, 0, None),
+                until: now + Duration::from_secs(1),
+            });
+            peers.push(peer);
+        }
+        drop(peers.remove(0));
+        io.expire_waiting(&mut s, now);
+        assert_eq!((io.conns.len(), s.waiting_conns().len()), (1, 1));
+        io.expire_waiting(&mut s, now + Duration::from_secs(1));
+        assert!(io.conns.is_empty() && s.waiting_conns().is_empty());
+        let Message::Refused { message, .. } = recv(&peers[0]) else {
+            panic!("the late attach is refused");
+        };
+        assert!(message.contains("was still being cleared"), "{message}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert!(matches!(
+            wire::recv::<Message>(&peers[0], deadline, &mut Vec::new(), None),
+            Ok(Received::Gone)
+        ));
+    }
+}

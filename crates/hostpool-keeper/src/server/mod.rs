@@ -1,0 +1,233 @@
+//! The keeper: builds a pool once, then serves leases of it on its socket
+//! until told to stop.
+//!
+//! Split by concern, the state apart from the I/O:
+//!
+//! - `state` ([`Serving`]): the state machine. What the
+//!   keeper knows (the lease in force, its ranks and companions, the
+//!   attaches that wait, failed leases, idle/clearing/broken, stopping) and
+//!   every transition: a hello answered (`state::answer`), a rank joined,
+//!   a lease's ranks arriving, releasing, dying and its end
+//!   (`state::lease`), waiting attaches, stop requests, the status JSON. It
+//!   names connections by id and holds no socket, file or pool: its unit
+//!   tests run as an ordinary user.
+//! - `io` ([`Sockets`]): the listener and the connections,
+//!   by id. It accepts, reads hellos and what the ranks say, feeds that to
+//!   the state and sends what the state returns (leases with the pool's
+//!   descriptors, refusals, `Go`, failures), closing what it lets go.
+//! - `status`: the status with what the memory says (the index at the
+//!   pool's tail, read from its files); `clear`: clearing the pool between
+//!   leases, on its own thread.
+//! - here: [`Keeper`] (start, serve, teardown) and its loop, which ties the
+//!   three together with the clock and the stop requests.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::KeptPoolConfig;
+use io::Sockets;
+use pool_core::Result;
+use pool_core::prefault::PrefaultPlan;
+use pool_core::{Extent, format_bytes};
+use pool_core::{Observer, Pool, PoolPlan, PoolReport};
+use state::{Figures, Serving, Stops};
+
+mod clear;
+mod io;
+mod state;
+mod status;
+
+/// The number of stop requests a keeper has been given (SIGTERMs): the
+/// first drains its leases, the second ends it at once.
+pub type StopRequests = AtomicU32;
+
+/// The memory a keeper keeps, built once.
+#[derive(Debug)]
+struct Memory {
+    pool: Pool,
+    /// A second descriptor of each of the pool's files, with its extent:
+    /// what a lease is handed.
+    files: Vec<(OwnedFd, Extent)>,
+    prefault: PrefaultPlan,
+}
+
+impl Memory {
+    /// Why the pool's memory is gone, if a holder of one of its files (an
+    /// engine, or a process it handed the descriptor to) truncated it:
+    /// touching it, or handing it over, would be a SIGBUS.
+    fn truncated(&self) -> Option<String> {
+        let files = self.files.iter().map(|(fd, e)| (fd.as_fd(), *e));
+        match pool_core::file::first_short(files) {
+            Ok(None) => None,
+            Ok(Some((i, len))) => Some(format!(
+                "its file {i} was truncated to {} (its extent is {}) by a process that held its \
+                 descriptor, so that part of its memory is gone",
+                format_bytes(len),
+                format_bytes(self.files[i].1.len)
+            )),
+            Err(e) => Some(format!("fstat of its files failed: {e}")),
+        }
+    }
+}
+
+/// A keeper of one pool: built with [`Keeper::start`], served with
+/// [`Keeper::serve`], torn down with [`Keeper::teardown`] (or on drop).
+#[derive(Debug)]
+pub struct Keeper {
+    memory: Memory,
+    serving: Serving,
+    sockets: Sockets,
+}
+
+impl Keeper {
+    /// Take the pool's socket name, then build the pool (capacity checks,
+    /// map, NUMA binding, prefault).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a pool a keeper cannot keep; [`Error::Conflict`]
+    /// when the socket name is taken (another keeper of that name, or any
+    /// other process); the build's errors ([`Error::Interrupted`] once
+    /// `cancel` is cancelled).
+    ///
+    /// [`Error::Config`]: pool_core::Error::Config
+    /// [`Error::Conflict`]: pool_core::Error::Conflict
+    /// [`Error::Interrupted`]: pool_core::Error::Interrupted
+    pub fn start(
+        config: KeptPoolConfig,
+        observer: &dyn Observer,
+        cancel: &pool_core::interrupt::Cancel,
+    ) -> Result<Keeper> {
+        config.validate()?;
+        let plan = PoolPlan::kept(config.pool.clone())?;
+        let listener = io::bind(&config.name)?;
+        pool_core::failpoint::stall("keeper-before-build");
+        let (pool, files) = Pool::build_kept(&plan, observer, cancel)?;
+        let report = pool.report();
+        let serving = Serving::new(
+            config,
+            Figures {
+                logical: report.logical_bytes,
+                mapped: report.mapped_bytes,
+                page: report.page_size,
+                backing: report.backing.clone(),
+                numa_node: plan.numa().as_ref().and_then(|n| n.node),
+            },
+        );
+        Ok(Keeper {
+            memory: Memory {
+                pool,
+                files,
+                prefault: plan.prefault().clone(),
+            },
+            serving,
+            sockets: Sockets::new(listener),
+        })
+    }
+
+    /// The kept pool's name.
+    pub fn name(&self) -> &str {
+        self.serving.name()
+    }
+
+    /// The build's report (map and prefault).
+    pub fn report(&self) -> &PoolReport {
+        self.memory.pool.report()
+    }
+
+    /// The keeper's status, as `hostpool keep status --json` prints it.
+    pub fn status(&self) -> Value {
+        status::status(&self.serving, &self.memory)
+    }
+
+    /// Serve leases until stopped: the first stop request (`stops` ≥ 1)
+    /// refuses new leases and waits up to `drain` for the lease in force to
+    /// end; a second ends serving at once. A lease still in force then keeps
+    /// its mapping (the kernel frees the memory when it unmaps).
+    ///
+    /// Each turn: the stop requests, the clearing's end, then whatever the
+    /// sockets bring (new connections, what the lease's ranks say, hellos,
+    /// waiting attaches), each fed to the state by the I/O side.
+    pub fn serve(&mut self, stops: &StopRequests, drain: Duration) {
+        let memory = &self.memory;
+        let s = &mut self.serving;
+        let io = &mut self.sockets;
+        let Some(region) = memory.pool.region() else {
+            return;
+        };
+        let abort = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let mut clearing: Option<std::thread::ScopedJoinHandle<'_, Result<f64>>> = None;
+            loop {
+                let now = Instant::now();
+                match s.on_stops(stops.load(Ordering::SeqCst), drain, clearing.is_some(), now) {
+                    Stops::Serve => {}
+                    Stops::Drain(refused) => {
+                        for r in refused {
+                            io.refuse(r);
+                        }
+                    }
+                    Stops::Exit => break,
+                    Stops::DrainTimedOut => {
+                        tracing::warn!(
+                            "kept pool `{}`: its lease did not end within {:.1} s of the stop \
+                             request; stopping anyway (the engine keeps its mapping)",
+                            s.name(),
+                            drain.as_secs_f64()
+                        );
+                        break;
+                    }
+                }
+                if clearing.as_ref().is_some_and(|h| h.is_finished()) {
+                    let done = clearing.take().map(|h| h.join());
+                    s.cleared(done);
+                }
+                io.accept(s);
+                io.watch_lease(s);
+                if s.lease_over() {
+                    let now = Instant::now();
+                    pool_core::failpoint::stall("keeper-lease-end");
+                    if s.end_lease(now) {
+                        let name = s.name().to_string();
+                        let abort = &abort;
+                        clearing =
+                            Some(scope.spawn(move || clear::clear(&name, region, memory, abort)));
+                    }
+                }
+                // A lease whose ranks said something (or hung up) since is
+                // settled, and one that ended is over, before a new hello is
+                // read: an engine's restart never finds its own predecessor's
+                // lease in force.
+                if !io.lease_unsettled(s) {
+                    io.read_hellos(s, memory);
+                }
+                if clearing.is_none() {
+                    io.serve_waiting(s, memory);
+                }
+                io.expire_waiting(s, Instant::now());
+            }
+            if let Some(h) = clearing.take() {
+                abort.store(true, Ordering::SeqCst);
+                let _ = h.join();
+            }
+        });
+        // Whoever is still attached hears that the keeper is going.
+        self.sockets.tell(&self.serving.farewell());
+    }
+
+    /// Close the socket, unmap and close the pool; the teardown's report.
+    pub fn teardown(self) -> PoolReport {
+        let Keeper {
+            memory,
+            serving,
+            sockets,
+        } = self;
+        drop(sockets);
+        drop(serving);
+        let Memory { pool, files, .. } = memory;
+        drop(files);
+        pool.teardown()
+    }
+}
