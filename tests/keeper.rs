@@ -5,13 +5,14 @@
 
 mod support;
 
-use std::process::{Child, Stdio};
+use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::procs::{
-    Children, SmallTmpfs, addr, bin, mem_read, mem_write, name, read_json_line, read_report,
-    root_or_skip, signal, stderr_of, wait_stderr, wait_timeout,
+    Children, HostpoolCommand, SmallTmpfs, addr, assert_usage_error, bin, exits_with, fails,
+    kill_and_reap, mem_read, mem_write, name, read_json_line, read_report, root_or_skip, signal,
+    stderr_of, succeeds, terminate, until, wait_stderr, wait_timeout,
 };
 
 const MIB: u64 = 1 << 20;
@@ -23,46 +24,45 @@ fn huge_pages_lock() -> std::sync::MutexGuard<'static, ()> {
     HUGE_PAGES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A 32 MiB tmpfs of the test's own and a pool name, both after `tag`;
+/// `None` where this process may not mount it (the test skips).
+fn tmpfs_and_pool(tag: &str) -> Option<(SmallTmpfs, String)> {
+    Some((SmallTmpfs::mount_or_skip(tag, 32)?, name(tag)))
+}
+
+/// The flags of a keeper's 8 MiB pool of segmented files on `tmpfs`.
+fn pool_on(tmpfs: &SmallTmpfs) -> [&str; 6] {
+    let dir = tmpfs.path();
+    ["--size", "8MiB", "--backing", "shm-segmented", "--dir", dir]
+}
+
 /// A keeper of one 8 MiB pool named `pool` on `tmpfs`, with `args` and
 /// failpoints `fail`; its ready line.
-fn keeper(pool: &str, tmpfs: &SmallTmpfs, args: &[&str], fail: &str) -> (Child, Value) {
-    let mut all = vec![
-        "--size",
-        "8MiB",
-        "--backing",
-        "shm-segmented",
-        "--dir",
-        tmpfs.path(),
-    ];
-    all.extend_from_slice(args);
-    keeper_with(pool, &all, fail)
+fn keeper(pool: &str, tmpfs: &SmallTmpfs, args: &[&str], fail: &str) -> (Children, Value) {
+    keeper_with(pool, &[&pool_on(tmpfs), args].concat(), fail)
 }
 
 /// A keeper of one hugetlbfs pool of `size` named `pool` in `dir`, with
 /// failpoints `fail`; its ready line.
-fn huge_keeper(pool: &str, dir: &std::path::Path, size: &str, fail: &str) -> (Child, Value) {
+fn huge_keeper(pool: &str, dir: &std::path::Path, size: &str, fail: &str) -> (Children, Value) {
     let dir = dir.to_str().expect("a UTF-8 mount path");
-    keeper_with(
-        pool,
-        &["--size", size, "--backing", "hugetlbfs", "--dir", dir],
-        fail,
-    )
+    let args = ["--size", size, "--backing", "hugetlbfs", "--dir", dir];
+    keeper_with(pool, &args, fail)
 }
 
 /// `hostpool keep --name pool --json ARGS` with failpoints `fail`; its
 /// ready line.
-fn keeper_with(pool: &str, args: &[&str], fail: &str) -> (Child, Value) {
-    let mut child = bin()
-        .args(["keep", "--name", pool, "--json"])
-        .args(args)
-        .env("HOSTPOOL_TEST_FAILPOINTS", fail)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let ready = read_json_line(&mut child);
+fn keeper_with(pool: &str, args: &[&str], fail: &str) -> (Children, Value) {
+    let mut k = Children(vec![
+        bin()
+            .args(["keep", "--name", pool, "--json"])
+            .args(args)
+            .failpoints(fail)
+            .spawn_piped(),
+    ]);
+    let ready = read_json_line(&mut k[0]);
     assert_eq!(ready["name"], pool, "{ready}");
-    (child, ready)
+    (k, ready)
 }
 
 /// An engine that leases `pool` and holds it (`alloc --keeper --hold
@@ -71,77 +71,43 @@ fn engine(pool: &str, args: &[&str], fail: &str) -> Child {
     bin()
         .args(["alloc", "--keeper", pool, "--hold", "--json"])
         .args(args)
-        .env("HOSTPOOL_TEST_FAILPOINTS", fail)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .failpoints(fail)
+        .spawn_piped()
 }
 
-/// Wait (at most `secs`) until `done`; else fail saying `what`.
-#[track_caller]
-fn until(secs: u64, mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while !done() {
-        assert!(Instant::now() < end, "{}", what());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// An [`engine`] without failpoints, once it holds its lease: the engine
+/// and its report.
+fn lease(pool: &str, args: &[&str]) -> (Children, Value) {
+    let mut e = Children(vec![engine(pool, args, "")]);
+    let report = read_report(&mut e[0]);
+    (e, report)
 }
 
 /// Every 2 MiB huge page is free again and as many reserved as `resv`.
 #[track_caller]
 fn assert_huge_pages_back(free: u64, resv: u64) {
-    let end = Instant::now() + Duration::from_secs(5);
-    while support::procs::free_2m() != free && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(
-        support::procs::free_2m(),
-        free,
-        "every huge page is free again"
+    until(
+        5,
+        || support::procs::free_2m() == free,
+        || {
+            let now = support::procs::free_2m();
+            format!("every huge page is free again: {now} of {free} are")
+        },
     );
     assert_eq!(support::procs::resv_2m(), resv, "none is reserved");
 }
 
 /// A keeper of `pool` like [`keeper`]'s, run to its end (one that fails at start).
-fn keep_once(pool: &str, tmpfs: &SmallTmpfs) -> std::process::Output {
+fn keep_once(pool: &str, tmpfs: &SmallTmpfs) -> Output {
     bin()
-        .args([
-            "keep",
-            "--name",
-            pool,
-            "--size",
-            "8MiB",
-            "--backing",
-            "shm-segmented",
-        ])
-        .args(["--dir", tmpfs.path()])
+        .args(["keep", "--name", pool])
+        .args(pool_on(tmpfs))
         .output()
         .unwrap()
 }
 
-/// Its stderr, once `out` is known to have exited with `code`.
-#[track_caller]
-fn fails(out: &std::process::Output, code: i32) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(code), "{err}");
-    err
-}
-
-/// `out`'s JSON on stdout (null if none), once it is known to have
-/// succeeded; else fail with its stderr.
-#[track_caller]
-fn succeeds(out: &std::process::Output) -> Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-}
-
 /// An engine that leases `pool`, prints its report and releases it.
-fn engine_once(pool: &str, args: &[&str]) -> std::process::Output {
+fn engine_once(pool: &str, args: &[&str]) -> Output {
     bin()
         .args(["alloc", "--keeper", pool, "--json"])
         .args(args)
@@ -150,12 +116,17 @@ fn engine_once(pool: &str, args: &[&str]) -> std::process::Output {
 }
 
 fn status(pool: &str) -> Value {
-    let out = bin()
+    let all = bin()
         .args(["keep", "status", "--name", pool, "--json"])
-        .output()
-        .unwrap();
-    let all = succeeds(&out);
+        .succeeds();
     all[0].clone()
+}
+
+/// Wait (at most `secs`) until the status of the keeper of `pool` is
+/// `done`; else fail with its status.
+#[track_caller]
+fn until_status(pool: &str, secs: u64, done: impl Fn(&Value) -> bool) {
+    until(secs, || done(&status(pool)), || format!("{}", status(pool)));
 }
 
 /// Wait (at most 10 s) until the keeper of `pool` says it is `stopping`:
@@ -172,23 +143,45 @@ fn until_stopping(pool: &str) {
     );
 }
 
-/// SIGTERM a keeper; it must exit 0 within 10 s.
-fn stop(mut keeper: Child) {
-    signal(&keeper, libc::SIGTERM);
-    let st = wait_timeout(&mut keeper, Duration::from_secs(10)).expect("the keeper stops");
-    let err = stderr_of(&mut keeper);
-    assert_eq!(st.code(), Some(0), "{err}");
+/// SIGTERM the keeper of `pool` once it is stopping after a first one: it
+/// must exit 0 within `limit`; how long it took after the second.
+#[track_caller]
+fn second_sigterm(keeper: &mut Child, pool: &str, limit: Duration) -> Duration {
+    until_stopping(pool);
+    let t = Instant::now();
+    terminate(keeper, limit);
+    t.elapsed()
+}
+
+/// SIGTERM a keeper, or an engine that holds a lease: it must exit 0
+/// within 10 s.
+#[track_caller]
+fn stop(child: &mut Child) {
+    terminate(child, Duration::from_secs(10));
 }
 
 #[track_caller]
 fn assert_clean(tmpfs: &SmallTmpfs, what: &str) {
     // The kernel frees an unlinked file's pages as its last holder exits.
-    let end = Instant::now() + Duration::from_secs(5);
-    while tmpfs.used() != 0 && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(tmpfs.used(), 0, "{what}: the tmpfs still holds pages");
+    until(
+        5,
+        || tmpfs.used() == 0,
+        || format!("{what}: the tmpfs still holds {} bytes", tmpfs.used()),
+    );
     assert!(tmpfs.files().is_empty(), "{what}: {:?}", tmpfs.files());
+}
+
+/// `hostpool doctor`'s findings of the area `keepers` about `pool`.
+fn keepers_findings(pool: &str) -> Vec<Value> {
+    let doctor = bin().args(["doctor", "--json"]).output().unwrap();
+    let doctor: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    doctor["findings"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no findings: {doctor}"))
+        .iter()
+        .filter(|f| f["area"] == "keepers" && f["item"] == pool)
+        .cloned()
+        .collect()
 }
 
 /// The offsets each generation writes its mark at: first, middle, last.
@@ -201,22 +194,18 @@ const MARKS: [u64; 3] = [0, 4 * MIB, 8 * MIB - 4];
 /// content = zero only zeros. Nothing is left once the keeper stops.
 #[test]
 fn an_engine_killed_and_restarted_20_times_finds_its_bytes_or_zeros() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
-        return;
-    }
     for content in ["keep", "zero"] {
-        let tmpfs = SmallTmpfs::mount(&format!("restart-{content}"), 32);
-        let pool = name(&format!("restart-{content}"));
-        let (k, ready) = keeper(&pool, &tmpfs, &["--content", content], "");
-        let mut k = Children(vec![k]);
+        let Some((tmpfs, pool)) = tmpfs_and_pool(&format!("restart-{content}")) else {
+            return;
+        };
+        let (mut k, ready) = keeper(&pool, &tmpfs, &["--content", content], "");
         assert_eq!(ready["content"], content);
         assert_eq!(ready["prefault"]["bytes"], 8 * MIB, "{ready}");
         let instance = ready["instance"].as_str().unwrap().to_string();
         let mut last_pid = 0;
         for generation in 1..=20u8 {
             let tag = format!("gen-{generation}");
-            let mut e = Children(vec![engine(&pool, &["--keeper-tag", &tag], "")]);
-            let report = read_report(&mut e[0]);
+            let (mut e, report) = lease(&pool, &["--keeper-tag", &tag]);
             let lease = &report["keeper"];
             let what = format!("content {content}, generation {generation}: {lease}");
             assert_eq!(lease["generation"], u64::from(generation), "{what}");
@@ -245,14 +234,13 @@ fn an_engine_killed_and_restarted_20_times_finds_its_bytes_or_zeros() {
                 assert_eq!(found, expect, "{what}: offset {off}");
                 mem_write(pid, base + off, &[generation; 4]);
             }
-            e[0].kill().unwrap();
-            e[0].wait().unwrap();
+            kill_and_reap(&mut e[0]);
             last_pid = pid;
         }
         let st = status(&pool);
         assert_eq!(st["generation"], 20, "{st}");
         assert_eq!(st["previous"]["how"], "died", "{st}");
-        stop(k.0.remove(0));
+        stop(&mut k[0]);
         assert_clean(&tmpfs, content);
     }
 }
@@ -267,15 +255,15 @@ fn one_lease_at_a_time_and_only_for_allowed_users() {
     }
     let tmpfs = SmallTmpfs::mount("race", 32);
     let pool = name("race");
-    let (k, _) = keeper(&pool, &tmpfs, &[], "");
-    let _k = Children(vec![k]);
+    let (_k, _) = keeper(&pool, &tmpfs, &[], "");
     let mut both = Children(vec![engine(&pool, &[], ""), engine(&pool, &[], "")]);
     let mut outcomes = Vec::new();
     for i in 0..2 {
         let end = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(st) = both[i].try_wait().unwrap() {
-                outcomes.push((i, Err((st.code(), stderr_of(&mut both[i])))));
+                let err = stderr_of(&mut both[i]);
+                outcomes.push((i, Err((st.code(), err))));
                 break;
             }
             if status(&pool)["lease"]["pid"] == both[i].id() {
@@ -304,11 +292,7 @@ fn one_lease_at_a_time_and_only_for_allowed_users() {
             && err.contains("one lease at a time"),
         "{err}"
     );
-    signal(&both[winner], libc::SIGTERM);
-    assert_eq!(
-        wait_timeout(&mut both[winner], Duration::from_secs(10)).and_then(|s| s.code()),
-        Some(0)
-    );
+    stop(&mut both[winner]);
 
     // Another user: refused by the keeper's credentials check.
     let as_nobody = |pool: &str| {
@@ -320,17 +304,14 @@ fn one_lease_at_a_time_and_only_for_allowed_users() {
             .output()
             .expect("setpriv")
     };
-    let out = as_nobody(&pool);
-    let err = fails(&out, 1);
+    let err = fails(&as_nobody(&pool), 1);
     assert!(
         err.contains("uid 65534 may not use kept pool") && err.contains("allow_uids"),
         "{err}"
     );
     let other = name("race-allowed");
-    let (k2, _) = keeper(&other, &tmpfs, &["--allow-uid", "65534"], "");
-    let _k2 = Children(vec![k2]);
-    let out = as_nobody(&other);
-    let report = succeeds(&out);
+    let (_k2, _) = keeper(&other, &tmpfs, &["--allow-uid", "65534"], "");
+    let report = succeeds(&as_nobody(&other));
     assert_eq!(report["keeper"]["generation"], 1);
     assert_eq!(status(&other)["previous"]["how"], "closed");
 }
@@ -339,11 +320,9 @@ fn one_lease_at_a_time_and_only_for_allowed_users() {
 /// that process; a second keeper of a name is told the first one's pid.
 #[test]
 fn a_squatted_socket_name_fails_the_keeper_at_start() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some((tmpfs, pool)) = tmpfs_and_pool("squat") else {
         return;
-    }
-    let tmpfs = SmallTmpfs::mount("squat", 32);
-    let pool = name("squat");
+    };
     let squatter = {
         use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
         let a =
@@ -361,8 +340,7 @@ fn a_squatted_socket_name_fails_the_keeper_at_start() {
         s
     };
     let t = Instant::now();
-    let out = keep_once(&pool, &tmpfs);
-    let err = fails(&out, 1);
+    let err = fails(&keep_once(&pool, &tmpfs), 1);
     assert!(
         err.contains(&format!(
             "@hostpool-keep/{pool} is held by pid {}",
@@ -374,9 +352,7 @@ fn a_squatted_socket_name_fails_the_keeper_at_start() {
     assert_clean(&tmpfs, "refused keeper");
     drop(squatter);
     let (first, _) = keeper(&pool, &tmpfs, &[], "");
-    let first = Children(vec![first]);
-    let out = keep_once(&pool, &tmpfs);
-    let err = fails(&out, 1);
+    let err = fails(&keep_once(&pool, &tmpfs), 1);
     assert!(
         err.contains(&format!(
             "a keeper of `{pool}` already runs (pid {}",
@@ -392,26 +368,20 @@ fn a_squatted_socket_name_fails_the_keeper_at_start() {
 /// 1); nothing is left once the keepers and the engines are gone.
 #[test]
 fn a_keeper_killed_while_leased_leaves_its_engine_working() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some((tmpfs, pool)) = tmpfs_and_pool("kill-keeper") else {
         return;
-    }
-    let tmpfs = SmallTmpfs::mount("kill-keeper", 32);
-    let pool = name("kill-keeper");
-    let (k, ready) = keeper(&pool, &tmpfs, &["--content", "keep"], "");
-    let mut k = Children(vec![k]);
-    let mut e = Children(vec![engine(&pool, &[], "")]);
-    let report = read_report(&mut e[0]);
+    };
+    let (mut k, ready) = keeper(&pool, &tmpfs, &["--content", "keep"], "");
+    let (mut e, report) = lease(&pool, &[]);
     let (pid, base) = (e[0].id(), addr(&report));
     mem_write(pid, base + 12345, b"before");
-    k[0].kill().unwrap();
-    k[0].wait().unwrap();
+    kill_and_reap(&mut k[0]);
     mem_write(pid, base + 7 * MIB, b"after");
     assert_eq!(mem_read(pid, base + 12345, 6), b"before");
     assert_eq!(mem_read(pid, base + 7 * MIB, 5), b"after");
     assert_eq!(tmpfs.used(), 8 * MIB, "the engine holds the pool's pages");
     let t = Instant::now();
-    let out = engine_once(&pool, &[]);
-    let err = fails(&out, 1);
+    let err = fails(&engine_once(&pool, &[]), 1);
     assert!(
         err.contains(&format!(
             "no keeper answers for kept pool `{pool}` on @hostpool-keep/{pool}"
@@ -419,11 +389,9 @@ fn a_keeper_killed_while_leased_leaves_its_engine_working() {
         "{err}"
     );
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-    let (k2, ready2) = keeper(&pool, &tmpfs, &[], "");
-    k.push(k2);
+    let (mut k2, ready2) = keeper(&pool, &tmpfs, &[], "");
     assert_ne!(ready2["instance"], ready["instance"]);
-    let mut e2 = Children(vec![engine(&pool, &[], "")]);
-    let r2 = read_report(&mut e2[0]);
+    let (mut e2, r2) = lease(&pool, &[]);
     assert_eq!(r2["keeper"]["generation"], 1, "{r2}");
     assert_eq!(r2["keeper"]["instance"], ready2["instance"], "{r2}");
     assert_eq!(
@@ -431,16 +399,10 @@ fn a_keeper_killed_while_leased_leaves_its_engine_working() {
         [0; 6],
         "a new pool"
     );
-    for c in [&mut e[0], &mut e2[0]] {
-        signal(c, libc::SIGTERM);
-        let st = wait_timeout(c, Duration::from_secs(10)).expect("the engine exits");
-        assert_eq!(
-            st.code(),
-            Some(0),
-            "a held pool exits 0 on SIGTERM, keeper or not"
-        );
-    }
-    stop(k.0.remove(1));
+    // A held pool exits 0 on SIGTERM, keeper or not.
+    stop(&mut e[0]);
+    stop(&mut e2[0]);
+    stop(&mut k2[0]);
     assert_clean(&tmpfs, "keepers and engines gone");
 }
 
@@ -464,6 +426,30 @@ enum Who {
     Engine,
 }
 
+impl Step {
+    /// The engine stalls at failpoint `fail` and is killed there.
+    const fn engine(what: &'static str, fail: &'static str) -> Step {
+        Step {
+            what,
+            keeper_fail: "",
+            engine_fail: fail,
+            stalls: Who::Engine,
+            victim: Who::Engine,
+        }
+    }
+
+    /// The keeper stalls at failpoint `fail` and is killed there.
+    const fn keeper(what: &'static str, fail: &'static str) -> Step {
+        Step {
+            what,
+            keeper_fail: fail,
+            engine_fail: "",
+            stalls: Who::Keeper,
+            victim: Who::Keeper,
+        }
+    }
+}
+
 /// The keeper protocol's fault matrix: the engine and the keeper each
 /// killed at each step (connect, descriptor passing, attach, lease end,
 /// zeroing), with the shared-pool matrix's rules: the survivor fails within
@@ -477,83 +463,38 @@ fn fault_matrix_of_the_keeper_protocol() {
         return;
     }
     let steps = [
+        Step::engine(
+            "engine killed before it connects",
+            "keeper-before-connect=stall",
+        ),
+        Step::keeper("keeper killed as it reads the hello", "keeper-hello=stall"),
+        Step::engine(
+            "engine killed holding the descriptors",
+            "keeper-passing-fds=stall",
+        ),
+        Step::keeper(
+            "keeper killed passing the descriptors",
+            "keeper-passing-fds=stall",
+        ),
+        Step::engine("engine killed once attached", "keeper-attached=stall"),
+        Step::keeper("keeper killed once it leased", "keeper-leased=stall"),
+        Step::engine("engine killed releasing", "keeper-release=stall"),
+        Step::keeper("keeper killed at the lease's end", "keeper-lease-end=stall"),
+        // The keeper stalls; the engine waiting for it is killed.
         Step {
-            what: "engine killed before it connects",
-            keeper_fail: "",
-            engine_fail: "keeper-before-connect=stall",
-            stalls: Who::Engine,
             victim: Who::Engine,
+            ..Step::keeper(
+                "engine killed waiting for the zeroing",
+                "keeper-zeroing=stall",
+            )
         },
-        Step {
-            what: "keeper killed as it reads the hello",
-            keeper_fail: "keeper-hello=stall",
-            engine_fail: "",
-            stalls: Who::Keeper,
-            victim: Who::Keeper,
-        },
-        Step {
-            what: "engine killed holding the descriptors",
-            keeper_fail: "",
-            engine_fail: "keeper-passing-fds=stall",
-            stalls: Who::Engine,
-            victim: Who::Engine,
-        },
-        Step {
-            what: "keeper killed passing the descriptors",
-            keeper_fail: "keeper-passing-fds=stall",
-            engine_fail: "",
-            stalls: Who::Keeper,
-            victim: Who::Keeper,
-        },
-        Step {
-            what: "engine killed once attached",
-            keeper_fail: "",
-            engine_fail: "keeper-attached=stall",
-            stalls: Who::Engine,
-            victim: Who::Engine,
-        },
-        Step {
-            what: "keeper killed once it leased",
-            keeper_fail: "keeper-leased=stall",
-            engine_fail: "",
-            stalls: Who::Keeper,
-            victim: Who::Keeper,
-        },
-        Step {
-            what: "engine killed releasing",
-            keeper_fail: "",
-            engine_fail: "keeper-release=stall",
-            stalls: Who::Engine,
-            victim: Who::Engine,
-        },
-        Step {
-            what: "keeper killed at the lease's end",
-            keeper_fail: "keeper-lease-end=stall",
-            engine_fail: "",
-            stalls: Who::Keeper,
-            victim: Who::Keeper,
-        },
-        Step {
-            what: "engine killed waiting for the zeroing",
-            keeper_fail: "keeper-zeroing=stall",
-            engine_fail: "",
-            stalls: Who::Keeper,
-            victim: Who::Engine,
-        },
-        Step {
-            what: "keeper killed zeroing",
-            keeper_fail: "keeper-zeroing=stall",
-            engine_fail: "",
-            stalls: Who::Keeper,
-            victim: Who::Keeper,
-        },
+        Step::keeper("keeper killed zeroing", "keeper-zeroing=stall"),
     ];
     for (i, step) in steps.iter().enumerate() {
         let what = step.what;
         let tmpfs = SmallTmpfs::mount(&format!("matrix-{i}"), 32);
         let pool = name(&format!("matrix-{i}"));
-        let (k, _) = keeper(&pool, &tmpfs, &[], step.keeper_fail);
-        let mut k = Children(vec![k]);
+        let (mut k, _) = keeper(&pool, &tmpfs, &[], step.keeper_fail);
         let lease_end = step.keeper_fail.starts_with("keeper-lease-end")
             || step.keeper_fail.starts_with("keeper-zeroing");
         let mut first_pid = None;
@@ -587,17 +528,16 @@ fn fault_matrix_of_the_keeper_protocol() {
         }
         if step.keeper_fail.starts_with("keeper-zeroing") {
             // The next engine is waiting for the zeroing before the kill.
-            let end = Instant::now() + Duration::from_secs(10);
-            while status(&pool)["waiting"] != 1 {
-                assert!(Instant::now() < end, "{what}: {}", status(&pool));
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            until(
+                10,
+                || status(&pool)["waiting"] == 1,
+                || format!("{what}: {}", status(&pool)),
+            );
         }
         let killed = Instant::now();
         match step.victim {
             Who::Keeper => {
-                k[0].kill().unwrap();
-                k[0].wait().unwrap();
+                kill_and_reap(&mut k[0]);
                 if let Some(c) = e.first_mut() {
                     if step.keeper_fail.starts_with("keeper-leased") {
                         // Leased before the keeper died: the engine goes on.
@@ -605,14 +545,9 @@ fn fault_matrix_of_the_keeper_protocol() {
                         let (pid, base) = (c.id(), addr(&report));
                         mem_write(pid, base + 5, b"alive");
                         assert_eq!(mem_read(pid, base + 5, 5), b"alive", "{what}");
-                        signal(c, libc::SIGTERM);
-                        let st = wait_timeout(c, Duration::from_secs(10)).expect(what);
-                        assert_eq!(st.code(), Some(0), "{what}");
+                        stop(c);
                     } else {
-                        let st = wait_timeout(c, Duration::from_secs(5))
-                            .unwrap_or_else(|| panic!("{what}: the engine did not fail"));
-                        let err = stderr_of(c);
-                        assert_eq!(st.code(), Some(1), "{what}: {err}");
+                        let err = exits_with(c, 1, Duration::from_secs(5), what);
                         assert!(
                             err.contains(&format!("the keeper of `{pool}`"))
                                 && err.contains("died"),
@@ -630,55 +565,42 @@ fn fault_matrix_of_the_keeper_protocol() {
                 // The engine killed releasing is the first one, killed above.
                 let victim_pid = match e.first_mut() {
                     Some(c) => {
-                        c.kill().unwrap();
-                        c.wait().unwrap();
+                        kill_and_reap(c);
                         c.id()
                     }
                     None => first_pid.expect("the first engine"),
                 };
                 // The keeper takes the pool back (or drops the waiter).
-                let end = Instant::now() + Duration::from_secs(5);
-                loop {
+                until(
+                    5,
+                    || {
+                        let st = status(&pool);
+                        st["lease"].is_null() && st["waiting"] == 0
+                    },
+                    || format!("{what}: {}", status(&pool)),
+                );
+                if step.engine_fail.starts_with("keeper-passing-fds")
+                    || step.engine_fail.starts_with("keeper-attached")
+                    || step.engine_fail.starts_with("keeper-release")
+                {
                     let st = status(&pool);
-                    if st["lease"].is_null() && st["waiting"] == 0 {
-                        if step.engine_fail.starts_with("keeper-passing-fds")
-                            || step.engine_fail.starts_with("keeper-attached")
-                            || step.engine_fail.starts_with("keeper-release")
-                        {
-                            assert_eq!(st["previous"]["how"], "died", "{what}: {st}");
-                            assert_eq!(st["previous"]["pid"], victim_pid, "{what}: {st}");
-                        }
-                        break;
-                    }
-                    assert!(Instant::now() < end, "{what}: {st}");
-                    std::thread::sleep(Duration::from_millis(20));
+                    assert_eq!(st["previous"]["how"], "died", "{what}: {st}");
+                    assert_eq!(st["previous"]["pid"], victim_pid, "{what}: {st}");
                 }
                 if step.keeper_fail.is_empty() {
                     // The keeper serves the next engine.
-                    let out = engine_once(&pool, &[]);
-                    assert!(
-                        out.status.success(),
-                        "{what}: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
+                    succeeds(&engine_once(&pool, &[]));
                 }
-                k[0].kill().unwrap();
-                k[0].wait().unwrap();
+                kill_and_reap(&mut k[0]);
             }
         }
         drop(e);
         assert_clean(&tmpfs, what);
         // A keeper started again serves.
-        let (k2, _) = keeper(&pool, &tmpfs, &[], "");
-        let out = engine_once(&pool, &[]);
-        assert!(
-            out.status.success(),
-            "{what}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (mut k2, _) = keeper(&pool, &tmpfs, &[], "");
+        let report = succeeds(&engine_once(&pool, &[]));
         assert_eq!(report["keeper"]["generation"], 1, "{what}");
-        stop(k2);
+        stop(&mut k2[0]);
         assert_clean(&tmpfs, what);
     }
 }
@@ -688,31 +610,26 @@ fn fault_matrix_of_the_keeper_protocol() {
 /// kernel), and a new world leases it.
 #[test]
 fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some((tmpfs, pool)) = tmpfs_and_pool("world") else {
         return;
-    }
-    let tmpfs = SmallTmpfs::mount("world", 32);
-    let pool = name("world");
-    let (k, _) = keeper(&pool, &tmpfs, &["--content", "keep"], "");
-    let _k = Children(vec![k]);
+    };
+    let (_k, _) = keeper(&pool, &tmpfs, &["--content", "keep"], "");
     let engine_name = name("world-engine");
-    let rank = |r: u32, fail: &str| {
+    // Rank `r` of a world of 4 of engine `shared`, with failpoints `fail`.
+    let rank = |shared: &str, r: u32, fail: &str| {
+        let r = r.to_string();
         engine(
             &pool,
-            &[
-                "--shared",
-                &engine_name,
-                "--world",
-                "4",
-                "--rank",
-                &r.to_string(),
-            ],
+            &["--shared", shared, "--world", "4", "--rank", &r],
             fail,
         )
     };
     let mut ranks = Children(
         (0..4)
-            .map(|r| rank(r, if r == 2 { "keeper-attached=stall" } else { "" }))
+            .map(|r| {
+                let fail = if r == 2 { "keeper-attached=stall" } else { "" };
+                rank(&engine_name, r, fail)
+            })
             .collect(),
     );
     wait_stderr(
@@ -721,23 +638,14 @@ fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
         Duration::from_secs(10),
     );
     // Every rank has its lease before the victim dies.
-    until(
-        10,
-        || {
-            status(&pool)["lease"]["ranks"]
-                .as_array()
-                .map_or(0, Vec::len)
-                >= 4
-        },
-        || format!("{}", status(&pool)),
-    );
+    until_status(&pool, 10, |st| {
+        st["lease"]["ranks"].as_array().map_or(0, Vec::len) >= 4
+    });
     let victim = ranks[2].id();
-    ranks[2].kill().unwrap();
-    ranks[2].wait().unwrap();
+    kill_and_reap(&mut ranks[2]);
     for r in [0, 1, 3] {
-        let st = wait_timeout(&mut ranks[r], Duration::from_secs(5)).expect("a survivor fails");
-        let err = stderr_of(&mut ranks[r]);
-        assert_eq!(st.code(), Some(1), "rank {r}: {err}");
+        let what = format!("rank {r}: a survivor fails");
+        let err = exits_with(&mut ranks[r], 1, Duration::from_secs(5), &what);
         assert!(
             err.contains(&format!(
                 "rank 2 (pid {victim}) died before the barrier completed"
@@ -754,13 +662,9 @@ fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
     // A rank of an engine whose lease failed that comes late hears why at
     // once, instead of waiting out its attach timeout for ranks that are gone.
     let late = name("world-late");
-    let late_rank = |r: u32, fail: &str| {
-        let flags = ["--shared", &late, "--world", "4", "--rank", &r.to_string()];
-        engine(&pool, &flags, fail)
-    };
     let mut first = Children(vec![
-        late_rank(0, ""),
-        late_rank(1, "keeper-attached=stall"),
+        rank(&late, 0, ""),
+        rank(&late, 1, "keeper-attached=stall"),
     ]);
     wait_stderr(
         &mut first[1],
@@ -768,13 +672,13 @@ fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
         Duration::from_secs(10),
     );
     let dead = first[1].id();
-    first[1].kill().unwrap();
-    first[1].wait().unwrap();
-    let st = wait_timeout(&mut first[0], Duration::from_secs(5)).expect("rank 0 fails");
-    assert_eq!(st.code(), Some(1), "{}", stderr_of(&mut first[0]));
+    kill_and_reap(&mut first[1]);
+    exits_with(&mut first[0], 1, Duration::from_secs(5), "rank 0 fails");
     let t = Instant::now();
-    let out = engine_once(&pool, &["--shared", &late, "--world", "4", "--rank", "3"]);
-    let err = fails(&out, 1);
+    let err = fails(
+        &engine_once(&pool, &["--shared", &late, "--world", "4", "--rank", "3"]),
+        1,
+    );
     assert!(
         err.contains("failed before rank 3 attached")
             && err.contains(&format!(
@@ -784,7 +688,7 @@ fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
     );
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     // Generation 3: the first world's lease, the late engine's, this one.
-    let mut world = Children((0..4).map(|r| rank(r, "")).collect());
+    let mut world = Children((0..4).map(|r| rank(&engine_name, r, "")).collect());
     let reports: Vec<Value> = world.iter_mut().map(read_report).collect();
     for (r, report) in reports.iter().enumerate() {
         assert_eq!(report["keeper"]["generation"], 3, "rank {r}");
@@ -804,59 +708,44 @@ fn four_ranks_share_a_lease_and_one_killed_mid_attach_fails_the_others() {
     );
     assert_eq!(out.status.code(), Some(1));
     for c in world.iter_mut() {
-        signal(c, libc::SIGTERM);
-        assert_eq!(
-            wait_timeout(c, Duration::from_secs(10)).and_then(|s| s.code()),
-            Some(0)
-        );
+        stop(c);
     }
-    until(
-        5,
-        || !(status(&pool)["previous"]["how"] != "closed"),
-        || format!("{}", status(&pool)),
-    );
+    until_status(&pool, 5, |st| st["previous"]["how"] == "closed");
 }
 
 /// What an engine asks for is checked: another size or page size is a
 /// usage error; no keeper is a runtime error naming the socket, or, with
-/// keeper_fallback = build, a pool of the engine's own (the report says
+/// lease.fallback = build, a pool of the engine's own (the report says
 /// why).
 #[test]
 fn sizes_are_checked_and_a_missing_keeper_fails_or_falls_back() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some((tmpfs, pool)) = tmpfs_and_pool("checks") else {
         return;
-    }
-    let tmpfs = SmallTmpfs::mount("checks", 32);
-    let pool = name("checks");
-    let (k, _) = keeper(&pool, &tmpfs, &[], "");
-    let _k = Children(vec![k]);
-    let out = engine_once(&pool, &["--size", "16MiB"]);
-    let err = fails(&out, 2);
+    };
+    let (_k, _) = keeper(&pool, &tmpfs, &[], "");
+    let err = fails(&engine_once(&pool, &["--size", "16MiB"]), 2);
     assert!(
         err.contains("asks for 16 MiB, but kept pool") && err.contains("8 MiB"),
         "{err}"
     );
-    let out = engine_once(&pool, &["--size", "8MiB"]);
-    succeeds(&out);
+    succeeds(&engine_once(&pool, &["--size", "8MiB"]));
     // The engine pins what it leased, as any pool: its page tables are
     // filled first (the attach phase), then the pin takes the whole pool.
-    let out = engine_once(&pool, &["--pin", "mlock", "--pin-required"]);
-    let report = succeeds(&out);
+    let report = succeeds(&engine_once(&pool, &["--pin", "mlock", "--pin-required"]));
     assert_eq!(report["pin"]["status"], "pinned", "{report}");
     assert!(report["phases"]["attach"].as_f64().is_some(), "{report}");
-    let out = engine_once(&pool, &["--page-size", "2MiB"]);
-    let err = fails(&out, 2);
+    let err = fails(&engine_once(&pool, &["--page-size", "2MiB"]), 2);
     assert!(err.contains("asks for 2 MiB pages"), "{err}");
 
     let absent = name("absent");
-    let out = engine_once(&absent, &["--size", "4MiB"]);
-    let err = fails(&out, 1);
+    let err = fails(&engine_once(&absent, &["--size", "4MiB"]), 1);
     assert!(
-        err.contains(&format!("@hostpool-keep/{absent}")) && err.contains("keeper_fallback"),
+        err.contains(&format!("@hostpool-keep/{absent}"))
+            && err.contains("fallback = \"build\" in the [lease] table (--keeper-fallback build"),
         "{err}"
     );
-    let out = engine_once(&absent, &["--size", "4MiB", "--keeper-fallback", "build"]);
-    let report = succeeds(&out);
+    let fallback = ["--size", "4MiB", "--keeper-fallback", "build"];
+    let report = succeeds(&engine_once(&absent, &fallback));
     assert!(report["keeper"].is_null(), "{report}");
     assert!(
         report["keeper_fallback"]
@@ -877,15 +766,11 @@ fn sizes_are_checked_and_a_missing_keeper_fails_or_falls_back() {
 /// engine keeps its mapping.
 #[test]
 fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some((tmpfs, pool)) = tmpfs_and_pool("drain") else {
         return;
-    }
-    let tmpfs = SmallTmpfs::mount("drain", 32);
-    let pool = name("drain");
-    let (k, _) = keeper(&pool, &tmpfs, &[], "");
-    let mut k = Children(vec![k]);
-    let mut e = Children(vec![engine(&pool, &[], "")]);
-    read_report(&mut e[0]);
+    };
+    let (mut k, _) = keeper(&pool, &tmpfs, &[], "");
+    let (mut e, _) = lease(&pool, &[]);
     signal(&k[0], libc::SIGTERM);
     // It took the SIGTERM in (it says it is stopping) and, its lease still
     // in force, answers rather than exits.
@@ -894,37 +779,21 @@ fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
         k[0].try_wait().unwrap().is_none(),
         "the keeper waits for its lease"
     );
-    let out = engine_once(&pool, &[]);
-    let err = fails(&out, 1);
+    let err = fails(&engine_once(&pool, &[]), 1);
     assert!(err.contains("is stopping and takes no new leases"), "{err}");
-    signal(&e[0], libc::SIGTERM);
-    assert_eq!(
-        wait_timeout(&mut e[0], Duration::from_secs(10)).and_then(|s| s.code()),
-        Some(0)
-    );
-    let st =
-        wait_timeout(&mut k[0], Duration::from_secs(5)).expect("the keeper ends with its lease");
-    assert_eq!(st.code(), Some(0), "{}", stderr_of(&mut k[0]));
+    stop(&mut e[0]);
+    let what = "the keeper ends with its lease";
+    exits_with(&mut k[0], 0, Duration::from_secs(5), what);
     assert_clean(&tmpfs, "drained");
 
-    let (k2, _) = keeper(&pool, &tmpfs, &[], "");
-    k.push(k2);
-    let mut e2 = Children(vec![engine(&pool, &[], "")]);
-    let report = read_report(&mut e2[0]);
-    signal(&k[1], libc::SIGTERM);
-    until_stopping(&pool);
-    let t = Instant::now();
-    signal(&k[1], libc::SIGTERM);
-    let st = wait_timeout(&mut k[1], Duration::from_secs(2)).expect("a second SIGTERM ends it");
-    assert_eq!(st.code(), Some(0));
-    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let (mut k2, _) = keeper(&pool, &tmpfs, &[], "");
+    let (mut e2, report) = lease(&pool, &[]);
+    signal(&k2[0], libc::SIGTERM);
+    let took = second_sigterm(&mut k2[0], &pool, Duration::from_secs(2));
+    assert!(took < Duration::from_secs(1), "{took:?}");
     mem_write(e2[0].id(), addr(&report) + 1, b"still");
     assert_eq!(mem_read(e2[0].id(), addr(&report) + 1, 5), b"still");
-    signal(&e2[0], libc::SIGTERM);
-    assert_eq!(
-        wait_timeout(&mut e2[0], Duration::from_secs(10)).and_then(|s| s.code()),
-        Some(0)
-    );
+    stop(&mut e2[0]);
     assert_clean(&tmpfs, "ended at once");
 
     // A second SIGTERM while the pool is being cleared ends the clearing
@@ -937,28 +806,16 @@ fn sigterm_drains_and_a_second_one_ends_the_keeper_at_once() {
             .args(["--backing", "shm-segmented", "--dir", big.path()])
             .args(["--threads", "1"])
             .env("HOSTPOOL_FAILPOINT_ZERO_STEP_MS", "1000")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .spawn_piped(),
     ]);
     read_json_line(&mut k3[0]);
     succeeds(&engine_once(&pool, &[]));
-    until(
-        5,
-        || status(&pool)["state"] == "clearing",
-        || format!("{}", status(&pool)),
-    );
+    until_status(&pool, 5, |st| st["state"] == "clearing");
     signal(&k3[0], libc::SIGTERM);
-    until_stopping(&pool);
-    let t = Instant::now();
-    signal(&k3[0], libc::SIGTERM);
-    let st = wait_timeout(&mut k3[0], Duration::from_secs(5)).expect("a second SIGTERM ends it");
-    assert_eq!(st.code(), Some(0), "{}", stderr_of(&mut k3[0]));
+    let took = second_sigterm(&mut k3[0], &pool, Duration::from_secs(5));
     assert!(
-        t.elapsed() < Duration::from_millis(1800),
-        "the clearing stopped at its next step: {:?}",
-        t.elapsed()
+        took < Duration::from_millis(1800),
+        "the clearing stopped at its next step: {took:?}"
     );
     assert_clean(&big, "stopped while clearing");
 }
@@ -976,8 +833,7 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
     };
     let (free, resv) = (support::procs::free_2m(), support::procs::resv_2m());
     let pool = name("huge");
-    let (k, ready) = huge_keeper(&pool, &dir, "16MiB", "");
-    let mut k = Children(vec![k]);
+    let (mut k, ready) = huge_keeper(&pool, &dir, "16MiB", "");
     assert_eq!(ready["page_size"], 2 * MIB, "{ready}");
     assert_eq!(ready["backing"], "hugetlbfs", "{ready}");
     assert_eq!(
@@ -986,8 +842,7 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
         "the keeper faulted its 8 pages"
     );
     for generation in 1..=3u8 {
-        let mut e = Children(vec![engine(&pool, &["--page-size", "2MiB"], "")]);
-        let report = read_report(&mut e[0]);
+        let (mut e, report) = lease(&pool, &["--page-size", "2MiB"]);
         assert_eq!(report["page_size"], 2 * MIB);
         assert_eq!(report["keeper"]["generation"], u64::from(generation));
         let (pid, base) = (e[0].id(), addr(&report));
@@ -997,31 +852,19 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
             "generation {generation}"
         );
         mem_write(pid, base + 3 * MIB, &[generation; 4]);
-        e[0].kill().unwrap();
-        e[0].wait().unwrap();
+        kill_and_reap(&mut e[0]);
     }
     // The lease and the zeroing take no page of their own.
-    until(
-        5,
-        || !(status(&pool)["state"] != "idle"),
-        || format!("{}", status(&pool)),
-    );
+    until_status(&pool, 5, |st| st["state"] == "idle");
     assert_eq!(support::procs::free_2m(), free - 8);
-    stop(k.0.remove(0));
+    stop(&mut k[0]);
     assert_huge_pages_back(free, resv);
 
     // A keeper held at the start of its clearing (a failpoint) keeps every
     // page: the clearing frees none of them before it zeroes them.
-    let mut k = Children(vec![
-        huge_keeper(&pool, &dir, "16MiB", "keeper-zeroing=stall").0,
-    ]);
-    let out = engine_once(&pool, &[]);
-    succeeds(&out);
-    until(
-        5,
-        || status(&pool)["state"] == "clearing",
-        || format!("{}", status(&pool)),
-    );
+    let (mut k, _) = huge_keeper(&pool, &dir, "16MiB", "keeper-zeroing=stall");
+    succeeds(&engine_once(&pool, &[]));
+    until_status(&pool, 5, |st| st["state"] == "clearing");
     // The clearing thread reached the failpoint: whatever it does before
     // zeroing, it has done.
     wait_stderr(
@@ -1034,8 +877,7 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
         free - 8,
         "no page of the pool went back to the kernel while it is cleared"
     );
-    k[0].kill().unwrap();
-    k[0].wait().unwrap();
+    kill_and_reap(&mut k[0]);
     assert_huge_pages_back(free, resv);
 }
 
@@ -1043,20 +885,12 @@ fn a_kept_hugetlbfs_pool_is_cleared_between_leases_and_given_back() {
 /// end, as text and JSON; `hostpool doctor` reports the keepers it sees.
 #[test]
 fn status_and_doctor_report_the_kept_pool_and_its_lease() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some((tmpfs, pool)) = tmpfs_and_pool("status") else {
         return;
-    }
-    let tmpfs = SmallTmpfs::mount("status", 32);
-    let pool = name("status");
-    let (k, ready) = keeper(
-        &pool,
-        &tmpfs,
-        &["--content", "keep", "--allow-uid", "1234"],
-        "",
-    );
-    let _k = Children(vec![k]);
-    let mut e = Children(vec![engine(&pool, &[], "")]);
-    read_report(&mut e[0]);
+    };
+    let args = ["--content", "keep", "--allow-uid", "1234"];
+    let (_k, ready) = keeper(&pool, &tmpfs, &args, "");
+    let (mut e, _) = lease(&pool, &[]);
     let st = status(&pool);
     for (key, want) in [
         ("size", Value::from(8 * MIB)),
@@ -1072,39 +906,24 @@ fn status_and_doctor_report_the_kept_pool_and_its_lease() {
     }
     assert_eq!(st["lease"]["pid"], e[0].id(), "{st}");
     assert_eq!(st["lease"]["ranks"][0]["rank"], 0, "{st}");
-    let text = bin().args(["keep", "status"]).output().unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = keep_status(&[]);
     assert!(
         text.contains(&format!("{pool}: 8 MiB (4 KiB pages, shm-segmented)"))
             && text.contains(&format!("leased by pid {}", e[0].id())),
         "{text}"
     );
-    let doctor = bin().args(["doctor", "--json"]).output().unwrap();
-    let doctor: Value = serde_json::from_slice(&doctor.stdout).unwrap();
-    let found = doctor["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["area"] == "keepers" && f["item"] == pool.as_str())
-        .unwrap_or_else(|| panic!("no keepers finding: {doctor}"))
-        .clone();
+    let found = keepers_findings(&pool)
+        .first()
+        .cloned()
+        .unwrap_or_else(|| panic!("no keepers finding of {pool}"));
     assert!(
         found["value"].as_str().unwrap().contains("leased by pid"),
         "{found}"
     );
     assert_eq!(found["details"]["size"], 8 * MIB, "{found}");
-    e[0].kill().unwrap();
-    e[0].wait().unwrap();
-    until(
-        5,
-        || !(status(&pool)["previous"]["how"] != "died"),
-        || format!("{}", status(&pool)),
-    );
-    let text = bin()
-        .args(["keep", "status", "--name", &pool])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    kill_and_reap(&mut e[0]);
+    until_status(&pool, 5, |st| st["previous"]["how"] == "died");
+    let text = keep_status(&["--name", &pool]);
     assert!(
         text.contains(&format!("last lease: pid {} died at", e[0].id())),
         "{text}"
@@ -1116,16 +935,21 @@ fn status_and_doctor_report_the_kept_pool_and_its_lease() {
     assert_eq!(absent.status.code(), Some(1));
 }
 
+/// `hostpool keep status ARGS` as text.
+fn keep_status(args: &[&str]) -> String {
+    let out = bin().args(["keep", "status"]).args(args).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `hostpool keep --config keep.toml` keeps every [[pool]] of the file,
 /// each on its own socket with its own content policy, prints a ready line
 /// for each, and releases each on SIGTERM; flags and configs it cannot use
 /// are usage errors that say what to do.
 #[test]
 fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some(tmpfs) = SmallTmpfs::mount_or_skip("config", 32) else {
         return;
-    }
-    let tmpfs = SmallTmpfs::mount("config", 32);
+    };
     let (a, b) = (name("config-a"), name("config-b"));
     let file = tmpfs.0.with_extension("toml");
     struct Remove(std::path::PathBuf);
@@ -1149,10 +973,7 @@ fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
         bin()
             .args(["keep", "--json", "--config"])
             .arg(&file)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .spawn_piped(),
     ]);
     let first = read_json_line(&mut k[0]);
     let second = read_json_line(&mut k[0]);
@@ -1166,8 +987,7 @@ fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
     );
     assert_eq!(tmpfs.used(), 12 * MIB, "both pools are resident");
     for (pool, mib) in [(&a, 8), (&b, 4)] {
-        let out = engine_once(pool, &[]);
-        let report = succeeds(&out);
+        let report = succeeds(&engine_once(pool, &[]));
         assert_eq!(report["mapped_bytes"], mib * MIB);
     }
     let listed = bin().args(["keep", "status", "--json"]).output().unwrap();
@@ -1185,8 +1005,7 @@ fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
     signal(&k[0], libc::SIGTERM);
     let released = support::procs::read_until(&mut k[0], |l| l.contains(&format!("\"{b}\"")));
     assert!(released.contains("\"released\":true"), "{released}");
-    let st = wait_timeout(&mut k[0], Duration::from_secs(10)).expect("the keeper stops");
-    assert_eq!(st.code(), Some(0));
+    exits_with(&mut k[0], 0, Duration::from_secs(10), "the keeper stops");
     assert_clean(&tmpfs, "both pools released");
 
     // A keeper whose second pool cannot be built fails (exit 1) without
@@ -1256,7 +1075,7 @@ fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
         (vec!["alloc", "--attach-timeout", "3"], "goes with --shared"),
         (
             vec!["alloc", "--keeper", "x", "--attach-timeout", "0"],
-            "keeper attach timeout 0 s",
+            "`lease.attach_timeout_secs` (--attach-timeout, Python keeper_attach_timeout=) = 0 s",
         ),
         (
             vec!["alloc", "--keeper", "x", "--attach-timeout", "1e30"],
@@ -1264,13 +1083,10 @@ fn a_keepers_config_keeps_each_pool_and_bad_invocations_are_usage_errors() {
         ),
         (
             vec!["alloc", "--keeper", "x", "--keeper-tag", &long_tag],
-            "keeper_tag is 20000 bytes",
+            "`lease.tag` (--keeper-tag, Python keeper_tag=) is 20000 bytes",
         ),
     ] {
-        let out = bin().args(&args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(says), "{args:?}: {err}");
+        assert_usage_error(bin().args(&args), says);
     }
 }
 
@@ -1285,11 +1101,9 @@ fn a_kept_hugetlbfs_pool_goes_back_to_the_kernel_when_keeper_and_engine_die() {
     };
     let (free, resv) = (support::procs::free_2m(), support::procs::resv_2m());
     let pool = name("huge-kill");
-    let mut k = Children(vec![huge_keeper(&pool, &dir, "8MiB", "").0]);
-    let mut e = Children(vec![engine(&pool, &[], "")]);
-    let report = read_report(&mut e[0]);
-    k[0].kill().unwrap();
-    k[0].wait().unwrap();
+    let (mut k, _) = huge_keeper(&pool, &dir, "8MiB", "");
+    let (mut e, report) = lease(&pool, &[]);
+    kill_and_reap(&mut k[0]);
     mem_write(e[0].id(), addr(&report) + 5 * MIB, b"huge");
     assert_eq!(mem_read(e[0].id(), addr(&report) + 5 * MIB, 4), b"huge");
     assert_eq!(
@@ -1297,9 +1111,44 @@ fn a_kept_hugetlbfs_pool_goes_back_to_the_kernel_when_keeper_and_engine_die() {
         free - 4,
         "the engine holds the pages"
     );
-    e[0].kill().unwrap();
-    e[0].wait().unwrap();
+    kill_and_reap(&mut e[0]);
     assert_huge_pages_back(free, resv);
+}
+
+/// A client of the keeper of `pool`'s socket, as a bare process of the
+/// keeper's protocol would connect (no engine behind it).
+fn raw_client(pool: &str) -> std::os::fd::OwnedFd {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let addr =
+        SocketAddrUnix::new_abstract_name(format!("hostpool-keep/{pool}").as_bytes()).unwrap();
+    let s = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    rustix::net::connect(&s, &addr).unwrap();
+    s
+}
+
+/// A hello of a bare client of the keeper of `pool`, in the lease protocol
+/// that keeper speaks (`keep status` says which): `fields` are the rest of
+/// it.
+fn raw_hello(pool: &str, fields: &str) -> Vec<u8> {
+    let protocol = &status(pool)["protocol"];
+    format!(r#"{{"Hello":{{"protocol":{protocol},{fields}}}}}"#).into_bytes()
+}
+
+/// Send `message` on `client` and return the keeper's answer.
+fn ask(client: &std::os::fd::OwnedFd, message: &[u8]) -> String {
+    use rustix::net::{RecvFlags, SendFlags};
+    rustix::net::send(client, message, SendFlags::empty()).unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = rustix::net::recv(client, &mut answer, RecvFlags::empty())
+        .unwrap()
+        .0;
+    String::from_utf8_lossy(&answer[..n]).into_owned()
 }
 
 /// Hostile clients and a sick keeper: clients that connect and say
@@ -1309,69 +1158,39 @@ fn a_kept_hugetlbfs_pool_goes_back_to_the_kernel_when_keeper_and_engine_die() {
 /// attach timeout.
 #[test]
 fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some((tmpfs, pool)) = tmpfs_and_pool("hostile") else {
         return;
-    }
-    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-    let tmpfs = SmallTmpfs::mount("hostile", 32);
-    let pool = name("hostile");
-    let (k, _) = keeper(&pool, &tmpfs, &[], "keeper-clear=EIO");
-    let mut k = Children(vec![k]);
-    let addr =
-        SocketAddrUnix::new_abstract_name(format!("hostpool-keep/{pool}").as_bytes()).unwrap();
-    let client = || {
-        let s = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap();
-        rustix::net::connect(&s, &addr).unwrap();
-        s
     };
-    let _silent = client();
-    let junk = client();
+    let (_k, _) = keeper(&pool, &tmpfs, &[], "keeper-clear=EIO");
+    let absurd_hello = raw_hello(
+        &pool,
+        r#""world":4294967295,"rank":7,"engine":"x","size":18446744073709551615,"page":0,"tag":null,"attach_timeout_secs":-1e308,"barrier_timeout_secs":1e308"#,
+    );
+    let _silent = raw_client(&pool);
+    let junk = raw_client(&pool);
     rustix::net::send(&junk, b"\x00junk{", rustix::net::SendFlags::empty()).unwrap();
     // A message longer than the keeper reads is refused with why, not
     // dropped (which the client would take for a keeper that died).
-    let long = client();
     let mut big = b"{\"Hello\":".to_vec();
     big.resize(100_000, b' ');
-    rustix::net::send(&long, &big, rustix::net::SendFlags::empty()).unwrap();
-    let mut answer = vec![0u8; 4096];
-    let n = rustix::net::recv(&long, &mut answer, rustix::net::RecvFlags::empty())
-        .unwrap()
-        .0;
-    let answer = String::from_utf8_lossy(&answer[..n]);
+    let long = raw_client(&pool);
+    let answer = ask(&long, &big);
     assert!(
         answer.contains("Refused") && answer.contains("longer than 64 KiB"),
         "{answer}"
     );
-    let absurd = client();
-    let hello = br#"{"Hello":{"world":4294967295,"rank":7,"engine":"x","size":18446744073709551615,"page":0,"tag":null,"attach_timeout_secs":-1e308,"barrier_timeout_secs":1e308}}"#;
-    rustix::net::send(&absurd, hello, rustix::net::SendFlags::empty()).unwrap();
-    let mut answer = vec![0u8; 4096];
-    let n = rustix::net::recv(&absurd, &mut answer, rustix::net::RecvFlags::empty())
-        .unwrap()
-        .0;
-    let answer = String::from_utf8_lossy(&answer[..n]);
+    let absurd = raw_client(&pool);
+    let answer = ask(&absurd, &absurd_hello);
     assert!(
         answer.contains("Refused") && answer.contains("world must be 1 to"),
         "{answer}"
     );
     // The keeper serves on.
-    let out = engine_once(&pool, &[]);
-    succeeds(&out);
+    succeeds(&engine_once(&pool, &[]));
     // That lease's end was to clear the pool, which fails (a failpoint):
     // every later lease is refused with why.
-    let end = Instant::now() + Duration::from_secs(5);
-    while status(&pool)["state"] != "broken" {
-        assert!(Instant::now() < end, "{}", status(&pool));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = engine_once(&pool, &[]);
-    let err = fails(&out, 1);
+    until_status(&pool, 5, |st| st["state"] == "broken");
+    let err = fails(&engine_once(&pool, &[]), 1);
     assert!(
         err.contains(&format!(
             "kept pool `{pool}` is unusable: clearing it between leases failed"
@@ -1379,34 +1198,25 @@ fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
             && err.contains("restart its keeper"),
         "{err}"
     );
-    let doctor = bin().args(["doctor", "--json"]).output().unwrap();
-    let doctor: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let findings = keepers_findings(&pool);
     assert!(
-        doctor["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|f| f["area"] == "keepers"
-                && f["item"] == pool.as_str()
-                && f["verdict"] == "warn"),
-        "{doctor}"
+        findings.iter().any(|f| f["verdict"] == "warn"),
+        "{findings:?}"
     );
     // A stopped keeper: its engine is told so at its attach timeout.
     let other = name("hostile-stopped");
     let (k2, _) = keeper(&other, &tmpfs, &[], "");
-    k.push(k2);
-    signal(&k[1], libc::SIGSTOP);
+    signal(&k2[0], libc::SIGSTOP);
     let t = Instant::now();
     let out = engine_once(&other, &["--attach-timeout", "1"]);
     let took = t.elapsed();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     // `keep status` says the same of it.
     let listed = bin()
         .args(["keep", "status", "--name", &other])
         .output()
         .unwrap();
-    signal(&k[1], libc::SIGCONT);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    signal(&k2[0], libc::SIGCONT);
+    let err = fails(&out, 1);
     assert!(
         err.contains("did not hand over the pool within 1 s") && err.contains("it is stopped"),
         "{err}"
@@ -1419,8 +1229,7 @@ fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
     );
     // Resumed, the keeper reads the hello of the engine that gave up: it is
     // no lease (no generation counted, no lease that `died`).
-    let out = engine_once(&other, &[]);
-    let report = succeeds(&out);
+    let report = succeeds(&engine_once(&other, &[]));
     assert_eq!(report["keeper"]["generation"], 1, "{report}");
     assert!(report["keeper"]["previous"].is_null(), "{report}");
 }
@@ -1429,15 +1238,11 @@ fn a_keeper_survives_hostile_clients_and_says_when_it_is_sick() {
 /// keeper: it stops anyway (exit 0), and the engine keeps its mapping.
 #[test]
 fn a_lease_that_outlasts_the_drain_timeout_does_not_keep_the_keeper() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some((tmpfs, pool)) = tmpfs_and_pool("drain-timeout") else {
         return;
-    }
-    let tmpfs = SmallTmpfs::mount("drain-timeout", 32);
-    let pool = name("drain-timeout");
-    let (k, _) = keeper(&pool, &tmpfs, &["--drain-timeout", "0.5"], "");
-    let mut k = Children(vec![k]);
-    let mut e = Children(vec![engine(&pool, &[], "")]);
-    let report = read_report(&mut e[0]);
+    };
+    let (mut k, _) = keeper(&pool, &tmpfs, &["--drain-timeout", "0.5"], "");
+    let (mut e, report) = lease(&pool, &[]);
     let t = Instant::now();
     signal(&k[0], libc::SIGTERM);
     let st = wait_timeout(&mut k[0], Duration::from_secs(5)).expect("the keeper stops");
@@ -1454,11 +1259,7 @@ fn a_lease_that_outlasts_the_drain_timeout_does_not_keep_the_keeper() {
     );
     mem_write(e[0].id(), addr(&report) + 9, b"kept");
     assert_eq!(mem_read(e[0].id(), addr(&report) + 9, 4), b"kept");
-    signal(&e[0], libc::SIGTERM);
-    assert_eq!(
-        wait_timeout(&mut e[0], Duration::from_secs(10)).and_then(|s| s.code()),
-        Some(0)
-    );
+    stop(&mut e[0]);
     assert_clean(&tmpfs, "the engine gone");
 }
 
@@ -1477,22 +1278,13 @@ fn lease_and_truncate(pool: &str) {
 /// connection (the lease lasts while it is open) and the descriptors the
 /// keeper handed over.
 fn lease_raw(pool: &str) -> (std::os::fd::OwnedFd, Vec<std::os::fd::OwnedFd>) {
-    use rustix::net::{
-        AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix,
-        SocketFlags, SocketType,
-    };
-    let addr =
-        SocketAddrUnix::new_abstract_name(format!("hostpool-keep/{pool}").as_bytes()).unwrap();
-    let s = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .unwrap();
-    rustix::net::connect(&s, &addr).unwrap();
-    let hello = br#"{"Hello":{"world":1,"rank":0,"engine":"","size":null,"page":null,"tag":null,"attach_timeout_secs":5.0,"barrier_timeout_secs":5.0}}"#;
-    rustix::net::send(&s, hello, rustix::net::SendFlags::empty()).unwrap();
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let hello = raw_hello(
+        pool,
+        r#""world":1,"rank":0,"engine":"","size":null,"page":null,"tag":null,"attach_timeout_secs":5.0,"barrier_timeout_secs":5.0"#,
+    );
+    let s = raw_client(pool);
+    rustix::net::send(&s, &hello, rustix::net::SendFlags::empty()).unwrap();
     let mut buf = vec![0u8; 65536];
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -1526,19 +1318,15 @@ fn a_leased_memfd_cannot_be_truncated() {
     };
     let _serial = huge_pages_lock();
     let pool = name("sealed");
-    let (k, _) = keeper_with(
-        &pool,
-        &[
-            "--size",
-            "8MiB",
-            "--backing",
-            "hugetlbfs",
-            "--page-size",
-            "2MiB",
-        ],
-        "",
-    );
-    let mut k = Children(vec![k]);
+    let args = [
+        "--size",
+        "8MiB",
+        "--backing",
+        "hugetlbfs",
+        "--page-size",
+        "2MiB",
+    ];
+    let (mut k, _) = keeper_with(&pool, &args, "");
     let (conn, fds) = lease_raw(&pool);
     for fd in &fds {
         let f = std::fs::File::from(fd.try_clone().unwrap());
@@ -1558,13 +1346,12 @@ fn a_leased_memfd_cannot_be_truncated() {
     }
     drop(fds);
     drop(conn);
-    let out = engine_once(&pool, &[]);
-    let rep = succeeds(&out);
+    let rep = succeeds(&engine_once(&pool, &[]));
     assert_eq!(rep["keeper"]["name"], pool.as_str(), "{rep}");
     let st = status(&pool);
     assert!(st["broken"].is_null(), "{st}");
     assert_eq!(st["generation"], 2, "{st}");
-    stop(k.0.remove(0));
+    stop(&mut k[0]);
 }
 
 /// A file in a directory cannot take seals (tmpfs), so an engine checks
@@ -1574,13 +1361,10 @@ fn a_leased_memfd_cannot_be_truncated() {
 /// die of SIGBUS, and the keeper, alive, marks its pool broken.
 #[test]
 fn an_engine_refuses_a_leased_file_truncated_before_it_maps_naming_it() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some((tmpfs, pool)) = tmpfs_and_pool("short-lease") else {
         return;
-    }
-    let tmpfs = SmallTmpfs::mount("short-lease", 32);
-    let pool = name("short-lease");
-    let (k, _) = keeper(&pool, &tmpfs, &["--content", "keep"], "");
-    let mut k = Children(vec![k]);
+    };
+    let (mut k, _) = keeper(&pool, &tmpfs, &["--content", "keep"], "");
     let mut e = Children(vec![engine(&pool, &[], "keeper-passing-fds=stop")]);
     let pid = e[0].id();
     support::procs::wait_stopped(pid, Duration::from_secs(20));
@@ -1589,9 +1373,7 @@ fn an_engine_refuses_a_leased_file_truncated_before_it_maps_naming_it() {
     let (fd, _) = files.last().unwrap();
     support::procs::open_fd_of(pid, *fd).set_len(0).unwrap();
     signal(&e[0], libc::SIGCONT);
-    let st = wait_timeout(&mut e[0], Duration::from_secs(20)).expect("the engine exits");
-    let err = stderr_of(&mut e[0]);
-    assert_eq!(st.code(), Some(1), "{err}");
+    let err = exits_with(&mut e[0], 1, Duration::from_secs(20), "the engine");
     assert!(
         err.contains(&format!("kept pool `{pool}`'s file"))
             && err.contains("is 0 B long, shorter than its")
@@ -1608,7 +1390,7 @@ fn an_engine_refuses_a_leased_file_truncated_before_it_maps_naming_it() {
         || format!("the keeper marks its pool broken: {}", status(&pool)),
     );
     assert!(k[0].try_wait().unwrap().is_none(), "the keeper lives");
-    stop(k.0.remove(0));
+    stop(&mut k[0]);
     assert_clean(&tmpfs, "the keeper stopped");
 }
 
@@ -1618,14 +1400,12 @@ fn an_engine_refuses_a_leased_file_truncated_before_it_maps_naming_it() {
 /// lease is refused saying why, and no engine maps the truncated files.
 #[test]
 fn a_lease_that_truncates_the_pools_files_breaks_it_and_kills_nothing() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some(tmpfs) = SmallTmpfs::mount_or_skip("truncated", 32) else {
         return;
-    }
-    let tmpfs = SmallTmpfs::mount("truncated", 32);
+    };
     for content in ["zero", "keep"] {
         let pool = name(&format!("truncated-{content}"));
-        let (k, _) = keeper(&pool, &tmpfs, &["--content", content], "");
-        let mut k = Children(vec![k]);
+        let (mut k, _) = keeper(&pool, &tmpfs, &["--content", content], "");
         lease_and_truncate(&pool);
         until(
             5,
@@ -1639,8 +1419,7 @@ fn a_lease_that_truncates_the_pools_files_breaks_it_and_kills_nothing() {
             k[0].try_wait().unwrap().is_none(),
             "{content}: the keeper lives"
         );
-        let out = engine_once(&pool, &[]);
-        let err = fails(&out, 1);
+        let err = fails(&engine_once(&pool, &[]), 1);
         assert!(
             err.contains(&format!("kept pool `{pool}` is unusable"))
                 && err.contains("was truncated to 0 B"),
@@ -1653,7 +1432,7 @@ fn a_lease_that_truncates_the_pools_files_breaks_it_and_kills_nothing() {
             "{content}: {}",
             status(&pool)
         );
-        stop(k.0.remove(0));
+        stop(&mut k[0]);
     }
     assert_clean(&tmpfs, "both keepers stopped");
 }
@@ -1665,9 +1444,9 @@ fn a_lease_that_truncates_the_pools_files_breaks_it_and_kills_nothing() {
 /// keeper's bytes at both ends.
 #[test]
 fn a_kept_pool_of_thousands_of_files_is_leased_whole() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some(tmpfs) = SmallTmpfs::mount_or_skip("many-files", 64) else {
         return;
-    }
+    };
     // Each process holds a descriptor per file: raise the soft limit
     // (children inherit it) where it is lower than that.
     let (soft, hard) = {
@@ -1684,42 +1463,22 @@ fn a_kept_pool_of_thousands_of_files_is_leased_whole() {
         )
         .expect("raise RLIMIT_NOFILE");
     }
-    let tmpfs = SmallTmpfs::mount("many-files", 64);
     let pool = name("many-files");
     let config = tmpfs.0.with_extension("toml");
     std::fs::write(&config, "[shm-segmented]\nsegments = 8192\n").unwrap();
-    let (k, ready) = keeper_with(
-        &pool,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--size",
-            "32MiB",
-            "--backing",
-            "shm-segmented",
-            "--dir",
-            tmpfs.path(),
-            "--content",
-            "keep",
-        ],
-        "",
-    );
+    let mut args = vec!["--config", config.to_str().unwrap()];
+    args.extend(["--size", "32MiB", "--backing", "shm-segmented"]);
+    args.extend(["--dir", tmpfs.path(), "--content", "keep"]);
+    let (mut k, ready) = keeper_with(&pool, &args, "");
     let _ = std::fs::remove_file(&config);
-    let mut k = Children(vec![k]);
     assert_eq!(ready["mapped"], 32 * MIB, "{ready}");
-    let mut e = Children(vec![engine(&pool, &[], "")]);
-    let report = read_report(&mut e[0]);
+    let (mut e, report) = lease(&pool, &[]);
     assert_eq!(report["mapped_bytes"], 32 * MIB, "{report}");
     let (pid, base) = (e[0].id(), addr(&report));
     mem_write(pid, base, b"head");
     mem_write(pid, base + 32 * MIB - 4, b"tail");
-    signal(&e[0], libc::SIGTERM);
-    assert_eq!(
-        wait_timeout(&mut e[0], Duration::from_secs(10)).and_then(|s| s.code()),
-        Some(0)
-    );
-    let mut again = Children(vec![engine(&pool, &[], "")]);
-    let report = read_report(&mut again[0]);
+    stop(&mut e[0]);
+    let (mut again, report) = lease(&pool, &[]);
     let (pid, base) = (again[0].id(), addr(&report));
     assert_eq!(mem_read(pid, base, 4), b"head");
     assert_eq!(mem_read(pid, base + 32 * MIB - 4, 4), b"tail");
@@ -1742,6 +1501,6 @@ fn a_kept_pool_of_thousands_of_files_is_leased_whole() {
         err.contains("may open 1024 files (RLIMIT_NOFILE)") && err.contains("ulimit -n"),
         "{err}"
     );
-    stop(k.0.remove(0));
+    stop(&mut k[0]);
     assert_clean(&tmpfs, "8192 files given back");
 }

@@ -100,6 +100,7 @@ fn the_plan_decides_where_memory_comes_from_for_every_source() {
     assert!(plan.backing_plan().is_none(), "a lease plans no backing");
     let report = plan.report();
     assert_eq!(report.backing, "keeper");
+    assert_eq!(report.keeper.as_deref(), Some("kv0"));
     assert!(
         report.explain[0].contains("leased from keeper `kv0`"),
         "{report:?}"

@@ -6,7 +6,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
@@ -16,9 +16,10 @@ mod support;
 
 use support::procs::Children as Ranks;
 use support::procs::{
-    SmallTmpfs, addr, assert_truncate_refused, bin, fds_of, free_2m, hugetlbfs_2m, mem_read,
-    mem_write, name, open_fd_of, read_report, resv_2m, root_or_skip, signal, size_sealed,
-    stderr_of, wait_stderr, wait_stopped, wait_timeout,
+    HostpoolCommand, SmallTmpfs, addr, assert_truncate_refused, assert_usage_error, bin,
+    exits_with, fails, fds_of, free_2m, hugetlbfs_2m, kill_and_reap, mem_read, mem_write, name,
+    open_fd_of, read_report, resv_2m, root_or_skip, signal, size_sealed, stderr_of, succeeds,
+    terminate, until, wait_stderr, wait_stopped, within,
 };
 
 const HUGE_2M: u64 = 2 << 20;
@@ -55,6 +56,11 @@ fn pool_files(dir: &Path, name: &str) -> Vec<String> {
     v
 }
 
+/// The control file of `pool`'s file rendezvous.
+fn ctl_file(pool: &str) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/hostpool-{pool}.ctl"))
+}
+
 /// Bytes of `[addr, addr+len)` that process `pid` has in its page tables
 /// (`Rss` for ordinary pages, `*_Hugetlb` for huge pages).
 fn resident_in(pid: u32, addr: u64, len: u64) -> u64 {
@@ -86,51 +92,66 @@ fn resident_in(pid: u32, addr: u64, len: u64) -> u64 {
     total
 }
 
-/// `--shared pool --world world --rank rank`: the flags every rank passes.
-fn shared_flags(
-    pool: &str,
-    world: impl std::fmt::Display,
-    rank: impl std::fmt::Display,
-) -> [String; 6] {
-    [
-        "--shared".into(),
-        pool.into(),
-        "--world".into(),
-        world.to_string(),
-        "--rank".into(),
-        rank.to_string(),
-    ]
+/// `hostpool alloc --config CFG --size SIZE`: a pool of the backing `cfg`
+/// describes, for the caller to add a rank's flags to.
+fn alloc(cfg: &TempFile, size: &str) -> Command {
+    let mut c = bin();
+    c.args(["alloc", "--config", cfg.path(), "--size", size]);
+    c
 }
 
-/// Spawn `world` ranks of one shared pool with `--hold --json`.
+/// Spawn `world` ranks of one shared pool with `--hold --json`, each rank
+/// with the variables `env` lists for it (`(rank, name, value)`).
 fn spawn_ranks(args: &[&str], pool: &str, world: u32, env: &[(u32, &str, &str)]) -> Ranks {
     Ranks(
         (0..world)
             .map(|r| {
                 let mut c = bin();
                 c.args(["alloc", "--hold", "--json"])
-                    .args(shared_flags(pool, world, r))
+                    .rank(pool, world, r)
                     .args(["--attach-timeout", "20"])
-                    .args(args)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped());
-                for (rank, k, v) in env {
-                    if *rank == r {
-                        c.env(k, v);
-                    }
+                    .args(args);
+                for (_, k, v) in env.iter().filter(|(rank, ..)| *rank == r) {
+                    c.env(k, v);
                 }
-                c.spawn().unwrap()
+                c.spawn_piped()
             })
             .collect(),
     )
+}
+
+/// [`spawn_ranks`] without variables, once every rank holds the pool: the
+/// ranks and their reports, in rank order.
+fn held_ranks(args: &[&str], pool: &str, world: u32) -> (Ranks, Vec<Value>) {
+    let mut ranks = spawn_ranks(args, pool, world, &[]);
+    let reports = ranks.iter_mut().map(read_report).collect();
+    (ranks, reports)
+}
+
+/// SIGTERM every rank at once; each must then exit 0 within `limit`.
+#[track_caller]
+fn release(ranks: &mut Ranks, limit: Duration) {
+    for child in ranks.iter() {
+        signal(child, libc::SIGTERM);
+    }
+    for (r, child) in ranks.iter_mut().enumerate() {
+        exits_with(child, 0, limit, &format!("rank {r} after SIGTERM"));
+    }
+}
+
+/// [`release`] held ranks (within 20 s), and require the pool's files in
+/// /dev/shm to be gone.
+#[track_caller]
+fn release_held_ranks(ranks: &mut Ranks, pool: &str) {
+    release(ranks, Duration::from_secs(20));
+    assert!(pool_files(Path::new("/dev/shm"), pool).is_empty());
 }
 
 fn four_ranks_share_one_pool(args: &[&str], dir: &Path, tag: &str, huge: bool) {
     let pool = name(tag);
     let _serial = huge.then(huge_pages_lock);
     let free_before = free_2m();
-    let mut ranks = spawn_ranks(args, &pool, 4, &[]);
-    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    let (mut ranks, reports) = held_ranks(args, &pool, 4);
 
     let creators = reports
         .iter()
@@ -193,13 +214,7 @@ fn four_ranks_share_one_pool(args: &[&str], dir: &Path, tag: &str, huge: bool) {
             );
         }
     }
-    for child in ranks.iter() {
-        signal(child, libc::SIGTERM);
-    }
-    for (r, child) in ranks.iter_mut().enumerate() {
-        let st = wait_timeout(child, Duration::from_secs(20)).expect("rank exits after SIGTERM");
-        assert_eq!(st.code(), Some(0), "rank {r}: {}", stderr_of(child));
-    }
+    release(&mut ranks, Duration::from_secs(20));
     if huge {
         assert_eq!(free_2m(), free_before, "every huge page given back");
     }
@@ -216,6 +231,19 @@ fn four_ranks_share_a_hugetlbfs_pool_each_faulting_only_its_shard() {
         "huge4",
         true,
     );
+}
+
+/// The flags of a hugetlbfs pool of `size` in a memfd of `page` pages (no
+/// mount).
+fn memfd_pool<'a>(page: &'a str, size: &'a str) -> [&'a str; 6] {
+    [
+        "--backing",
+        "hugetlbfs",
+        "--page-size",
+        page,
+        "--size",
+        size,
+    ]
 }
 
 /// Free huge pages of `kib` KiB, from sysfs.
@@ -235,19 +263,8 @@ fn four_ranks_share_a_memfd_hugetlbfs_pool_without_a_mount() {
     if hugetlbfs_2m(64).is_none() {
         return;
     }
-    four_ranks_share_one_pool(
-        &[
-            "--backing",
-            "hugetlbfs",
-            "--page-size",
-            "2MiB",
-            "--size",
-            "128MiB",
-        ],
-        Path::new("/dev/shm"),
-        "memfd2m",
-        true,
-    );
+    let args = memfd_pool("2MiB", "128MiB");
+    four_ranks_share_one_pool(&args, Path::new("/dev/shm"), "memfd2m", true);
 }
 
 #[test]
@@ -260,20 +277,7 @@ fn two_ranks_share_a_memfd_pool_of_1gib_pages() {
     }
     let pool = name("memfd1g");
     let before = free_huge(1 << 20);
-    let mut ranks = spawn_ranks(
-        &[
-            "--backing",
-            "hugetlbfs",
-            "--page-size",
-            "1GiB",
-            "--size",
-            "2GiB",
-        ],
-        &pool,
-        2,
-        &[],
-    );
-    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    let (mut ranks, reports) = held_ranks(&memfd_pool("1GiB", "2GiB"), &pool, 2);
     for (r, rep) in reports.iter().enumerate() {
         assert_eq!(rep["page_size"], 1u64 << 30, "rank {r}: {rep}");
         assert_eq!(
@@ -283,27 +287,18 @@ fn two_ranks_share_a_memfd_pool_of_1gib_pages() {
         );
     }
     assert_eq!(free_huge(1 << 20), before - 2, "one pool of two pages");
-    for child in ranks.iter() {
-        signal(child, libc::SIGTERM);
-    }
-    for (r, child) in ranks.iter_mut().enumerate() {
-        let st = wait_timeout(child, Duration::from_secs(30)).expect("rank exits after SIGTERM");
-        assert_eq!(st.code(), Some(0), "rank {r}: {}", stderr_of(child));
-    }
+    release(&mut ranks, Duration::from_secs(30));
     assert_eq!(free_huge(1 << 20), before, "every 1 GiB page given back");
     assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 }
 
 #[test]
 fn a_memfd_pool_cannot_use_the_file_rendezvous() {
-    let o = bin()
+    let err = bin()
         .args(["plan", "--backing", "hugetlbfs", "--page-size", "2MiB"])
-        .args(shared_flags("memfd-file", 2, 0))
+        .rank("memfd-file", 2, 0)
         .args(["--rendezvous", "file"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{o:?}");
-    let err = String::from_utf8_lossy(&o.stderr);
+        .fails(2);
     assert!(
         err.contains("rendezvous = \"socket\"") && err.contains("give dir"),
         "{err}"
@@ -360,13 +355,10 @@ fn kill_one_rank_mid_prefault(args: &[&str], dir: &Path, tag: &str, huge: bool) 
     for r in [0usize, 1, 3] {
         signal(&ranks[r], libc::SIGCONT);
     }
-    signal(&ranks[2], libc::SIGKILL);
-    ranks[2].wait().unwrap();
+    kill_and_reap(&mut ranks[2]);
     for r in [0usize, 1, 3] {
-        let st = wait_timeout(&mut ranks[r], Duration::from_secs(15))
-            .unwrap_or_else(|| panic!("rank {r} hung"));
-        let err = stderr_of(&mut ranks[r]);
-        assert_eq!(st.code(), Some(1), "rank {r} must fail: {err}");
+        let what = format!("rank {r} must fail");
+        let err = exits_with(&mut ranks[r], 1, Duration::from_secs(15), &what);
         assert!(err.contains("rank 2"), "rank {r} must name rank 2: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
@@ -384,45 +376,34 @@ fn kill_the_creator_before_ready(args: &[&str], dir: &Path, tag: &str, huge: boo
     let pool = name(tag);
     let _serial = huge.then(huge_pages_lock);
     let (free_before, resv_before) = (free_2m(), resv_2m());
-    let start = |rank: u32, env: &[(&str, &str)]| {
-        let mut c = bin();
-        c.args(["alloc", "--json"])
+    let start = |rank: u32, failpoints: &str| {
+        bin()
+            .args(["alloc", "--json"])
             .args(args)
-            .args(shared_flags(&pool, 2, rank))
+            .rank(&pool, 2, rank)
             .args(["--attach-timeout", "30", "--rendezvous", "file"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c.spawn().unwrap()
+            .failpoints(failpoints)
+            .spawn_piped()
     };
-    let mut creator = Ranks(vec![start(
-        0,
-        &[("HOSTPOOL_TEST_FAILPOINTS", "shared-before-ready=stall")],
-    )]);
-    let end = Instant::now() + Duration::from_secs(20);
-    while pool_files(dir, &pool).len() < 2 && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(
-        pool_files(dir, &pool).len() >= 2,
-        "the creator made its files"
+    let mut creator = Ranks(vec![start(0, "shared-before-ready=stall")]);
+    until(
+        20,
+        || pool_files(dir, &pool).len() >= 2,
+        || "the creator made its files".into(),
     );
-    let mut joiner = Ranks(vec![start(1, &[])]);
+    let mut joiner = Ranks(vec![start(1, "")]);
     // The joiner attaches (it claims its slot in the control file) and
     // waits for ready.
-    let end = Instant::now() + Duration::from_secs(20);
-    while !claimed_slot(joiner[0].id(), &pool) {
-        assert!(matches!(joiner[0].try_wait(), Ok(None)), "the joiner waits");
-        assert!(Instant::now() < end, "the joiner never claimed its slot");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    signal(&creator[0], libc::SIGKILL);
-    let _ = creator[0].wait();
-    let st = wait_timeout(&mut joiner[0], Duration::from_secs(10)).expect("the joiner exits");
-    let err = stderr_of(&mut joiner[0]);
-    assert_eq!(st.code(), Some(1), "{err}");
+    until(
+        20,
+        || {
+            assert!(matches!(joiner[0].try_wait(), Ok(None)), "the joiner waits");
+            claimed_slot(joiner[0].id(), &pool)
+        },
+        || "the joiner never claimed its slot".into(),
+    );
+    kill_and_reap(&mut creator[0]);
+    let err = exits_with(&mut joiner[0], 1, Duration::from_secs(10), "the joiner");
     assert!(err.contains("died before the pool was ready"), "{err}");
     assert_no_pool_files(dir, &pool, "left behind");
     if huge {
@@ -482,24 +463,17 @@ fn a_pool_larger_than_the_free_huge_pages_fails_cleanly_without_sigbus() {
     let _serial = huge_pages_lock();
     let free = free_2m();
     let size = format!("{}", (free + 16) * HUGE_2M);
+    let d = dir.to_str().unwrap();
     for shared in [false, true] {
         let pool = name("toobig");
         let mut c = bin();
-        c.args([
-            "alloc",
-            "--backing",
-            "hugetlbfs",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--size",
-            &size,
-        ]);
+        c.args(["alloc", "--backing", "hugetlbfs", "--dir", d])
+            .args(["--size", &size]);
         if shared {
-            c.args(shared_flags(&pool, 1, 0));
+            c.rank(&pool, 1, 0);
         }
-        let o = c.output().unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "exit 1, not a signal: {err}");
+        // Exit 1, not a signal.
+        let err = c.fails(1);
         assert!(
             err.contains("cannot hold the pool") && err.contains("hugepages-2048kB/nr_hugepages"),
             "{err}"
@@ -515,37 +489,23 @@ fn joining_a_live_pool_with_another_size_is_a_clear_error() {
     let cfg = shm_config(1);
     let pool = name("mismatch");
     let mut creator = Ranks(vec![
-        bin()
-            .args(["alloc", "--config", cfg.path(), "--size", "16MiB"])
-            .args(shared_flags(&pool, 2, 0))
+        alloc(&cfg, "16MiB")
+            .rank(&pool, 2, 0)
             .args(["--attach-timeout", "3", "--rendezvous", "file"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .spawn_piped(),
     ]);
-    let creator = &mut creator[0];
-    let ctl = PathBuf::from(format!("/dev/shm/hostpool-{pool}.ctl"));
-    let end = Instant::now() + Duration::from_secs(10);
-    while !ctl.exists() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let o = bin()
-        .args(["alloc", "--config", cfg.path(), "--size", "32MiB"])
-        .args(shared_flags(&pool, 2, 1))
+    let ctl = ctl_file(&pool);
+    until(10, || ctl.exists(), || format!("no {}", ctl.display()));
+    let err = alloc(&cfg, "32MiB")
+        .rank(&pool, 2, 1)
         .args(["--rendezvous", "file"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+        .fails(2);
     assert!(
         err.contains("was created for 2 ranks, 16 MiB") && err.contains("32 MiB"),
         "{err}"
     );
-    let st = wait_timeout(creator, Duration::from_secs(15))
-        .expect("creator gives up after its attach timeout");
-    let cerr = stderr_of(creator);
-    assert_eq!(st.code(), Some(1), "{cerr}");
+    let what = "the creator gives up after its attach timeout";
+    let cerr = exits_with(&mut creator[0], 1, Duration::from_secs(15), what);
     assert!(cerr.contains("rank(s) 1 never attached"), "{cerr}");
     assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 }
@@ -553,25 +513,19 @@ fn joining_a_live_pool_with_another_size_is_a_clear_error() {
 #[test]
 fn stale_files_of_a_crashed_run_are_replaced_and_gc_removes_only_stale_ones() {
     let pool = name("stale");
-    let stale_ctl = PathBuf::from(format!("/dev/shm/hostpool-{pool}.ctl"));
+    let stale_ctl = ctl_file(&pool);
     let stale_data = PathBuf::from(format!("/dev/shm/hostpool-{pool}.pool.0000"));
     for (p, bytes) in [(&stale_ctl, 100usize), (&stale_data, 1 << 20)] {
         std::fs::write(p, vec![7u8; bytes]).unwrap();
         std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     }
     let cfg = shm_config(1);
-    let o = bin()
-        .args(["alloc", "--config", cfg.path(), "--size", "8MiB"])
-        .args(shared_flags(&pool, 1, 0))
+    let o = alloc(&cfg, "8MiB")
+        .rank(&pool, 1, 0)
         .args(["--json", "--rendezvous", "file"])
         .output()
         .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    succeeds(&o);
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("stale"),
         "the replacement is logged"
@@ -581,27 +535,20 @@ fn stale_files_of_a_crashed_run_are_replaced_and_gc_removes_only_stale_ones() {
     // gc: a live pool (a rank waiting for its peer) is kept, a stale file goes.
     let live = name("live");
     let mut waiting = Ranks(vec![
-        bin()
-            .args(["alloc", "--config", cfg.path(), "--size", "8MiB"])
-            .args(shared_flags(&live, 2, 0))
+        alloc(&cfg, "8MiB")
+            .rank(&live, 2, 0)
             .args(["--attach-timeout", "30", "--rendezvous", "file"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .spawn_stderr(),
     ]);
-    let live_ctl = PathBuf::from(format!("/dev/shm/hostpool-{live}.ctl"));
-    let end = Instant::now() + Duration::from_secs(10);
-    while pool_files(Path::new("/dev/shm"), &live).len() < 2 && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let live_ctl = ctl_file(&live);
+    let live_files = || pool_files(Path::new("/dev/shm"), &live);
+    until(
+        10,
+        || live_files().len() >= 2,
+        || format!("{:?}", live_files()),
+    );
     std::fs::write(&stale_data, vec![7u8; 4096]).unwrap();
-    let gc = bin()
-        .args(["gc", "--dir", "/dev/shm", "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(gc.status.code(), Some(0));
-    let r: Value = serde_json::from_slice(&gc.stdout).unwrap();
+    let r = bin().args(["gc", "--dir", "/dev/shm", "--json"]).succeeds();
     let removed: Vec<&str> = r["removed"]
         .as_array()
         .unwrap()
@@ -610,18 +557,13 @@ fn stale_files_of_a_crashed_run_are_replaced_and_gc_removes_only_stale_ones() {
         .collect();
     assert!(removed.contains(&stale_data.to_str().unwrap()), "{r}");
     assert!(live_ctl.exists(), "gc must never touch a live pool: {r}");
-    assert_eq!(
-        pool_files(Path::new("/dev/shm"), &live).len(),
-        2,
-        "live control and data files stay"
-    );
+    assert_eq!(live_files().len(), 2, "live control and data files stay");
     // Once its process is killed, the live pool's files are stale too.
-    signal(&waiting[0], libc::SIGKILL);
-    waiting[0].wait().unwrap();
+    kill_and_reap(&mut waiting[0]);
     let gc = bin().args(["gc", "--dir", "/dev/shm"]).output().unwrap();
     assert_eq!(gc.status.code(), Some(0));
     assert!(
-        pool_files(Path::new("/dev/shm"), &live).is_empty(),
+        live_files().is_empty(),
         "{}",
         String::from_utf8_lossy(&gc.stdout)
     );
@@ -629,75 +571,32 @@ fn stale_files_of_a_crashed_run_are_replaced_and_gc_removes_only_stale_ones() {
 
 #[test]
 fn wrong_dirs_and_page_sizes_are_clear_usage_errors() {
-    let o = bin()
-        .args([
-            "alloc",
-            "--backing",
-            "hugetlbfs",
-            "--dir",
-            "/dev/shm",
-            "--size",
-            "4MiB",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("is not a hugetlbfs mount"));
-    let o = bin()
-        .args([
-            "alloc",
-            "--backing",
-            "auto",
-            "--dir",
-            "/proc",
-            "--size",
-            "4MiB",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("neither hugetlbfs nor tmpfs"));
-    let o = bin()
-        .args(["alloc", "--numa-node", "63", "--size", "4MiB"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("NUMA node 63 does not exist"));
+    // `hostpool alloc --size 4MiB ARGS` is a usage error that says `says`.
+    let refused = |args: &[&str], says: &str| {
+        assert_usage_error(bin().args(["alloc", "--size", "4MiB"]).args(args), says);
+    };
+    let in_shm = ["--backing", "hugetlbfs", "--dir", "/dev/shm"];
+    refused(&in_shm, "is not a hugetlbfs mount");
+    let in_proc = ["--backing", "auto", "--dir", "/proc"];
+    refused(&in_proc, "neither hugetlbfs nor tmpfs");
+    refused(&["--numa-node", "63"], "NUMA node 63 does not exist");
     let Some(dir) = hugetlbfs_2m(2) else { return };
     let _serial = huge_pages_lock();
     let d = dir.to_str().unwrap();
-    let o = bin()
-        .args([
-            "alloc",
-            "--backing",
-            "hugetlbfs",
-            "--dir",
-            d,
-            "--page-size",
-            "1GiB",
-            "--size",
-            "4MiB",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("does not match the 2 MiB pages"));
-    let p = ok_json(&["plan", "--dir", d, "--size", "4MiB", "--json"]);
+    let of_1g = ["--backing", "hugetlbfs", "--dir", d, "--page-size", "1GiB"];
+    refused(&of_1g, "does not match the 2 MiB pages");
+    let p = ok_json(bin().args(["plan", "--dir", d, "--size", "4MiB", "--json"]));
     assert_eq!(
         p["backing"], "hugetlbfs",
         "auto picks hugetlbfs for a hugetlbfs dir"
     );
     assert_eq!(p["page_size"], HUGE_2M);
-    let r = ok_json(&[
-        "alloc",
-        "--dir",
-        d,
-        "--size",
-        "4MiB",
-        "--numa-node",
-        "0",
-        "--json",
-    ]);
+    let on_node_0 = ["--numa-node", "0", "--json"];
+    let r = ok_json(
+        bin()
+            .args(["alloc", "--dir", d, "--size", "4MiB"])
+            .args(on_node_0),
+    );
     assert_eq!(r["numa"]["node"], 0);
     assert_eq!(r["numa"]["on_node"], r["numa"]["sampled"]);
 }
@@ -706,21 +605,16 @@ fn wrong_dirs_and_page_sizes_are_clear_usage_errors() {
 fn a_shared_pool_pinned_whole_attaches_to_its_peers_pages_first() {
     let cfg = shm_config(2);
     let pool = name("attach");
-    let mut ranks = spawn_ranks(
-        &[
-            "--config",
-            cfg.path(),
-            "--size",
-            "64MiB",
-            "--pin",
-            "mlock",
-            "--pin-required",
-        ],
-        &pool,
-        2,
-        &[],
-    );
-    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    let args = [
+        "--config",
+        cfg.path(),
+        "--size",
+        "64MiB",
+        "--pin",
+        "mlock",
+        "--pin-required",
+    ];
+    let (mut ranks, reports) = held_ranks(&args, &pool, 2);
     for (r, rep) in reports.iter().enumerate() {
         assert_eq!(rep["pin"]["status"], "pinned", "{rep}");
         assert!(
@@ -750,45 +644,30 @@ fn a_shared_pool_pinned_whole_attaches_to_its_peers_pages_first() {
 fn a_creator_killed_after_the_barrier_leaves_no_file_behind() {
     let cfg = shm_config(2);
     let pool = name("after-barrier");
-    let start = |rank: u32, env: &[(&str, &str)]| {
-        let mut c = bin();
-        c.args(["alloc", "--config", cfg.path(), "--size", "8MiB", "--json"])
-            .args(shared_flags(&pool, 2, rank))
+    let start = |rank: u32, failpoints: &str| {
+        alloc(&cfg, "8MiB")
+            .arg("--json")
+            .rank(&pool, 2, rank)
             .args(["--attach-timeout", "20", "--rendezvous", "file"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c.spawn().unwrap()
+            .failpoints(failpoints)
+            .spawn_piped()
     };
     // Rank 0 is the creator: the joiner starts once its control file exists.
-    let mut creator = Ranks(vec![start(
-        0,
-        &[("HOSTPOOL_TEST_FAILPOINTS", "shared-after-barrier=stall")],
-    )]);
-    let ctl = PathBuf::from(format!("/dev/shm/hostpool-{pool}.ctl"));
-    let end = Instant::now() + Duration::from_secs(20);
-    while !ctl.exists() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(ctl.exists(), "the creator made its control file");
-    let joiner = start(1, &[]).wait_with_output().unwrap();
-    assert_eq!(
-        joiner.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&joiner.stderr)
+    let mut creator = Ranks(vec![start(0, "shared-after-barrier=stall")]);
+    let ctl = ctl_file(&pool);
+    until(
+        20,
+        || ctl.exists(),
+        || "the creator made its control file".into(),
     );
-    let report: Value = serde_json::from_slice(&joiner.stdout).unwrap();
+    let report = succeeds(&start(1, "").wait_with_output().unwrap());
     assert_eq!(report["sharing"]["role"], "joiner", "{report}");
     // The creator passed the barrier and stalls before unlinking: kill it.
     assert!(
         matches!(creator[0].try_wait(), Ok(None)),
         "the creator is stalled"
     );
-    signal(&creator[0], libc::SIGKILL);
-    let _ = creator[0].wait();
+    kill_and_reap(&mut creator[0]);
     assert_no_pool_files(
         Path::new("/dev/shm"),
         &pool,
@@ -803,8 +682,7 @@ fn a_creator_killed_after_the_barrier_leaves_no_file_behind() {
 #[test]
 fn shared_without_a_dir_is_really_shared_and_anon_refuses_sharing() {
     let pool = name("nodir");
-    let mut ranks = spawn_ranks(&["--size", "8MiB"], &pool, 2, &[]);
-    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    let (mut ranks, reports) = held_ranks(&["--size", "8MiB"], &pool, 2);
     for rep in &reports {
         assert_eq!(rep["backing"], "shm-segmented", "{rep}");
         assert_eq!(rep["sharing"]["name"], pool.as_str(), "{rep}");
@@ -816,13 +694,10 @@ fn shared_without_a_dir_is_really_shared_and_anon_refuses_sharing() {
     );
     release_held_ranks(&mut ranks, &pool);
 
-    let o = bin()
+    let err = bin()
         .args(["alloc", "--backing", "anon", "--size", "8MiB"])
-        .args(shared_flags(&pool, 2, 0))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+        .rank(&pool, 2, 0)
+        .fails(2);
     assert!(
         err.contains("backing anon cannot be shared") && err.contains("/dev/shm"),
         "{err}"
@@ -830,19 +705,32 @@ fn shared_without_a_dir_is_really_shared_and_anon_refuses_sharing() {
     assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 }
 
-/// Wait until some rank of `pool` has bound its socket name (the socket
-/// rendezvous): from then on that rank is the creator.
-fn wait_until_bound(pool: &str) {
-    let socket = format!("@hostpool/{}/{pool}", rustix::process::geteuid().as_raw());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string("/proc/net/unix")
+/// `pool`'s socket name, as `/proc/net/unix` lists it.
+fn socket_name(pool: &str) -> String {
+    format!("@hostpool/{}/{pool}", rustix::process::geteuid().as_raw())
+}
+
+/// The lines of `/proc/net/unix` of `pool`'s socket name: the listener
+/// and a socket per connection to it.
+fn socket_lines(pool: &str) -> Vec<String> {
+    let socket = socket_name(pool);
+    std::fs::read_to_string("/proc/net/unix")
         .unwrap()
         .lines()
-        .any(|l| l.ends_with(&socket))
-    {
-        assert!(Instant::now() < deadline, "no rank bound {socket}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        .filter(|l| l.ends_with(&socket))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Wait until some rank of `pool` has bound its socket name (the socket
+/// rendezvous): from then on that rank is the creator.
+#[track_caller]
+fn wait_until_bound(pool: &str) {
+    until(
+        20,
+        || !socket_lines(pool).is_empty(),
+        || format!("no rank bound {}", socket_name(pool)),
+    );
 }
 
 /// Wait (at most 20 s) until `joiners` ranks have connected to `pool`'s
@@ -851,23 +739,23 @@ fn wait_until_bound(pool: &str) {
 /// listener (flags `00010000`, gone once every rank attached).
 #[track_caller]
 fn wait_connected(pool: &str, joiners: usize) {
-    let socket = format!("@hostpool/{}/{pool}", rustix::process::geteuid().as_raw());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let n = std::fs::read_to_string("/proc/net/unix")
-            .unwrap()
-            .lines()
-            .filter(|l| l.ends_with(&socket) && l.split_whitespace().nth(3) != Some("00010000"))
-            .count();
-        if n >= joiners {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{socket}: {n} of {joiners} joiners connected"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let connected = || {
+        socket_lines(pool)
+            .iter()
+            .filter(|l| l.split_whitespace().nth(3) != Some("00010000"))
+            .count()
+    };
+    until(
+        20,
+        || connected() >= joiners,
+        || {
+            format!(
+                "{}: {} of {joiners} joiners connected",
+                socket_name(pool),
+                connected()
+            )
+        },
+    );
 }
 
 /// Whether process `pid` maps a pool's file in `dir` shared and writable
@@ -894,21 +782,22 @@ fn maps_pool_in(pid: u32, dir: &Path) -> bool {
 /// the prefault lies between its map and its barrier).
 #[track_caller]
 fn wait_all_mapped(ranks: &Ranks, dir: &Path, what: &str) {
-    let end = Instant::now() + Duration::from_secs(20);
-    loop {
-        let unmapped: Vec<usize> = (0..ranks.len())
+    let unmapped = || -> Vec<usize> {
+        (0..ranks.len())
             .filter(|r| !maps_pool_in(ranks[*r].id(), dir))
-            .collect();
-        if unmapped.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < end,
-            "{what}: rank(s) {unmapped:?} never mapped the pool in {}",
-            dir.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+            .collect()
+    };
+    until(
+        20,
+        || unmapped().is_empty(),
+        || {
+            format!(
+                "{what}: rank(s) {:?} never mapped the pool in {}",
+                unmapped(),
+                dir.display()
+            )
+        },
+    );
 }
 
 /// Whether process `pid` holds an OFD lock through its descriptor of
@@ -930,6 +819,13 @@ fn claimed_slot(pid: u32, pool: &str) -> bool {
     })
 }
 
+/// SIGKILL a stopped process (and SIGCONT it, for good measure) and reap it.
+fn kill_stopped(child: &mut Child) {
+    signal(child, libc::SIGKILL);
+    signal(child, libc::SIGCONT);
+    let _ = child.wait();
+}
+
 /// A peer that attached and then stopped (SIGSTOP) once hung the others
 /// forever: the barrier now has a deadline that names it and says it is
 /// stopped, whether the stopped rank is a joiner or the creator.
@@ -940,17 +836,17 @@ fn a_stopped_peer_fails_the_others_by_the_barrier_deadline() {
         let pool = name(&format!("stopped-{stopped_creates}"));
         let what = if stopped_creates { "creator" } else { "joiner" };
         let spawn = |rank: u32| {
-            let mut c = bin();
-            c.args(["alloc", "--json"])
-                .args(shared_flags(&pool, 2, rank))
-                .args(["--config", cfg.path(), "--size", "64MiB"])
-                .args(["--barrier-timeout", "2", "--attach-timeout", "20"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped());
+            let mut c = alloc(&cfg, "64MiB");
+            c.arg("--json").rank(&pool, 2, rank).args([
+                "--barrier-timeout",
+                "2",
+                "--attach-timeout",
+                "20",
+            ]);
             if rank == 1 {
                 c.env("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS", "60000");
             }
-            c.spawn().unwrap()
+            c.spawn_stderr()
         };
         // The rank started first, once it has bound the name, creates.
         let first = u32::from(stopped_creates);
@@ -965,10 +861,7 @@ fn a_stopped_peer_fails_the_others_by_the_barrier_deadline() {
         wait_all_mapped(&ranks, Path::new("/dev/shm"), what);
         signal(&ranks[1], libc::SIGSTOP);
         let t = Instant::now();
-        let st =
-            wait_timeout(&mut ranks[0], Duration::from_secs(20)).expect("rank 0 must not hang");
-        let err = stderr_of(&mut ranks[0]);
-        assert_eq!(st.code(), Some(1), "{what}: {err}");
+        let err = exits_with(&mut ranks[0], 1, Duration::from_secs(20), what);
         assert!(
             err.contains("rank 1") && err.contains("did not reach the barrier within 2 s"),
             "{what}: {err}"
@@ -985,9 +878,7 @@ fn a_stopped_peer_fails_the_others_by_the_barrier_deadline() {
             "{what}: by the deadline: {:?}",
             t.elapsed()
         );
-        signal(&ranks[1], libc::SIGKILL);
-        signal(&ranks[1], libc::SIGCONT);
-        let _ = ranks[1].wait();
+        kill_stopped(&mut ranks[1]);
         assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
     }
 }
@@ -998,37 +889,31 @@ fn a_stopped_peer_fails_the_others_by_the_barrier_deadline() {
 #[test]
 fn a_joiner_of_a_stopped_creator_says_it_is_stopped() {
     let pool = name("stopped-creator");
-    let mut creator = bin();
-    creator
-        .args(["alloc", "--size", "16MiB"])
-        .args(shared_flags(&pool, 2, 0))
-        .env("HOSTPOOL_TEST_FAILPOINTS", "shared-passing-fds=stop")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut ranks = Ranks(vec![creator.spawn().unwrap()]);
+    let mut ranks = Ranks(vec![
+        bin()
+            .args(["alloc", "--size", "16MiB"])
+            .rank(&pool, 2, 0)
+            .failpoints("shared-passing-fds=stop")
+            .spawn_stderr(),
+    ]);
     // Rank 0 is the creator once it has bound the pool's socket name.
     wait_until_bound(&pool);
-    let mut joiner = bin();
-    joiner
-        .args(["alloc", "--size", "16MiB", "--attach-timeout", "2"])
-        .args(shared_flags(&pool, 2, 1))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    ranks.push(joiner.spawn().unwrap());
+    ranks.push(
+        bin()
+            .args(["alloc", "--size", "16MiB", "--attach-timeout", "2"])
+            .rank(&pool, 2, 1)
+            .spawn_stderr(),
+    );
     // The creator stops itself (SIGSTOP) as it hands the files over.
     wait_stopped(ranks[0].id(), Duration::from_secs(20));
-    let st = wait_timeout(&mut ranks[1], Duration::from_secs(20)).expect("the joiner gives up");
-    let err = stderr_of(&mut ranks[1]);
+    let err = exits_with(&mut ranks[1], 1, Duration::from_secs(20), "the joiner");
     let pid = ranks[0].id();
-    assert_eq!(st.code(), Some(1), "{err}");
     assert!(
         err.contains("was not ready after 2 s")
             && err.contains(&format!("`kill -CONT {pid}` resumes it")),
         "{err}"
     );
-    signal(&ranks[0], libc::SIGKILL);
-    signal(&ranks[0], libc::SIGCONT);
-    let _ = ranks[0].wait();
+    kill_stopped(&mut ranks[0]);
 }
 
 /// A rank waiting for a peer that never comes ends within a second of
@@ -1045,41 +930,33 @@ fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
         (libc::SIGQUIT, 131, false),
     ] {
         let pool = name(&format!("signal{sig}"));
-        let mut c = bin();
-        c.args(["alloc", "--config", cfg.path(), "--size", "16MiB"])
-            .args(shared_flags(&pool, 2, 0))
-            .args(["--attach-timeout", "60"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut c = alloc(&cfg, "16MiB");
+        c.rank(&pool, 2, 0).args(["--attach-timeout", "60"]);
         if hold {
             c.arg("--hold");
         }
-        let mut alone = Ranks(vec![c.spawn().unwrap()]);
+        let mut alone = Ranks(vec![c.spawn_piped()]);
         // It creates the pool (it holds the socket name and maps the
         // pool's files) and waits for rank 1.
         wait_until_bound(&pool);
-        let end = Instant::now() + Duration::from_secs(20);
-        while !maps_pool_in(alone[0].id(), Path::new("/dev/shm")) {
-            assert!(
-                Instant::now() < end,
-                "signal {sig}: it never mapped the pool"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        until(
+            20,
+            || maps_pool_in(alone[0].id(), Path::new("/dev/shm")),
+            || format!("signal {sig}: it never mapped the pool"),
+        );
         assert!(
             matches!(alone[0].try_wait(), Ok(None)),
             "it waits for rank 1"
         );
         let t = Instant::now();
         signal(&alone[0], sig);
-        let st = wait_timeout(&mut alone[0], Duration::from_secs(5)).expect("it ends");
-        let err = stderr_of(&mut alone[0]);
+        let what = format!("signal {sig}");
+        let err = exits_with(&mut alone[0], code, Duration::from_secs(5), &what);
         assert!(
             t.elapsed() < Duration::from_secs(1),
             "signal {sig}: took {:?}",
             t.elapsed()
         );
-        assert_eq!(st.code(), Some(code), "signal {sig}: {err}");
         assert!(err.contains("interrupted by signal"), "{err}");
         assert_no_pool_files(Path::new("/dev/shm"), &pool, "signal {sig}");
         // Stopped on purpose: no helper keeps refusing the ranks of a
@@ -1092,26 +969,14 @@ fn signals_end_a_rank_waiting_for_a_missing_peer_within_a_second() {
     // A held, ready pool released by SIGHUP tears down and exits 0.
     let pool = name("hup-held");
     let mut one = Ranks(vec![
-        bin()
-            .args([
-                "alloc",
-                "--config",
-                cfg.path(),
-                "--size",
-                "16MiB",
-                "--hold",
-                "--json",
-            ])
-            .args(shared_flags(&pool, 1, 0))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+        alloc(&cfg, "16MiB")
+            .args(["--hold", "--json"])
+            .rank(&pool, 1, 0)
+            .spawn_piped(),
     ]);
     let _ = read_report(&mut one[0]);
     signal(&one[0], libc::SIGHUP);
-    let st = wait_timeout(&mut one[0], Duration::from_secs(5)).expect("it ends");
-    assert_eq!(st.code(), Some(0), "{}", stderr_of(&mut one[0]));
+    exits_with(&mut one[0], 0, Duration::from_secs(5), "after SIGHUP");
 }
 
 /// The socket rendezvous refuses a joiner that asks for another size (exit
@@ -1121,30 +986,22 @@ fn socket_rendezvous_refuses_a_joiner_of_another_size() {
     let cfg = shm_config(1);
     let pool = name("sock-mismatch");
     let start = |size: &str, rank: &str| {
-        bin()
-            .args(["alloc", "--config", cfg.path(), "--size", size])
-            .args(shared_flags(&pool, 2, rank))
+        alloc(&cfg, size)
+            .rank(&pool, 2, rank)
             .args(["--attach-timeout", "3"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            .spawn_piped()
     };
     let mut creator = Ranks(vec![start("16MiB", "0")]);
     // Rank 0 creates once it holds the socket name.
     wait_until_bound(&pool);
-    let o = start("32MiB", "1").wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+    let err = fails(&start("32MiB", "1").wait_with_output().unwrap(), 2);
     assert!(
         err.contains("asks for a pool of 32 MiB")
             && err.contains("16 MiB")
             && err.contains("same size"),
         "{err}"
     );
-    let st = wait_timeout(&mut creator[0], Duration::from_secs(15)).expect("the creator gives up");
-    let cerr = stderr_of(&mut creator[0]);
-    assert_eq!(st.code(), Some(1), "{cerr}");
+    let cerr = exits_with(&mut creator[0], 1, Duration::from_secs(15), "the creator");
     assert!(cerr.contains("rank(s) 1 never attached"), "{cerr}");
 }
 
@@ -1216,14 +1073,11 @@ fn socket_rendezvous_refuses_another_users_process() {
     let uid = rustix::process::geteuid().as_raw();
     let mut ranks = Ranks(Vec::new());
     let start = |rank: &str| {
-        bin()
-            .args(["alloc", "--config", cfg.path(), "--size", "8MiB", "--json"])
-            .args(shared_flags(&pool, 2, rank))
+        alloc(&cfg, "8MiB")
+            .arg("--json")
+            .rank(&pool, 2, rank)
             .args(["--attach-timeout", "20"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            .spawn_piped()
     };
     ranks.push(start("0"));
     // Rank 0 creates once it holds the socket name.
@@ -1237,8 +1091,8 @@ fn socket_rendezvous_refuses_another_users_process() {
     );
     ranks.push(start("1"));
     for (r, child) in ranks.iter_mut().enumerate() {
-        let st = wait_timeout(child, Duration::from_secs(20)).expect("the ranks meet");
-        assert_eq!(st.code(), Some(0), "rank {r}: {}", stderr_of(child));
+        let what = format!("rank {r}: the ranks meet");
+        exits_with(child, 0, Duration::from_secs(20), &what);
     }
 }
 
@@ -1254,14 +1108,10 @@ fn socket_rendezvous_refuses_a_name_held_by_another_user() {
     let mut squatter = Ranks(vec![as_nobody("bind", &format!("hostpool/{uid}/{pool}"))]);
     assert_eq!(helper_line(&mut squatter[0]), "ready");
     let cfg = shm_config(1);
-    let o = bin()
-        .args(["alloc", "--config", cfg.path(), "--size", "8MiB"])
-        .args(shared_flags(&pool, 2, 0))
+    let err = alloc(&cfg, "8MiB")
+        .rank(&pool, 2, 0)
         .args(["--attach-timeout", "5"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+        .fails(1);
     assert!(
         err.contains(&format!("held by pid {}", squatter[0].id())) && err.contains("uid 65534"),
         "{err}"
@@ -1277,32 +1127,27 @@ struct Step {
     after_barrier: bool,
 }
 
+impl Step {
+    /// The victim stalls at failpoint `spec` (`name=stall`).
+    const fn failpoint(name: &'static str, spec: &'static str, after_barrier: bool) -> Step {
+        Step {
+            name,
+            env: ("HOSTPOOL_TEST_FAILPOINTS", spec),
+            after_barrier,
+        }
+    }
+}
+
 const STEPS: [Step; 5] = [
-    Step {
-        name: "before connect",
-        env: ("HOSTPOOL_TEST_FAILPOINTS", "shared-before-connect=stall"),
-        after_barrier: false,
-    },
-    Step {
-        name: "passing descriptors",
-        env: ("HOSTPOOL_TEST_FAILPOINTS", "shared-passing-fds=stall"),
-        after_barrier: false,
-    },
+    Step::failpoint("before connect", "shared-before-connect=stall", false),
+    Step::failpoint("passing descriptors", "shared-passing-fds=stall", false),
     Step {
         name: "mid-prefault",
         env: ("HOSTPOOL_FAILPOINT_STALL_PREFAULT_MS", "60000"),
         after_barrier: false,
     },
-    Step {
-        name: "at the barrier",
-        env: ("HOSTPOOL_TEST_FAILPOINTS", "shared-before-barrier=stall"),
-        after_barrier: false,
-    },
-    Step {
-        name: "after the barrier",
-        env: ("HOSTPOOL_TEST_FAILPOINTS", "shared-after-barrier=stall"),
-        after_barrier: true,
-    },
+    Step::failpoint("at the barrier", "shared-before-barrier=stall", false),
+    Step::failpoint("after the barrier", "shared-after-barrier=stall", true),
 ];
 
 /// Whether a survivor's error names the dead rank: by number, among the
@@ -1330,8 +1175,8 @@ fn exits(
     victim: usize,
     since: Instant,
     what: &str,
-) -> Vec<Option<(std::process::ExitStatus, Duration)>> {
-    let mut out: Vec<Option<(std::process::ExitStatus, Duration)>> = vec![None; ranks.len()];
+) -> Vec<Option<(ExitStatus, Duration)>> {
+    let mut out: Vec<Option<(ExitStatus, Duration)>> = vec![None; ranks.len()];
     let end = Instant::now() + Duration::from_secs(10);
     loop {
         let mut waiting = false;
@@ -1352,6 +1197,40 @@ fn exits(
     }
 }
 
+/// How a survivor of a rank's death ended.
+struct Survivor {
+    rank: usize,
+    status: ExitStatus,
+    /// From the death to its exit.
+    took: Duration,
+    err: String,
+}
+
+/// SIGKILL rank `victim` and wait (see [`exits`]) for the others: the
+/// victim's pid and how each survivor ended, none of them with a panic.
+fn kill_and_watch(ranks: &mut Ranks, victim: usize, what: &str) -> (u32, Vec<Survivor>) {
+    signal(&ranks[victim], libc::SIGKILL);
+    let killed = Instant::now();
+    let victim_pid = ranks[victim].id();
+    let _ = ranks[victim].wait();
+    let ended = exits(ranks, victim, killed, what);
+    let survivors = (0..ranks.len())
+        .filter(|r| *r != victim)
+        .map(|rank| {
+            let (status, took) = ended[rank].expect("every survivor exited");
+            let err = stderr_of(&mut ranks[rank]);
+            assert!(!err.contains("panicked"), "{what}: {err}");
+            Survivor {
+                rank,
+                status,
+                took,
+                err,
+            }
+        })
+        .collect();
+    (victim_pid, survivors)
+}
+
 /// Start the four ranks of `pool` (rank 0 first, so it is the creator unless
 /// it stalls before connecting), `victim` with `env`.
 fn start_four(args: &[&str], pool: &str, victim: Option<(u32, (&str, &str))>) -> Ranks {
@@ -1360,16 +1239,14 @@ fn start_four(args: &[&str], pool: &str, victim: Option<(u32, (&str, &str))>) ->
         let mut c = bin();
         c.args(["alloc", "--json"])
             .args(args)
-            .args(shared_flags(pool, 4, r))
-            .args(["--attach-timeout", "3"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .rank(pool, 4, r)
+            .args(["--attach-timeout", "3"]);
         if let Some((v, (k, val))) = victim
             && v == r
         {
             c.env(k, val);
         }
-        ranks.push(c.spawn().unwrap());
+        ranks.push(c.spawn_piped());
         let stalls_before_connect =
             victim.is_some_and(|(v, (_, val))| v == 0 && val.starts_with("shared-before-connect"));
         if r == 0 && !stalls_before_connect {
@@ -1385,13 +1262,8 @@ fn start_four(args: &[&str], pool: &str, victim: Option<(u32, (&str, &str))>) ->
 fn restart_four(args: &[&str], pool: &str, what: &str) {
     let mut again = start_four(args, pool, None);
     for (r, child) in again.iter_mut().enumerate() {
-        let st = wait_timeout(child, Duration::from_secs(20)).expect("the restart ends");
-        assert_eq!(
-            st.code(),
-            Some(0),
-            "{what}, restart: rank {r}: {}",
-            stderr_of(child)
-        );
+        let what = format!("{what}, restart: rank {r}");
+        exits_with(child, 0, Duration::from_secs(20), &what);
     }
 }
 
@@ -1434,20 +1306,19 @@ fn fault_matrix(args: &[&str], dir: &Path, tag: &str, huge: bool) {
                 matches!(ranks[v].try_wait(), Ok(None)),
                 "{what}: the victim stalls"
             );
-            signal(&ranks[v], libc::SIGKILL);
-            let killed = Instant::now();
-            let victim_pid = ranks[v].id();
-            let _ = ranks[v].wait();
-            let ended = exits(&mut ranks, v, killed, &what);
-            for r in (0..4).filter(|r| *r != v) {
-                let (st, took) = ended[r].expect("every survivor exited");
-                let err = stderr_of(&mut ranks[r]);
-                assert!(!err.contains("panicked"), "{what}: {err}");
+            let (victim_pid, survivors) = kill_and_watch(&mut ranks, v, &what);
+            for Survivor {
+                rank: r,
+                status,
+                took,
+                err,
+            } in survivors
+            {
                 if step.after_barrier {
-                    assert_eq!(st.code(), Some(0), "{what}: rank {r}: {err}");
+                    assert_eq!(status.code(), Some(0), "{what}: rank {r}: {err}");
                     continue;
                 }
-                assert_eq!(st.code(), Some(1), "{what}: rank {r} must fail: {err}");
+                assert_eq!(status.code(), Some(1), "{what}: rank {r} must fail: {err}");
                 assert!(
                     names_rank(&err, victim, victim_pid),
                     "{what}: rank {r} must name rank {victim}: {err}"
@@ -1473,26 +1344,24 @@ fn fault_matrix(args: &[&str], dir: &Path, tag: &str, huge: bool) {
     }
 }
 
+/// The flags of a 16 MiB pool of segmented files in `dir`.
+fn shm_in(dir: &str) -> [&str; 6] {
+    [
+        "--backing",
+        "shm-segmented",
+        "--dir",
+        dir,
+        "--size",
+        "16MiB",
+    ]
+}
+
 #[test]
 fn fault_matrix_on_a_small_tmpfs_with_room_for_one_pool() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some(small) = SmallTmpfs::mount_or_skip("matrix", 20) else {
         return;
-    }
-    let small = SmallTmpfs::mount("matrix", 20);
-    let dir = small.0.to_str().unwrap().to_string();
-    fault_matrix(
-        &[
-            "--backing",
-            "shm-segmented",
-            "--dir",
-            &dir,
-            "--size",
-            "16MiB",
-        ],
-        &small.0,
-        "mx-shm",
-        false,
-    );
+    };
+    fault_matrix(&shm_in(small.path()), &small.0, "mx-shm", false);
     assert_eq!(small.used(), 0, "the tmpfs is empty again");
 }
 
@@ -1502,19 +1371,10 @@ fn fault_matrix_on_a_small_tmpfs_with_room_for_one_pool() {
 /// panics, nothing is left, and the pool restarts at once.
 #[test]
 fn randomly_killed_ranks_never_leave_anything_behind() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some(small) = SmallTmpfs::mount_or_skip("random", 20) else {
         return;
-    }
-    let small = SmallTmpfs::mount("random", 20);
-    let dir = small.0.to_str().unwrap().to_string();
-    let args = [
-        "--backing",
-        "shm-segmented",
-        "--dir",
-        &dir,
-        "--size",
-        "16MiB",
-    ];
+    };
+    let args = shm_in(small.path());
     // xorshift64: the same runs every time, so a failure reproduces.
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
@@ -1530,16 +1390,15 @@ fn randomly_killed_ranks_never_leave_anything_behind() {
         let what = format!("run {run}: rank {victim} killed after {delay:?}");
         let mut ranks = start_four(&args, &pool, None);
         std::thread::sleep(delay);
-        signal(&ranks[victim], libc::SIGKILL);
-        let killed = Instant::now();
-        let victim_pid = ranks[victim].id();
-        let _ = ranks[victim].wait();
-        let ended = exits(&mut ranks, victim, killed, &what);
-        for r in (0..4).filter(|r| *r != victim) {
-            let (st, took) = ended[r].expect("every survivor exited");
-            let err = stderr_of(&mut ranks[r]);
-            assert!(!err.contains("panicked"), "{what}: {err}");
-            match st.code() {
+        let (victim_pid, survivors) = kill_and_watch(&mut ranks, victim, &what);
+        for Survivor {
+            rank: r,
+            status,
+            took,
+            err,
+        } in survivors
+        {
+            match status.code() {
                 Some(0) => {}
                 Some(1) => {
                     assert!(
@@ -1568,38 +1427,24 @@ fn randomly_killed_ranks_never_leave_anything_behind() {
 /// have not come, and a rank that comes later learns the cause.
 #[test]
 fn a_creator_that_knows_the_cause_exits_at_once() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some(small) = SmallTmpfs::mount_or_skip("cause", 8) else {
         return;
-    }
-    let small = SmallTmpfs::mount("cause", 8);
-    let dir = small.0.to_str().unwrap().to_string();
+    };
     let pool = name("cause");
     // Two ranks never come: the creator's helper would answer for them
     // until the attach timeout.
     let _helpers = Helpers(vec![&pool]);
     let start = |rank: &str| {
         bin()
-            .args([
-                "alloc",
-                "--backing",
-                "shm-segmented",
-                "--dir",
-                &dir,
-                "--size",
-                "16MiB",
-            ])
-            .args(shared_flags(&pool, 3, rank))
+            .arg("alloc")
+            .args(shm_in(small.path()))
+            .rank(&pool, 3, rank)
             .args(["--attach-timeout", "30"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            .spawn_piped()
     };
     let t = Instant::now();
     let mut first = Ranks(vec![start("0")]);
-    let st = wait_timeout(&mut first[0], Duration::from_secs(10)).expect("it exits");
-    let err = stderr_of(&mut first[0]);
-    assert_eq!(st.code(), Some(1), "{err}");
+    let err = exits_with(&mut first[0], 1, Duration::from_secs(10), "the creator");
     assert!(err.contains("cannot hold the pool"), "{err}");
     assert!(
         t.elapsed() < Duration::from_secs(3),
@@ -1607,9 +1452,7 @@ fn a_creator_that_knows_the_cause_exits_at_once() {
         t.elapsed()
     );
     let mut later = Ranks(vec![start("1")]);
-    let st = wait_timeout(&mut later[0], Duration::from_secs(10)).expect("it exits");
-    let err = stderr_of(&mut later[0]);
-    assert_eq!(st.code(), Some(1), "{err}");
+    let err = exits_with(&mut later[0], 1, Duration::from_secs(10), "a later rank");
     assert!(err.contains("cannot hold the pool"), "{err}");
 }
 
@@ -1635,35 +1478,14 @@ fn refusal_helpers(pool: &str) -> Vec<u32> {
 
 /// Whether `pool` has no `serve-refusal` helper left, or none within `limit`.
 fn no_helper_within(pool: &str, limit: Duration) -> bool {
-    let end = Instant::now() + limit;
-    loop {
-        if refusal_helpers(pool).is_empty() {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    within(limit, || refusal_helpers(pool).is_empty())
 }
 
 /// Whether no process has `pool`'s socket name bound, or none within a
 /// second (an exiting process loses its command line before its
 /// descriptors).
 fn unbound_soon(pool: &str) -> bool {
-    let socket = format!("@hostpool/{}/{pool}", rustix::process::geteuid().as_raw());
-    let end = Instant::now() + Duration::from_secs(1);
-    while std::fs::read_to_string("/proc/net/unix")
-        .unwrap()
-        .lines()
-        .any(|l| l.ends_with(&socket))
-    {
-        if Instant::now() >= end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
+    within(Duration::from_secs(1), || socket_lines(pool).is_empty())
 }
 
 /// The `serve-refusal` helpers of these pools, ended (SIGKILL) when the test
@@ -1695,28 +1517,20 @@ impl Drop for Helpers<'_> {
 fn a_rank_started_after_its_cli_creator_failed_hears_the_cause_at_once() {
     let pools = [name("late-cli"), name("late-cli-dl"), name("late-cli-term")];
     let _helpers = Helpers(pools.iter().map(String::as_str).collect());
-    let start = |pool: &str, rank: u32, failpoint: bool, timeout: &str| {
-        let mut c = bin();
-        c.args(["alloc", "--size", "8MiB"])
-            .args(shared_flags(pool, 2, rank))
+    let start = |pool: &str, rank: u32, failpoints: &str, timeout: &str| {
+        bin()
+            .args(["alloc", "--size", "8MiB"])
+            .rank(pool, 2, rank)
             .args(["--attach-timeout", timeout])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if failpoint {
-            c.env("HOSTPOOL_TEST_FAILPOINTS", "shared-creator-map=ENOMEM");
-        } else {
-            c.env_remove("HOSTPOOL_TEST_FAILPOINTS");
-        }
-        c.spawn().unwrap()
+            .failpoints(failpoints)
+            .spawn_stderr()
     };
     // The creator fails and exits at once, its output read to the end: no
     // helper holds its stderr.
     let fail_creator = |pool: &str, timeout: &str| -> u32 {
         let t = Instant::now();
-        let mut creator = Ranks(vec![start(pool, 0, true, timeout)]);
-        let st = wait_timeout(&mut creator[0], Duration::from_secs(10)).expect("it exits");
-        let err = stderr_of(&mut creator[0]);
-        assert_eq!(st.code(), Some(1), "{pool}: {err}");
+        let mut creator = Ranks(vec![start(pool, 0, "shared-creator-map=ENOMEM", timeout)]);
+        let err = exits_with(&mut creator[0], 1, Duration::from_secs(10), pool);
         assert!(err.contains("Cannot allocate memory"), "{pool}: {err}");
         assert!(
             t.elapsed() < Duration::from_secs(3),
@@ -1730,6 +1544,15 @@ fn a_rank_started_after_its_cli_creator_failed_hears_the_cause_at_once() {
         );
         creator[0].id()
     };
+    // The helper of `pool` ends within `limit` (else fail saying `what`),
+    // and the socket name goes with it.
+    let assert_helper_gone = |pool: &str, limit: Duration, what: &str| {
+        assert!(no_helper_within(pool, limit), "{what}");
+        assert!(
+            unbound_soon(pool),
+            "the failed pool's socket outlived its helper"
+        );
+    };
 
     // A rank that comes later hears the cause; then the helper is done.
     let pool = &pools[0];
@@ -1737,25 +1560,17 @@ fn a_rank_started_after_its_cli_creator_failed_hears_the_cause_at_once() {
     // Its helper holds the socket name: a rank that comes now connects to it.
     wait_until_bound(pool);
     let t = Instant::now();
-    let mut late = Ranks(vec![start(pool, 1, false, "20")]);
-    let st = wait_timeout(&mut late[0], Duration::from_secs(10)).expect("the late rank exits");
+    let mut late = Ranks(vec![start(pool, 1, "", "20")]);
+    let err = exits_with(&mut late[0], 1, Duration::from_secs(10), "the late rank");
     let took = t.elapsed();
-    let err = stderr_of(&mut late[0]);
-    assert_eq!(st.code(), Some(1), "{err}");
     assert!(took < Duration::from_secs(2), "took {took:?}: {err}");
     assert!(
         err.contains("Cannot allocate memory")
             && err.contains(&format!("its creator (pid {creator}) failed")),
         "the creator's cause and pid: {err}"
     );
-    assert!(
-        no_helper_within(pool, Duration::from_secs(2)),
-        "the helper outlived the last rank it had to tell"
-    );
-    assert!(
-        unbound_soon(pool),
-        "the failed pool's socket outlived its helper"
-    );
+    let what = "the helper outlived the last rank it had to tell";
+    assert_helper_gone(pool, Duration::from_secs(2), what);
 
     // Nobody comes: the helper ends at the attach deadline.
     let pool = &pools[1];
@@ -1782,13 +1597,10 @@ fn a_rank_started_after_its_cli_creator_failed_hears_the_cause_at_once() {
         let pid = i32::try_from(pid).ok().and_then(Pid::from_raw).unwrap();
         kill_process(pid, Signal::TERM).unwrap();
     }
-    assert!(
-        no_helper_within(pool, Duration::from_secs(1)),
-        "SIGTERM did not end the helper"
-    );
-    assert!(
-        unbound_soon(pool),
-        "the failed pool's socket outlived its helper"
+    assert_helper_gone(
+        pool,
+        Duration::from_secs(1),
+        "SIGTERM did not end the helper",
     );
 }
 
@@ -1803,60 +1615,33 @@ fn fault_matrix_on_hugetlbfs() {
     );
 }
 
-/// SIGTERM every held rank, require each to tear down and exit 0, and the
-/// pool's files in /dev/shm to be gone.
-fn release_held_ranks(ranks: &mut Ranks, pool: &str) {
-    for child in ranks.iter() {
-        signal(child, libc::SIGTERM);
-    }
-    for child in ranks.iter_mut() {
-        assert_eq!(
-            wait_timeout(child, Duration::from_secs(20)).and_then(|s| s.code()),
-            Some(0)
-        );
-    }
-    assert!(pool_files(Path::new("/dev/shm"), pool).is_empty());
-}
-
 /// Run hostpool, require exit 0, and parse its JSON report.
-fn ok_json(args: &[&str]) -> Value {
-    let o = bin().args(args).output().unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "hostpool {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("hostpool {args:?}: not JSON ({e})"))
+#[track_caller]
+fn ok_json(cmd: &mut Command) -> Value {
+    let r = cmd.succeeds();
+    assert!(!r.is_null(), "{cmd:?}: no JSON report");
+    r
 }
 
 #[test]
 fn mlock_on_a_hugetlbfs_pool_says_it_is_not_needed_and_on_anon_locks() {
-    let r = ok_json(&[
-        "alloc",
-        "--size",
-        "32MiB",
-        "--pin",
-        "mlock",
-        "--pin-required",
-        "--json",
-    ]);
+    let pin = ["--pin", "mlock", "--json"];
+    let r = ok_json(
+        bin()
+            .args(["alloc", "--size", "32MiB", "--pin-required"])
+            .args(pin),
+    );
     assert_eq!(r["pin"]["status"], "pinned");
     assert_eq!(r["pin"]["details"]["mlock_called"], true);
     assert!(r["phases"]["pin"].is_f64());
     let Some(dir) = hugetlbfs_2m(16) else { return };
     let _serial = huge_pages_lock();
-    let r = ok_json(&[
-        "alloc",
-        "--dir",
-        dir.to_str().unwrap(),
-        "--size",
-        "32MiB",
-        "--pin",
-        "mlock",
-        "--json",
-    ]);
+    let d = dir.to_str().unwrap();
+    let r = ok_json(
+        bin()
+            .args(["alloc", "--dir", d, "--size", "32MiB"])
+            .args(pin),
+    );
     assert_eq!(r["pin"]["status"], "pinned");
     assert_eq!(r["pin"]["details"]["mlock_called"], false);
     assert!(
@@ -1876,93 +1661,70 @@ fn mlock_on_a_hugetlbfs_pool_says_it_is_not_needed_and_on_anon_locks() {
 /// the shortage, with `hostpool gc`.
 #[test]
 fn a_restart_after_a_crash_replaces_the_stale_files_on_a_node_with_room_for_one_pool() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some(small) = SmallTmpfs::mount_or_skip("restart", 16) else {
         return;
-    }
-    let small = SmallTmpfs::mount("restart", 16);
-    let dir = small.0.to_str().unwrap().to_string();
+    };
+    let dir = small.path();
     let pool = name("restart");
     // The crashed runs' control file stays in /dev/shm until a run replaces it.
     struct RemoveCtl(String);
     impl Drop for RemoveCtl {
         fn drop(&mut self) {
-            let _ = std::fs::remove_file(format!("/dev/shm/hostpool-{}.ctl", self.0));
+            let _ = std::fs::remove_file(ctl_file(&self.0));
         }
     }
     let _ctl = RemoveCtl(pool.clone());
-    let run = |pool: &str, env: &[(&str, &str)]| {
-        let mut c = bin();
-        c.args([
-            "alloc",
-            "--backing",
-            "shm-segmented",
-            "--dir",
-            &dir,
-            "--size",
-            "12MiB",
-        ])
-        .args(shared_flags(pool, 1, 0))
-        .args(["--json"])
-        .args(["--rendezvous", "file"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c.spawn().unwrap()
+    let run = |pool: &str, failpoints: &str| {
+        bin()
+            .args([
+                "alloc",
+                "--backing",
+                "shm-segmented",
+                "--dir",
+                dir,
+                "--size",
+                "12MiB",
+            ])
+            .rank(pool, 1, 0)
+            .args(["--json", "--rendezvous", "file"])
+            .failpoints(failpoints)
+            .spawn_piped()
     };
-    let mut crashed = Ranks(vec![run(
-        &pool,
-        &[("HOSTPOOL_TEST_FAILPOINTS", "shared-after-barrier=stall")],
-    )]);
-    let end = Instant::now() + Duration::from_secs(30);
-    while small.used() < 12 << 20 && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(small.used() >= 12 << 20, "the first run faulted its pool");
-    assert!(
-        matches!(crashed[0].try_wait(), Ok(None)),
-        "it stalls past the barrier"
-    );
-    signal(&crashed[0], libc::SIGKILL);
-    let _ = crashed[0].wait();
+    // A run of `pool` that faulted its pool and is killed past its barrier,
+    // before it unlinks its files.
+    let crash = |pool: &str| {
+        let mut crashed = Ranks(vec![run(pool, "shared-after-barrier=stall")]);
+        until(
+            30,
+            || small.used() >= 12 << 20,
+            || "the first run faulted its pool".into(),
+        );
+        assert!(
+            matches!(crashed[0].try_wait(), Ok(None)),
+            "it stalls past the barrier"
+        );
+        kill_and_reap(&mut crashed[0]);
+    };
+    crash(&pool);
     assert!(
         !pool_files(&small.0, &pool).is_empty(),
         "the crash left its files"
     );
 
-    let o = run(&pool, &[]).wait_with_output().unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    succeeds(&run(&pool, "").wait_with_output().unwrap());
     assert_no_pool_files(&small.0, &pool, "files left behind");
 
     // Another pool's leftovers: the shortage names them and `hostpool gc`.
-    let mut crashed = Ranks(vec![run(
-        &pool,
-        &[("HOSTPOOL_TEST_FAILPOINTS", "shared-after-barrier=stall")],
-    )]);
-    let end = Instant::now() + Duration::from_secs(30);
-    while small.used() < 12 << 20 && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    signal(&crashed[0], libc::SIGKILL);
-    let _ = crashed[0].wait();
+    crash(&pool);
     let other = name("restart-other");
-    let o = run(&other, &[]).wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = fails(&run(&other, "").wait_with_output().unwrap(), 1);
     assert!(
         err.contains("cannot hold the pool")
             && err.contains("stale pool file(s) of crashed runs")
             && err.contains(&format!("hostpool gc --dir {dir}")),
         "{err}"
     );
-    let gc = bin().args(["gc", "--dir", &dir]).output().unwrap();
-    assert_eq!(gc.status.code(), Some(0));
+    bin().args(["gc", "--dir", dir]).succeeds();
     assert_eq!(
         std::fs::read_dir(&small.0).unwrap().count(),
         0,
@@ -2002,21 +1764,16 @@ fn report_or_eof(child: &mut Child, limit: Duration) -> (String, BufReader<Child
 /// of SIGBUS (exit 135): the second pool fails with exit 1 and the reason.
 #[test]
 fn touch_prefault_of_two_pools_on_a_small_tmpfs_never_dies_of_sigbus() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some(small) = SmallTmpfs::mount_or_skip("touch", 64) else {
         return;
-    }
-    let small = SmallTmpfs::mount("touch", 64);
-    let dir = small.0.to_str().unwrap().to_string();
+    };
     let mut pools = Ranks(
         (0..2)
             .map(|_| {
                 bin()
-                    .args(["alloc", "--backing", "shm-segmented", "--dir", &dir])
+                    .args(["alloc", "--backing", "shm-segmented", "--dir", small.path()])
                     .args(["--size", "40MiB", "--prefault", "touch", "--hold", "--json"])
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
+                    .spawn_piped()
             })
             .collect(),
     );
@@ -2032,17 +1789,10 @@ fn touch_prefault_of_two_pools_on_a_small_tmpfs_never_dies_of_sigbus() {
             let report: Value =
                 serde_json::from_str(&text).unwrap_or_else(|e| panic!("no report ({e}): {text}"));
             assert_eq!(report["prefault"]["method"], "touch", "{report}");
-            signal(p, libc::SIGTERM);
-            let st = wait_timeout(p, Duration::from_secs(20)).expect("it exits");
-            assert_eq!(st.code(), Some(0));
+            terminate(p, Duration::from_secs(20));
         } else {
-            let st = wait_timeout(p, Duration::from_secs(10)).expect("it exits");
-            let err = stderr_of(p);
-            assert_eq!(
-                st.code(),
-                Some(1),
-                "never a signal (135 is SIGBUS): {st:?} {err}"
-            );
+            let what = "never a signal (135 is SIGBUS)";
+            let err = exits_with(p, 1, Duration::from_secs(10), what);
             assert!(
                 err.contains("cannot hold the pool") || err.contains("no SIGBUS"),
                 "{err}"
@@ -2060,31 +1810,19 @@ fn touch_prefault_of_two_pools_on_a_small_tmpfs_never_dies_of_sigbus() {
 
 #[test]
 fn a_full_tmpfs_is_a_clear_capacity_error() {
-    if !root_or_skip("needs root to mount a small tmpfs") {
+    let Some(small) = SmallTmpfs::mount_or_skip("full", 16) else {
         return;
-    }
-    let small = SmallTmpfs::mount("full", 16);
-    let mnt = small.0.clone();
-    let o = bin()
-        .args([
-            "alloc",
-            "--backing",
-            "shm-segmented",
-            "--dir",
-            mnt.to_str().unwrap(),
-            "--size",
-            "64MiB",
-        ])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    };
+    let err = bin()
+        .args(["alloc", "--backing", "shm-segmented", "--dir", small.path()])
+        .args(["--size", "64MiB"])
+        .fails(1);
     assert!(
         err.contains("cannot hold the pool") && err.contains("--shm-size"),
         "{err}"
     );
     assert_eq!(
-        std::fs::read_dir(&mnt).unwrap().count(),
+        std::fs::read_dir(&small.0).unwrap().count(),
         0,
         "nothing left in the tmpfs"
     );
@@ -2125,22 +1863,18 @@ impl Drop for TempFile {
 fn ranks_with_an_empty_shard_pin_nothing() {
     let cfg = shm_config(1);
     let pool = name("empty-shard");
-    let mut ranks = spawn_ranks(
-        &[
-            "--config",
-            cfg.path(),
-            "--size",
-            "16KiB",
-            "--pin",
-            "mlock",
-            "--pin-scope",
-            "shard",
-        ],
-        &pool,
-        8,
-        &[],
-    );
-    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    let pin = ["--pin", "mlock", "--pin-scope", "shard"];
+    let args = [
+        "--config",
+        cfg.path(),
+        "--size",
+        "16KiB",
+        pin[0],
+        pin[1],
+        pin[2],
+        pin[3],
+    ];
+    let (mut ranks, reports) = held_ranks(&args, &pool, 8);
     let mut empty = 0;
     for (r, rep) in reports.iter().enumerate() {
         assert_eq!(rep["mapped_bytes"], 16384, "{rep}");
@@ -2176,20 +1910,7 @@ fn no_holder_can_truncate_a_shared_memfd() {
     let _serial = huge_pages_lock();
     let pool = name("sealed");
     let size = 8 << 20;
-    let mut ranks = spawn_ranks(
-        &[
-            "--backing",
-            "hugetlbfs",
-            "--page-size",
-            "2MiB",
-            "--size",
-            "8MiB",
-        ],
-        &pool,
-        2,
-        &[],
-    );
-    let reports: Vec<Value> = ranks.iter_mut().map(read_report).collect();
+    let (mut ranks, reports) = held_ranks(&memfd_pool("2MiB", "8MiB"), &pool, 2);
     for (r, child) in ranks.iter().enumerate() {
         let memfds = fds_of(child.id(), "/memfd:hostpool");
         assert!(!memfds.is_empty(), "rank {r} holds the pool's memfd");
@@ -2221,23 +1942,12 @@ fn no_holder_can_truncate_a_shared_memfd() {
 fn a_joiner_refuses_a_file_truncated_before_it_maps_naming_it() {
     let cfg = shm_config(2);
     let pool = name("short-join");
-    let spawn = |rank: u32, fail: &str| {
-        bin()
-            .args(["alloc", "--json", "--hold"])
-            .args(shared_flags(&pool, 2, rank))
-            .args([
-                "--config",
-                cfg.path(),
-                "--size",
-                "8MiB",
-                "--attach-timeout",
-                "20",
-            ])
-            .env("HOSTPOOL_TEST_FAILPOINTS", fail)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+    let spawn = |rank: u32, failpoints: &str| {
+        alloc(&cfg, "8MiB")
+            .args(["--json", "--hold", "--attach-timeout", "20"])
+            .rank(&pool, 2, rank)
+            .failpoints(failpoints)
+            .spawn_stderr()
     };
     let mut ranks = Ranks(vec![spawn(0, "")]);
     wait_until_bound(&pool);
@@ -2251,17 +1961,13 @@ fn a_joiner_refuses_a_file_truncated_before_it_maps_naming_it() {
     let (fd, link) = &files[1];
     open_fd_of(joiner, *fd).set_len(0).unwrap();
     signal(&ranks[1], libc::SIGCONT);
-    let st = wait_timeout(&mut ranks[1], Duration::from_secs(20)).expect("the joiner exits");
-    let err = stderr_of(&mut ranks[1]);
-    assert_eq!(st.code(), Some(1), "{link}: {err}");
+    let err = exits_with(&mut ranks[1], 1, Duration::from_secs(20), link);
     assert!(
         err.contains("file 1 is 0 B long, shorter than its 4 MiB extent at offset 4194304")
             && err.contains("nothing was mapped"),
         "{err}"
     );
-    let st = wait_timeout(&mut ranks[0], Duration::from_secs(20)).expect("the creator exits");
-    let err = stderr_of(&mut ranks[0]);
-    assert_eq!(st.code(), Some(1), "{err}");
+    let err = exits_with(&mut ranks[0], 1, Duration::from_secs(20), "the creator");
     assert!(names_rank(&err, 1, joiner), "{err}");
     assert_no_pool_files(Path::new("/dev/shm"), &pool, "files left behind");
 }

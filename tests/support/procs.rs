@@ -4,9 +4,10 @@
 //! `/proc/PID/mem`.
 #![allow(dead_code)]
 
+use std::fmt::Display;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
@@ -21,6 +22,80 @@ pub fn bin() -> Command {
         .env_remove("HOSTPOOL_FAILPOINT_ZERO_STEP_MS")
         .env_remove("HOSTPOOL_TEST_SYSFS_ROOT");
     c
+}
+
+/// What the tests add to a [`bin`] command: a rank's flags, failpoints,
+/// and the ways it is run.
+pub trait HostpoolCommand {
+    /// `--shared POOL --world WORLD --rank RANK`: the flags every rank of a
+    /// shared pool passes.
+    fn rank(&mut self, pool: &str, world: impl Display, rank: impl Display) -> &mut Command;
+    /// Failpoints `spec` (`HOSTPOOL_TEST_FAILPOINTS`; empty: none).
+    fn failpoints(&mut self, spec: &str) -> &mut Command;
+    /// Start it, its stdout and stderr piped.
+    fn spawn_piped(&mut self) -> Child;
+    /// Start it, its stdout dropped and its stderr piped.
+    fn spawn_stderr(&mut self) -> Child;
+    /// Run it to its end, which must be exit status `code`: its stderr.
+    fn fails(&mut self, code: i32) -> String;
+    /// Run it to its end, which must be a success: its JSON report.
+    fn succeeds(&mut self) -> Value;
+}
+
+impl HostpoolCommand for Command {
+    fn rank(&mut self, pool: &str, world: impl Display, rank: impl Display) -> &mut Command {
+        self.args(["--shared", pool])
+            .args(["--world", &world.to_string()])
+            .args(["--rank", &rank.to_string()])
+    }
+
+    fn failpoints(&mut self, spec: &str) -> &mut Command {
+        self.env("HOSTPOOL_TEST_FAILPOINTS", spec)
+    }
+
+    fn spawn_piped(&mut self) -> Child {
+        self.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    fn spawn_stderr(&mut self) -> Child {
+        self.stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    #[track_caller]
+    fn fails(&mut self, code: i32) -> String {
+        fails(&self.output().unwrap(), code)
+    }
+
+    #[track_caller]
+    fn succeeds(&mut self) -> Value {
+        succeeds(&self.output().unwrap())
+    }
+}
+
+/// Its stderr, once `out` is known to have exited with `code`.
+#[track_caller]
+pub fn fails(out: &Output, code: i32) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    err
+}
+
+/// `out`'s JSON on stdout (null if none), once it is known to have
+/// succeeded; else fail with its stderr.
+#[track_caller]
+pub fn succeeds(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
 /// A name no other test (or test process) uses.
@@ -86,6 +161,60 @@ pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::
         std::thread::sleep(Duration::from_millis(10));
     }
     None
+}
+
+/// Wait (at most `limit`) for `child` to exit with `code`: its stderr.
+/// Fails saying `what` if it runs on or ends otherwise.
+#[track_caller]
+pub fn exits_with(child: &mut Child, code: i32, limit: Duration, what: &str) -> String {
+    let Some(st) = wait_timeout(child, limit) else {
+        panic!("{what}: pid {} still runs after {limit:?}", child.id());
+    };
+    let err = stderr_of(child);
+    assert_eq!(st.code(), Some(code), "{what}: {err}");
+    err
+}
+
+/// SIGTERM `child`: it must exit 0 within `limit`.
+#[track_caller]
+pub fn terminate(child: &mut Child, limit: Duration) {
+    signal(child, libc::SIGTERM);
+    exits_with(child, 0, limit, "after SIGTERM");
+}
+
+/// SIGKILL `child` and reap it.
+pub fn kill_and_reap(child: &mut Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// Whether `done` holds, now or within `limit` (checked every 10 ms).
+pub fn within(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Wait (at most `secs`) until `done`; else fail saying `what`.
+#[track_caller]
+pub fn until(secs: u64, done: impl FnMut() -> bool, what: impl Fn() -> String) {
+    assert!(within(Duration::from_secs(secs), done), "{}", what());
+}
+
+/// `cmd` must be a usage error (exit status 2) that says `says`.
+#[track_caller]
+pub fn assert_usage_error(cmd: &mut Command, says: &str) {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+    assert!(err.contains(says), "{cmd:?}: {err}");
 }
 
 /// Everything left on a child's piped stderr (waits for it to close).
@@ -195,6 +324,12 @@ impl SmallTmpfs {
             .unwrap();
         assert!(st.success(), "mount a {mib} MiB tmpfs");
         SmallTmpfs(mnt)
+    }
+
+    /// [`SmallTmpfs::mount`] where this process is root; elsewhere says why
+    /// the test skips (and fails where hardware tests are required).
+    pub fn mount_or_skip(tag: &str, mib: u64) -> Option<SmallTmpfs> {
+        root_or_skip("needs root to mount a small tmpfs").then(|| SmallTmpfs::mount(tag, mib))
     }
 
     pub fn path(&self) -> &str {

@@ -40,6 +40,7 @@ pub fn how_to_start(name: &str) -> String {
     format!(
         "start it (`hostpool keep --name {name} --size SIZE`, or `systemctl start \
          hostpool-keep@{name}`) in this network namespace (a Kubernetes pod shares one), or set \
-         keeper_fallback = \"build\" to build a pool of this process's own"
+         fallback = \"build\" in the [lease] table (--keeper-fallback build, Python \
+         keeper_fallback=\"build\") to build a pool of this process's own"
     )
 }

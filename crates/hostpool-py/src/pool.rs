@@ -107,7 +107,6 @@ impl PyPool {
         plan: PoolPlan,
         progress: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<PyPool>> {
-        let shard = plan.prefault().extent;
         let block_size = plan.config().block_size.map(pool_core::ByteSize::get);
         let tables = plan.config().plugins.clone();
         let pool = build::build(py, plan, progress)?;
@@ -120,7 +119,12 @@ impl PyPool {
             backing: report.backing.clone(),
             pinned: report.pin.status == PinStatus::Pinned,
             pin_reason: report.pin.reason.clone(),
-            shard: (shard.offset, shard.len),
+            // This rank's shard as the pool came: a shared pool's or a
+            // lease's ranks' (of the keeper's size), else the whole pool.
+            shard: report
+                .sharing
+                .as_ref()
+                .map_or((0, report.mapped_bytes), |s| (s.shard.offset, s.shard.len)),
             block_size,
             tables,
         };

@@ -17,6 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
 
 use pool_core::Format;
 use pool_core::registration_chunks;
@@ -705,7 +706,11 @@ fn chunks_match_registration_chunks_and_unpin_unregisters_in_reverse() {
         true,
         json!({ "block_size": "3MiB", "cuda": { "chunk_size": "16MiB" } }),
     );
+    // The child's whole run (start, build, pin, teardown) bounds the time
+    // the pin reports.
+    let started = Instant::now();
     let run = run("pool", cfg, Lib::Fake, &[]);
+    let wall = started.elapsed().as_secs_f64();
     assert_eq!(run.result["build"]["ok"], true, "{:#}", run.result);
     let pin = &run.result["pin"];
     assert_eq!(pin["status"], "pinned", "{pin:#}");
@@ -753,8 +758,29 @@ fn chunks_match_registration_chunks_and_unpin_unregisters_in_reverse() {
     assert_eq!(d["driver_version"], 12080);
     assert_eq!(d["flags"], json!(["portable"]));
     assert_eq!(d["bytes"], mapped);
-    assert!(d["seconds"].as_f64().unwrap() >= 0.0);
-    assert!(d["seconds_per_gib"].as_f64().unwrap() >= 0.0);
+    // The pin took some time, no more than the child ran, and at least what
+    // its chunks took one after the other; per GiB is that over the 64 MiB.
+    let seconds = d["seconds"].as_f64().unwrap();
+    assert!(
+        seconds.is_finite() && seconds > 0.0 && seconds <= wall,
+        "pinned in {seconds} s, the child ran {wall} s: {d:#}"
+    );
+    let chunk_seconds: f64 = d["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["seconds"].as_f64().unwrap())
+        .sum();
+    assert!(
+        chunk_seconds <= seconds * (1.0 + 1e-9),
+        "the chunks took {chunk_seconds} s of the pin's {seconds} s: {d:#}"
+    );
+    let gib = mapped as f64 / f64::from(1u32 << 30);
+    let per_gib = d["seconds_per_gib"].as_f64().unwrap();
+    assert!(
+        (per_gib - seconds / gib).abs() <= 1e-9 * per_gib,
+        "seconds_per_gib {per_gib} is not {seconds} s / {gib} GiB: {d:#}"
+    );
     assert!(d["memlock"].as_str().unwrap().contains("64 MiB"), "{d:#}");
     assert!(d["chunks"][0]["seconds"].as_f64().is_some());
 }

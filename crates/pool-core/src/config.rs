@@ -214,13 +214,13 @@ pub fn check_name(what: &str, n: &str) -> Result<()> {
     )))
 }
 
-/// The longest tag an engine may store with its lease (`keeper_tag`): a
-/// hash or a short description of what its offloaded bytes are for.
 /// Most ranks one shared pool can have.
 pub const MAX_WORLD: u32 = 256;
 /// Most files (segments) one shared pool can have.
 pub const MAX_FILES: usize = 1024;
 
+/// The longest tag an engine may store with its lease (`lease.tag`): a
+/// hash or a short description of what its offloaded bytes are for.
 pub const MAX_KEEPER_TAG_BYTES: usize = 16 << 10;
 
 /// A lease of a kept pool: the `[lease]` table. The one place a lease's

@@ -177,7 +177,7 @@ pub enum Error {
         creator_page: u64,
     },
 
-    /// A pool's keeper (`keeper = "NAME"`) does not answer, refused the
+    /// A pool's keeper (`[lease]` `keeper = "NAME"`) does not answer, refused the
     /// lease, or failed or died during it (exit status 1).
     #[error("{message}")]
     Keeper {
@@ -188,7 +188,7 @@ pub enum Error {
         /// The process the message blames (the keeper, or the lease's
         /// holder), when known.
         pid: Option<u32>,
-        /// No keeper answers on the socket (`keeper_fallback = "build"`
+        /// No keeper answers on the socket (`lease.fallback = "build"`
         /// then builds a pool instead).
         absent: bool,
     },

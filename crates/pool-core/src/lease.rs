@@ -43,7 +43,7 @@ pub struct LeaseInfo {
     pub content: String,
     /// The lease before this one, `None` for the first.
     pub previous: Option<PreviousLease>,
-    /// The tag the previous lease stored (`keeper_tag`), `None` if it stored none.
+    /// The tag the previous lease stored (`lease.tag`), `None` if it stored none.
     pub tag: Option<String>,
     /// The keeper's pid.
     pub keeper_pid: u32,

@@ -90,7 +90,7 @@ pub(super) fn run(args: AllocArgs) -> Result<i32, Error> {
     let mut extra = serde_json::Map::new();
     let mut copy_ok = true;
     if args.verify_copy {
-        let value = match verify_copy(&mut pool, &plan)? {
+        let value = match verify_copy(&mut pool)? {
             Some(report) => {
                 copy_ok = report.verified;
                 super::to_json_value(&report)?
@@ -321,7 +321,7 @@ fn print_report(
 /// `--verify-copy`: a round trip through the GPU from the pinned pool.
 /// `None` when this rank's shard is empty: it copies nothing, and never
 /// anything outside its shard (the check overwrites what it copies).
-fn verify_copy(pool: &mut Pool, plan: &PoolPlan) -> Result<Option<pinner_cuda::CopyReport>, Error> {
+fn verify_copy(pool: &mut Pool) -> Result<Option<pinner_cuda::CopyReport>, Error> {
     let r = pool.report();
     if r.pin.status != pool_core::PinStatus::Pinned {
         return Err(Error::Plugin {
@@ -337,8 +337,17 @@ fn verify_copy(pool: &mut Pool, plan: &PoolPlan) -> Result<Option<pinner_cuda::C
         .as_u64()
         .and_then(|d| u32::try_from(d).ok())
         .unwrap_or(0);
-    // A shared pool's rank copies only through its own shard.
-    let extent = plan.prefault().extent;
+    // A shared pool's rank (or a lease's) copies only through its own shard.
+    let extent = r.sharing.as_ref().map_or(
+        pool_core::Extent {
+            offset: 0,
+            len: r.mapped_bytes,
+        },
+        |s| pool_core::Extent {
+            offset: s.shard.offset,
+            len: s.shard.len,
+        },
+    );
     if extent.len == 0 {
         return Ok(None);
     }

@@ -89,7 +89,7 @@ pub struct PoolArgs {
     /// instead of building it.
     #[arg(long, value_name = "NAME")]
     pub keeper: Option<String>,
-    /// A tag to store with the lease, handed to the next lease (`keeper_tag`).
+    /// A tag to store with the lease, handed to the next lease (`lease.tag`).
     #[arg(long, value_name = "TAG", requires = "keeper")]
     pub keeper_tag: Option<String>,
     /// When no keeper answers: fail (default) or build a pool of this

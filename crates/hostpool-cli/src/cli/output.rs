@@ -116,6 +116,20 @@ pub fn human_report(r: &PoolReport, status: &str) -> String {
 
 /// The plan without `--json`.
 pub fn human_plan(p: &PlanReport) -> String {
+    if let Some(keeper) = &p.keeper {
+        let mut s = format!(
+            "plan: lease of kept pool `{keeper}` ({}; the keeper's backing and pages, resident)\n",
+            match p.logical_bytes {
+                0 => "any size".to_string(),
+                n => format!("{} asked", format_bytes(n)),
+            }
+        );
+        s.push_str("why:\n");
+        for line in &p.explain {
+            s.push_str(&format!("  - {line}\n"));
+        }
+        return s.trim_end().to_string();
+    }
     let mut s = format!(
         "plan: {} pool of {} ({} mapped, {} pages), {} segment(s)\n",
         p.backing,

@@ -515,8 +515,13 @@ impl PoolPlan {
                         .unwrap_or_default()
                 ));
                 if let Some(f) = &l.fallback {
-                    explain.push("when no keeper answers (fallback = build):".into());
-                    explain.extend(f.report().explain.into_iter().map(|l| format!("  {l}")));
+                    explain.push("when no keeper answers (fallback = build), this plan:".into());
+                    explain.extend(
+                        f.report()
+                            .explain
+                            .into_iter()
+                            .map(|l| format!("fallback: {l}")),
+                    );
                 }
             }
             _ => {
@@ -665,6 +670,10 @@ impl PoolPlan {
                 .iter()
                 .all(|c| c.verdict != capacity::Verdict::Short),
             capacity,
+            keeper: match &self.source {
+                Source::Leased(l) => Some(l.keeper.clone()),
+                _ => None,
+            },
             explain,
         }
     }

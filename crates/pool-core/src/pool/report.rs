@@ -55,6 +55,11 @@ pub struct PlanReport {
     /// asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub numa: Option<super::numa::NumaPlan>,
+    /// The kept pool a lease asks for (`[lease]` `keeper`); absent for a
+    /// pool this process builds. A lease's `backing` is `keeper`, its
+    /// `logical_bytes` and `page_size` what it asks (0: any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keeper: Option<String>,
     /// Every choice and why, one line each.
     pub explain: Vec<String>,
 }

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -77,8 +78,17 @@ fn report(o: &Output) -> Value {
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", text(&o.stdout)))
 }
 
-/// The report fields every successful run has, for a pool of `size` bytes.
-fn check_report(r: &Value, size: u64, dir: &Path) {
+/// Run file-pool on `config`: its report, and how long the process ran.
+fn timed_report(config: &Path) -> (Value, Duration) {
+    let started = Instant::now();
+    let o = file_pool(&[config.to_str().unwrap()]);
+    let wall = started.elapsed();
+    (report(&o), wall)
+}
+
+/// The report fields every successful run has, for a pool of `size` bytes,
+/// of a process that ran for `wall`.
+fn check_report(r: &Value, wall: Duration, size: u64, dir: &Path) {
     assert_eq!(r["backing"], "file", "{r:#}");
     let page = r["page_size"].as_u64().unwrap();
     assert!(page.is_power_of_two() && page >= 4096, "{r:#}");
@@ -91,12 +101,21 @@ fn check_report(r: &Value, size: u64, dir: &Path) {
     );
     assert_eq!(r["options"]["dir"], dir.display().to_string());
     assert_eq!(r["prefault"]["bytes"], r["mapped_bytes"], "{r:#}");
+    // Each phase took some time, and all of them together no more than the
+    // process ran.
+    let phases = r["phases"].as_object().unwrap();
     for phase in ["map", "prefault", "teardown"] {
-        assert!(
-            r["phases"][phase].as_f64().unwrap() >= 0.0,
-            "{phase}: {r:#}"
-        );
+        assert!(phases.contains_key(phase), "{phase}: {r:#}");
     }
+    for (phase, seconds) in phases {
+        let seconds = seconds.as_f64().unwrap();
+        assert!(seconds.is_finite() && seconds > 0.0, "{phase}: {r:#}");
+    }
+    let total: f64 = phases.values().map(|s| s.as_f64().unwrap()).sum();
+    assert!(
+        total <= wall.as_secs_f64(),
+        "the phases took {total} s, the process ran {wall:?}: {r:#}"
+    );
     assert_eq!(r["pin"]["status"], "off");
     assert_eq!(r["teardown_issues"], serde_json::json!([]));
     let capacity = r["capacity"].as_array().unwrap();
@@ -116,8 +135,8 @@ fn file_pool_builds_the_file_pool_a_toml_config_selects_and_prints_its_report() 
             s.pool_dir().display()
         ),
     );
-    let r = report(&file_pool(&[cfg.to_str().unwrap()]));
-    check_report(&r, 128 << 20, &s.pool_dir());
+    let (r, wall) = timed_report(&cfg);
+    check_report(&r, wall, 128 << 20, &s.pool_dir());
     assert_eq!(r["options"]["path"], Value::Null, "private by default");
     // Two threads: the engine gives each at least 64 MiB.
     assert_eq!(r["prefault"]["threads"], 2);
@@ -152,8 +171,8 @@ fn file_pool_reads_json_configs_and_the_visible_file_is_gone_afterwards() {
         })
         .to_string(),
     );
-    let r = report(&file_pool(&[cfg.to_str().unwrap()]));
-    check_report(&r, 5_000_000, &s.pool_dir());
+    let (r, wall) = timed_report(&cfg);
+    check_report(&r, wall, 5_000_000, &s.pool_dir());
     let path = r["options"]["path"].as_str().unwrap();
     assert!(
         path.starts_with(&format!("{}/kv-pool-", s.pool_dir().display())),

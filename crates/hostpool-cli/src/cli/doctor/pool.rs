@@ -81,22 +81,23 @@ pub(super) fn findings(
     plugin_lines: Vec<Finding>,
 ) -> Vec<Finding> {
     let config = &plan.config();
-    let mut out = vec![
-        Finding::new(
-            "pool",
-            "plan",
-            format!(
-                "{} pool of {} ({} mapped in {} pages), prefault {} with {} thread(s)",
-                report.backing,
-                format_bytes(report.logical_bytes),
-                format_bytes(report.mapped_bytes),
-                format_bytes(report.page_size),
-                report.prefault.method,
-                report.prefault.threads
-            ),
-        )
-        .details(json!({"explain": report.explain})),
-    ];
+    let summary = match &report.keeper {
+        Some(keeper) => format!(
+            "a lease of kept pool `{keeper}`: the keeper's backing and pages, resident (`hostpool \
+             keep status --name {keeper}` says how it is)"
+        ),
+        None => format!(
+            "{} pool of {} ({} mapped in {} pages), prefault {} with {} thread(s)",
+            report.backing,
+            format_bytes(report.logical_bytes),
+            format_bytes(report.mapped_bytes),
+            format_bytes(report.page_size),
+            report.prefault.method,
+            report.prefault.threads
+        ),
+    };
+    let mut out =
+        vec![Finding::new("pool", "plan", summary).details(json!({"explain": report.explain}))];
     out.extend(report.capacity.iter().map(check_finding));
     if let Some(sharing) = &config.sharing {
         out.push(rendezvous_finding(sharing));
