@@ -302,142 +302,9 @@ impl PoolPlan {
                 (r.build)(config.plugin_table(r.name))
             })
             .collect::<Result<Vec<_>>>()?;
-        if let (Some(keeper), Some(lease)) = (keeper, &config.lease) {
-            // The fallback is the plan of this config without its lease.
-            let fallback = match lease.fallback {
-                crate::config::KeeperFallback::Build => {
-                    Some(Box::new(PoolPlan::new(PoolConfig {
-                        lease: None,
-                        ..config.clone()
-                    })?))
-                }
-                crate::config::KeeperFallback::Fail => None,
-            };
-            let sharing = config.sharing.clone();
-            let source = Source::Leased(LeasePlan {
-                keeper,
-                attach_timeout_secs: lease.attach_timeout(sharing.as_ref()),
-                barrier_timeout_secs: sharing
-                    .as_ref()
-                    .map_or(crate::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
-                        s.barrier_timeout_secs
-                    }),
-                ranks: sharing,
-                companion_of: lease.companion_of.clone(),
-                tag: lease.tag.clone(),
-                size: lease.size.map(crate::ByteSize::get),
-                page: config.page_size.map(crate::ByteSize::get),
-                fallback,
-            });
-            // Leased memory comes resident: nothing to fault.
-            let prefault = PrefaultPlan {
-                method: prefault::NoPrefault.into(),
-                threads: 0,
-                extent: Extent { offset: 0, len: 0 },
-                explain: vec!["leased memory comes resident: no prefault".into()],
-            };
-            return Ok(PoolPlan {
-                config,
-                source,
-                prefault,
-                pin,
-                registrars,
-                context,
-                numa,
-            });
-        }
-        // The backing sees the one node that holds the whole pool (and checks
-        // that node's own capacity: free huge pages per node); where ranks
-        // bind their shards to nodes of their own it sees what was asked, a
-        // list or "gpu", which names no one node; without a node, nothing.
-        let numa_node = numa.as_ref().filter(|p| p.node.is_some()).map(|p| {
-            p.whole_pool_on()
-                .map_or_else(|| p.asked.clone(), crate::config::NumaNode::Node)
-        });
-        let backing_config = PoolConfig {
-            numa_node,
-            ..config.clone()
-        };
-        let shared = kept || config.sharing.is_some();
-        let (selection, backing, mut backing_plan, huge_pages, other_pages) =
-            choose_backing(&config, backing_config, shared)?;
-        if let Some(block) = config.block_size {
-            check_block(block.get(), backing_plan.size)?;
-        }
-        // A shared pool's rank faults only its own shard.
-        let extent = match &config.sharing {
-            // Validated above, before the NUMA nodes were read per rank.
-            Some(sharing) => crate::shared::shard(backing_plan.size, sharing)?,
-            None => Extent {
-                offset: 0,
-                len: backing_plan.size.mapped(),
-            },
-        };
-        let prefault = prefault::plan(
-            config.prefault,
-            extent,
-            backing_plan.size.page(),
-            config.threads,
-        )?;
-        let files = match &backing_plan.source {
-            crate::plugin::MemorySource::Files(files) => Some(files),
-            crate::plugin::MemorySource::Own => None,
-        };
-        let source = match (&config.sharing, files) {
-            (None, _) if kept && files.is_none() => {
-                return Err(crate::Error::config(format!(
-                    "backing {} maps memory of its own, which a keeper cannot hand to another \
-                     process; use a file backing (shm-segmented, hugetlbfs)",
-                    backing_plan.backing
-                )));
-            }
-            (None, _) => {
-                let memory = Memory {
-                    reason: selection.reason,
-                    backing,
-                    plan: backing_plan,
-                    huge_pages,
-                };
-                if kept {
-                    Source::Kept(memory)
-                } else {
-                    Source::Own(memory)
-                }
-            }
-            (Some(sharing), Some(files)) => {
-                // A shared pool of files names them in the plan (the file
-                // rendezvous's data files).
-                let names = shared_names(files, sharing);
-                if files.dir.is_some() {
-                    backing_plan.files = names.clone();
-                }
-                let creators_pages = match other_pages {
-                    Some(page) => PoolPlan::with_creators_pages(&config, page)
-                        .ok()
-                        .map(Box::new),
-                    None => None,
-                };
-                Source::Shared(Share {
-                    memory: Memory {
-                        reason: selection.reason,
-                        backing,
-                        plan: backing_plan,
-                        huge_pages,
-                    },
-                    sharing: sharing.clone(),
-                    files: names,
-                    creators_pages,
-                })
-            }
-            (Some(sharing), None) => {
-                return Err(crate::Error::config(format!(
-                    "backing {} cannot be shared between processes (shared pool `{}`): its \
-                     memory has no name another rank could open, and each rank would get a \
-                     private pool of its own; drop --backing {} (auto then picks segmented \
-                     files in /dev/shm), or give --dir /dev/shm or a hugetlbfs mount",
-                    backing_plan.backing, sharing.name, backing_plan.backing
-                )));
-            }
+        let (source, prefault) = match (keeper, &config.lease) {
+            (Some(keeper), Some(lease)) => lease_source(&config, keeper, lease)?,
+            _ => memory_source(&config, kept, numa.as_ref())?,
         };
         Ok(PoolPlan {
             config,
@@ -720,6 +587,150 @@ impl PoolPlan {
             },
         )
     }
+}
+
+/// A lease's source: what to ask the keeper, and the plan to build when
+/// none answers; and its prefault, none (leased memory comes resident).
+fn lease_source(
+    config: &PoolConfig,
+    keeper: String,
+    lease: &crate::config::LeaseConfig,
+) -> Result<(Source, PrefaultPlan)> {
+    // The fallback is the plan of this config without its lease.
+    let fallback = match lease.fallback {
+        crate::config::KeeperFallback::Build => Some(Box::new(PoolPlan::new(PoolConfig {
+            lease: None,
+            ..config.clone()
+        })?)),
+        crate::config::KeeperFallback::Fail => None,
+    };
+    let sharing = config.sharing.clone();
+    let source = Source::Leased(LeasePlan {
+        keeper,
+        attach_timeout_secs: lease.attach_timeout(sharing.as_ref()),
+        barrier_timeout_secs: sharing
+            .as_ref()
+            .map_or(crate::DEFAULT_BARRIER_TIMEOUT_SECS, |s| {
+                s.barrier_timeout_secs
+            }),
+        ranks: sharing,
+        companion_of: lease.companion_of.clone(),
+        tag: lease.tag.clone(),
+        size: lease.size.map(crate::ByteSize::get),
+        page: config.page_size.map(crate::ByteSize::get),
+        fallback,
+    });
+    // Leased memory comes resident: nothing to fault.
+    let prefault = PrefaultPlan {
+        method: prefault::NoPrefault.into(),
+        threads: 0,
+        extent: Extent { offset: 0, len: 0 },
+        explain: vec!["leased memory comes resident: no prefault".into()],
+    };
+    Ok((source, prefault))
+}
+
+/// The source of memory a backing plans (own, shared, or a keeper's kept
+/// files), and how this process prefaults it.
+fn memory_source(
+    config: &PoolConfig,
+    kept: bool,
+    numa: Option<&super::numa::NumaPlan>,
+) -> Result<(Source, PrefaultPlan)> {
+    // The backing sees the one node that holds the whole pool (and checks
+    // that node's own capacity: free huge pages per node); where ranks
+    // bind their shards to nodes of their own it sees what was asked, a
+    // list or "gpu", which names no one node; without a node, nothing.
+    let numa_node = numa.as_ref().filter(|p| p.node.is_some()).map(|p| {
+        p.whole_pool_on()
+            .map_or_else(|| p.asked.clone(), crate::config::NumaNode::Node)
+    });
+    let backing_config = PoolConfig {
+        numa_node,
+        ..config.clone()
+    };
+    let shared = kept || config.sharing.is_some();
+    let (selection, backing, mut backing_plan, huge_pages, other_pages) =
+        choose_backing(config, backing_config, shared)?;
+    if let Some(block) = config.block_size {
+        check_block(block.get(), backing_plan.size)?;
+    }
+    // A shared pool's rank faults only its own shard.
+    let extent = match &config.sharing {
+        // Validated above, before the NUMA nodes were read per rank.
+        Some(sharing) => crate::shared::shard(backing_plan.size, sharing)?,
+        None => Extent {
+            offset: 0,
+            len: backing_plan.size.mapped(),
+        },
+    };
+    let prefault = prefault::plan(
+        config.prefault,
+        extent,
+        backing_plan.size.page(),
+        config.threads,
+    )?;
+    let files = match &backing_plan.source {
+        crate::plugin::MemorySource::Files(files) => Some(files),
+        crate::plugin::MemorySource::Own => None,
+    };
+    let source = match (&config.sharing, files) {
+        (None, _) if kept && files.is_none() => {
+            return Err(crate::Error::config(format!(
+                "backing {} maps memory of its own, which a keeper cannot hand to another \
+                 process; use a file backing (shm-segmented, hugetlbfs)",
+                backing_plan.backing
+            )));
+        }
+        (None, _) => {
+            let memory = Memory {
+                reason: selection.reason,
+                backing,
+                plan: backing_plan,
+                huge_pages,
+            };
+            if kept {
+                Source::Kept(memory)
+            } else {
+                Source::Own(memory)
+            }
+        }
+        (Some(sharing), Some(files)) => {
+            // A shared pool of files names them in the plan (the file
+            // rendezvous's data files).
+            let names = shared_names(files, sharing);
+            if files.dir.is_some() {
+                backing_plan.files = names.clone();
+            }
+            let creators_pages = match other_pages {
+                Some(page) => PoolPlan::with_creators_pages(config, page)
+                    .ok()
+                    .map(Box::new),
+                None => None,
+            };
+            Source::Shared(Share {
+                memory: Memory {
+                    reason: selection.reason,
+                    backing,
+                    plan: backing_plan,
+                    huge_pages,
+                },
+                sharing: sharing.clone(),
+                files: names,
+                creators_pages,
+            })
+        }
+        (Some(sharing), None) => {
+            return Err(crate::Error::config(format!(
+                "backing {} cannot be shared between processes (shared pool `{}`): its \
+                 memory has no name another rank could open, and each rank would get a \
+                 private pool of its own; drop --backing {} (auto then picks segmented \
+                 files in /dev/shm), or give --dir /dev/shm or a hugetlbfs mount",
+                backing_plan.backing, sharing.name, backing_plan.backing
+            )));
+        }
+    };
+    Ok((source, prefault))
 }
 
 /// The pinning a config asks for, and what pinners and registrars are told.
