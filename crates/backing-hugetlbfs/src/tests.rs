@@ -10,9 +10,6 @@ use std::path::PathBuf;
 use pool_core::conformance::{self, BadConfig, Suite};
 use pool_core::{ByteSize, Pool, PoolConfig, PoolPlan, Quiet};
 
-// Linked for its Handoff record: the shared pools planned here need one.
-use hostpool_handoff as _;
-
 use crate::host as hugetlb;
 use serde_json::json;
 
