@@ -6,7 +6,7 @@
 //! `SCM_RIGHTS` in chunks, credentials with `SO_PEERCRED`).
 //!
 //! `pool-core` names none of this: it builds a shared or leased pool through
-//! the [`pool_core::shared::Handoff`] it is given ([`HANDOFF`], passed in
+//! the [`pool_core::Handoff`] it is given ([`HANDOFF`], passed in
 //! the build's options), so a program links it to share or lease (the `hostpool` library, its CLI and
 //! its Python package do). The keeper itself, a daemon, is `hostpool-keeper`,
 //! which only the CLI links.

@@ -5,9 +5,11 @@
 //! the shard of each rank ([`shard`]), what the ranks must agree on
 //! ([`SharedPoolSpec`]), the files' names (from [`crate::gc::data_path`] and
 //! [`crate::gc::ctl_path`], which `gc` recognises) and the report
-//! ([`SharingReport`]). The rendezvous themselves, which hand memory from
-//! one process to another, are not the core's: [`map_shared`] hands the spec
-//! to the [`Handoff`] linked in (`hostpool-handoff`).
+//! ([`SharingReport`]), and what a rendezvous or a lease hands back: an
+//! [`Attachment`], which says how its memory came ([`Attached`]). The
+//! rendezvous themselves, which hand memory from one process to another,
+//! are not the core's: the build hands the spec to the [`crate::Handoff`]
+//! it was given (`hostpool-handoff`'s).
 
 use std::path::PathBuf;
 
