@@ -10,7 +10,7 @@
 //! `SCM_RIGHTS`. Nothing of a kept pool is in any directory: its files are
 //! unlinked from birth (`O_TMPFILE` or memfds).
 //!
-//! An engine leases the pool (`keeper = "NAME"` in its config, see
+//! An engine leases the pool (`[lease]` `keeper = "NAME"` in its config, see
 //! the private `lease` module): the keeper checks the size and page size asked for, hands
 //! the memory over, and the engine maps it without a prefault (the pages are
 //! resident), then pins and registers it as usual: pins belong to the
