@@ -50,6 +50,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
+pub mod tier;
+
 /// The first word of a formatted index.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HPINDEX1");
 /// The layout's version.
