@@ -1504,3 +1504,256 @@ fn a_kept_pool_of_thousands_of_files_is_leased_whole() {
     stop(&mut k[0]);
     assert_clean(&tmpfs, "8192 files given back");
 }
+
+/// The tenants of `st` (a keeper's status).
+fn tenants_of(st: &Value) -> Vec<Value> {
+    st["tenants"].as_array().cloned().unwrap_or_default()
+}
+
+/// A keeper of `--tenants 2`: two engines lease the pool at once (one
+/// keeper instance, generations 1 and 2, the same memory: what one writes
+/// the other reads), and `keep status` lists both; a third is refused at
+/// once naming the limit and both holders. One SIGKILLed ends its lease
+/// alone: the other keeps its lease and its bytes (with content = zero no
+/// clearing under a live tenant), a new engine takes the freed place, and
+/// the survivor releases cleanly. Once the last tenant is gone the pool is
+/// cleared before the next lease.
+#[test]
+fn two_tenants_lease_one_pool_at_once_and_each_ends_alone() {
+    let Some((tmpfs, pool)) = tmpfs_and_pool("tenants") else {
+        return;
+    };
+    let (mut k, ready) = keeper(&pool, &tmpfs, &["--tenants", "2"], "");
+    assert_eq!(ready["max_tenants"], 2, "{ready}");
+    assert_eq!(ready["content"], "zero", "{ready}");
+    let (mut a, ra) = lease(&pool, &[]);
+    let (mut b, rb) = lease(&pool, &[]);
+    let (pa, pb) = (a[0].id(), b[0].id());
+    for (report, generation) in [(&ra, 1), (&rb, 2)] {
+        let lease = &report["keeper"];
+        assert_eq!(lease["generation"], generation, "{lease}");
+        assert_eq!(lease["instance"], ready["instance"], "{lease}");
+        assert_eq!(report["mapped_bytes"], 8 * MIB, "the whole pool: {report}");
+        assert_eq!(report["prefault"]["bytes"], 0, "resident: {report}");
+    }
+    // One pool: what the first tenant writes, the second reads.
+    mem_write(pa, addr(&ra) + 100, b"tenant-a");
+    assert_eq!(mem_read(pb, addr(&rb) + 100, 8), b"tenant-a");
+    let st = status(&pool);
+    let tenants = tenants_of(&st);
+    assert_eq!(tenants.len(), 2, "{st}");
+    assert_eq!(
+        (&tenants[0]["pids"], &tenants[1]["pids"]),
+        (&serde_json::json!([pa]), &serde_json::json!([pb])),
+        "{st}"
+    );
+    assert_eq!(
+        (&tenants[0]["generation"], &tenants[1]["generation"]),
+        (&Value::from(1), &Value::from(2)),
+        "{st}"
+    );
+    assert!(tenants.iter().all(|t| t["live"] == true), "{st}");
+    assert_eq!(
+        (&st["max_tenants"], &st["state"]),
+        (&Value::from(2), &Value::from("leased"))
+    );
+    assert_eq!(
+        st["lease"]["pid"], pa,
+        "the first tenant, as before tenants: {st}"
+    );
+    let text = keep_status(&["--name", &pool]);
+    assert!(
+        text.contains("2 of at most 2 tenants")
+            && text.contains(&format!("tenant of generation 1: pid(s) {pa}, since"))
+            && text.contains(&format!("tenant of generation 2: pid(s) {pb}, since")),
+        "{text}"
+    );
+    // `doctor` names both engines, not only the first.
+    let found = keepers_findings(&pool);
+    let value = found[0]["value"].as_str().unwrap_or_default();
+    assert!(
+        value.contains(&format!("leased by 2 engines (pid {pa}, pid {pb})")),
+        "{found:?}"
+    );
+
+    // A third engine: refused at once, naming the limit and both holders.
+    let t = Instant::now();
+    let err = fails(&engine_once(&pool, &[]), 1);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(
+        err.contains(&format!(
+            "kept pool `{pool}` holds its limit of 2 tenants (`--tenants 2`)"
+        )) && err.contains(&format!("(pid {pa}, since"))
+            && err.contains(&format!("(pid {pb}, since"))
+            && err.contains("start its keeper with more --tenants"),
+        "{err}"
+    );
+    assert_eq!(
+        status(&pool)["generation"],
+        2,
+        "a refusal counts no generation"
+    );
+
+    // The first tenant SIGKILLed: its lease alone ends, as died.
+    kill_and_reap(&mut a[0]);
+    until_status(&pool, 5, |st| tenants_of(st).len() == 1);
+    let st = status(&pool);
+    assert_eq!(tenants_of(&st)[0]["pids"], serde_json::json!([pb]), "{st}");
+    assert_eq!(
+        (&st["previous"]["how"], &st["previous"]["pid"]),
+        (&Value::from("died"), &Value::from(pa))
+    );
+    assert_eq!(
+        (&st["state"], &st["lease"]["pid"]),
+        (&Value::from("leased"), &Value::from(pb))
+    );
+    // The survivor still works on the same bytes: nothing was cleared.
+    assert_eq!(mem_read(pb, addr(&rb) + 100, 8), b"tenant-a");
+    mem_write(pb, addr(&rb) + 200, b"tenant-b");
+    // A new engine takes the freed place at once, on the same memory.
+    let (mut c, rc) = lease(&pool, &[]);
+    let pc = c[0].id();
+    assert_eq!(rc["keeper"]["generation"], 3, "{rc}");
+    assert_eq!(rc["keeper"]["previous"]["pid"], pa, "{rc}");
+    assert_eq!(mem_read(pc, addr(&rc) + 200, 8), b"tenant-b");
+    // The survivor releases cleanly; the newcomer goes on.
+    stop(&mut b[0]);
+    until_status(&pool, 5, |st| st["previous"]["pid"] == pb);
+    let st = status(&pool);
+    assert_eq!(st["previous"]["how"], "closed", "{st}");
+    assert_eq!(tenants_of(&st)[0]["pids"], serde_json::json!([pc]), "{st}");
+    mem_write(pc, addr(&rc) + 300, b"tenant-c");
+    assert_eq!(mem_read(pc, addr(&rc) + 300, 8), b"tenant-c");
+    // The last tenant gone, the pool is cleared before the next lease.
+    stop(&mut c[0]);
+    let (mut d, rd) = lease(&pool, &[]);
+    assert_eq!(rd["keeper"]["generation"], 4, "{rd}");
+    assert_eq!(mem_read(d[0].id(), addr(&rd) + 100, 8), [0; 8], "cleared");
+    assert_eq!(mem_read(d[0].id(), addr(&rd) + 300, 8), [0; 8], "cleared");
+    stop(&mut d[0]);
+    stop(&mut k[0]);
+    assert_clean(&tmpfs, "tenants gone");
+}
+
+/// `tenants = 2` in a keeper's config: a world of 2 ranks of one engine
+/// (one tenant, both ranks its lease) and an engine without an id (another)
+/// lease the pool at once; SIGTERM waits for both tenants' leases to end.
+/// `tenants` out of range, or not a number, and `--tenants` without
+/// `--name` are usage errors naming the range.
+#[test]
+fn a_keepers_config_sets_tenants_and_the_drain_waits_for_every_tenant() {
+    let Some(tmpfs) = SmallTmpfs::mount_or_skip("config-tenants", 32) else {
+        return;
+    };
+    let pool = name("config-tenants");
+    let file = tmpfs.0.with_extension("toml");
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _file = Remove(file.clone());
+    let config = |tenants: &str| {
+        format!(
+            "[[pool]]\nname = \"{pool}\"\nsize = \"8MiB\"\nbacking = \"shm-segmented\"\ndir = \
+             \"{}\"\ntenants = {tenants}\n",
+            tmpfs.path()
+        )
+    };
+    std::fs::write(&file, config("2")).unwrap();
+    let mut k = Children(vec![
+        bin()
+            .args(["keep", "--json", "--config"])
+            .arg(&file)
+            .spawn_piped(),
+    ]);
+    let ready = read_json_line(&mut k[0]);
+    assert_eq!(
+        (&ready["name"], &ready["max_tenants"]),
+        (&Value::from(pool.as_str()), &Value::from(2))
+    );
+    let engine_name = name("config-tenants-world");
+    let mut world = Children(
+        (0..2)
+            .map(|r| {
+                let r = r.to_string();
+                engine(
+                    &pool,
+                    &["--shared", &engine_name, "--world", "2", "--rank", &r],
+                    "",
+                )
+            })
+            .collect(),
+    );
+    let reports: Vec<Value> = world.iter_mut().map(read_report).collect();
+    for (r, report) in reports.iter().enumerate() {
+        assert_eq!(
+            report["keeper"]["generation"], 1,
+            "rank {r}: one lease: {report}"
+        );
+    }
+    let (mut anon, report) = lease(&pool, &[]);
+    assert_eq!(
+        report["keeper"]["generation"], 2,
+        "a tenant of its own: {report}"
+    );
+    let st = status(&pool);
+    let tenants = tenants_of(&st);
+    assert_eq!(tenants.len(), 2, "{st}");
+    assert_eq!(tenants[0]["engine"], engine_name.as_str(), "{st}");
+    assert_eq!(
+        tenants[0]["ranks"].as_array().map(Vec::len),
+        Some(2),
+        "{st}"
+    );
+    assert_eq!(tenants[1]["engine"], "", "{st}");
+    // SIGTERM: the keeper drains, and goes on while either tenant holds.
+    signal(&k[0], libc::SIGTERM);
+    until_stopping(&pool);
+    stop(&mut anon[0]);
+    until_status(&pool, 5, |st| tenants_of(st).len() == 1);
+    assert!(
+        k[0].try_wait().unwrap().is_none(),
+        "the world's lease is still in force"
+    );
+    for rank in world.iter_mut() {
+        stop(rank);
+    }
+    exits_with(
+        &mut k[0],
+        0,
+        Duration::from_secs(5),
+        "the keeper ends with its last tenant",
+    );
+    assert_clean(&tmpfs, "drained");
+
+    for (tenants, says) in [
+        (
+            "0",
+            "tenants = 0 is out of range: a kept pool is leased to 1 to 64 engines at once",
+        ),
+        (
+            "65",
+            "tenants = 65 is out of range: a kept pool is leased to 1 to 64 engines",
+        ),
+        ("\"two\"", "`tenants` must be a whole number, not \"two\""),
+    ] {
+        std::fs::write(&file, config(tenants)).unwrap();
+        assert_usage_error(bin().args(["keep", "--config"]).arg(&file), says);
+    }
+    for (args, says) in [
+        (
+            vec!["keep", "--name", "x", "--tenants", "0"],
+            "tenants = 0 is out of range",
+        ),
+        (
+            vec!["keep", "--name", "x", "--tenants", "65"],
+            "1 to 64 engines",
+        ),
+        (vec!["keep", "--tenants", "2"], "--name"),
+    ] {
+        assert_usage_error(bin().args(&args), says);
+    }
+    assert_clean(&tmpfs, "nothing built for a bad config");
+}

@@ -15,8 +15,10 @@
 //! the memory over, and the engine maps it without a prefault (the pages are
 //! resident), then pins and registers it as usual: pins belong to the
 //! process that uses the memory. The ranks of one engine share one lease;
-//! one lease at a time. When the lease ends (every rank closed, or died: an
-//! EOF, seen at once) the keeper takes the pool back and, with
+//! one lease at a time, or up to `tenants` (`--tenants N`) engines at once,
+//! each a tenant with a lease of its own over the whole pool. When a lease
+//! ends (every rank closed, or died: an EOF, seen at once) the keeper takes
+//! the pool back from it and, once no tenant is left, with
 //! `content = "zero"`, clears it (zeroed in place by the prefault threads:
 //! its pages stay allocated, so nothing can take them meanwhile) before
 //! the next lease; with
@@ -40,8 +42,8 @@
 //! ```
 //!
 //! The keeper (the private `server` module) keeps its state apart from its
-//! I/O: a state machine (`server::state`, `Serving`) holds the lease, its
-//! ranks, the waiting attaches and the keeper's own state, names
+//! I/O: a state machine (`server::state`, `Serving`) holds the leases in
+//! force (its tenants), their ranks, the waiting attaches and the keeper's own state, names
 //! connections by id, and changes only by transitions (a hello answered, a
 //! rank joined, ranks arriving, releasing or gone, the clock, the clearing,
 //! stop requests) that return what to send or close; the I/O side
@@ -88,12 +90,26 @@ pub struct KeptPoolConfig {
     pub content: Content,
     /// `allow_uids`: users besides the keeper's own that may lease it.
     pub allow_uids: Vec<u32>,
+    /// `tenants`: how many engines may hold a lease of it at once, 1
+    /// (the default: one lease at a time) to [`MAX_TENANTS`].
+    pub tenants: u32,
     /// The pool (any pool config key).
     pub pool: PoolConfig,
 }
 
 /// The keys of a `[[pool]]` table that are the keeper's, not the pool's.
-pub const KEEPER_KEYS: [&str; 3] = ["name", "content", "allow_uids"];
+pub const KEEPER_KEYS: [&str; 4] = ["name", "content", "allow_uids", "tenants"];
+
+/// The most engines one kept pool is leased to at once (`tenants`).
+pub const MAX_TENANTS: u32 = 64;
+
+/// What `tenants` must be, for its errors.
+fn tenants_range() -> String {
+    format!(
+        "a kept pool is leased to 1 to {MAX_TENANTS} engines at once (`tenants`, --tenants; 1, \
+         the default, is one lease at a time)"
+    )
+}
 
 impl KeptPoolConfig {
     /// Check what a keeper can keep: a named pool that is not itself shared
@@ -106,6 +122,13 @@ impl KeptPoolConfig {
         pool_core::check_name("kept pool", &self.name)?;
         let n = &self.name;
         let p = &self.pool;
+        if !(1..=MAX_TENANTS).contains(&self.tenants) {
+            return Err(Error::config(format!(
+                "kept pool `{n}`: tenants = {} is out of range: {}",
+                self.tenants,
+                tenants_range()
+            )));
+        }
         if p.sharing.is_some() {
             return Err(Error::config(format!(
                 "kept pool `{n}` has a `sharing` table: a keeper's pool is shared by leasing it; \
@@ -183,6 +206,25 @@ impl KeptPoolConfig {
                 ))
             })?,
         };
+        let tenants = match map.remove("tenants") {
+            None => 1,
+            // A number out of range is said so by `validate`.
+            Some(v) => match v.as_u64().map(u32::try_from) {
+                Some(Ok(t)) => t,
+                Some(Err(_)) => {
+                    return Err(Error::config(format!(
+                        "kept pool `{name}`: tenants = {v} is out of range: {}",
+                        tenants_range()
+                    )));
+                }
+                None => {
+                    return Err(Error::config(format!(
+                        "kept pool `{name}`: `tenants` must be a whole number, not {v}: {}",
+                        tenants_range()
+                    )));
+                }
+            },
+        };
         let pool = PoolConfig::from_value(Value::Object(map)).map_err(|e| {
             Error::config(format!(
                 "kept pool `{name}`: {e} (besides the pool's keys, a [[pool]] table has the \
@@ -194,6 +236,7 @@ impl KeptPoolConfig {
             name,
             content,
             allow_uids,
+            tenants,
             pool,
         };
         kept.validate()?;
@@ -277,6 +320,15 @@ mod tests {
         assert_eq!(pools[0].allow_uids, vec![1000]);
         assert_eq!(pools[1].content, Content::Zero);
         assert_eq!(pools[1].pool.size.get(), 8 << 20);
+        assert_eq!(
+            (pools[0].tenants, pools[1].tenants),
+            (1, 1),
+            "one by default"
+        );
+        let two = parse_config("[[pool]]\nname = \"a\"\ntenants = 2\n").unwrap();
+        assert_eq!(two[0].tenants, 2);
+        let most = parse_config("[[pool]]\nname = \"a\"\ntenants = 64\n").unwrap();
+        assert_eq!(most[0].tenants, MAX_TENANTS);
         for (text, says) in [
             ("[[pool]]\nsize = \"1GiB\"\n", "needs a `name`"),
             ("size = \"1GiB\"\n", "one [[pool]] table"),
@@ -306,6 +358,26 @@ mod tests {
                 "list of user ids",
             ),
             ("[[pool]]\nname = \"a\"\nsizee = 1\n", "unknown key `sizee`"),
+            (
+                "[[pool]]\nname = \"a\"\ntenants = 0\n",
+                "tenants = 0 is out of range: a kept pool is leased to 1 to 64 engines",
+            ),
+            (
+                "[[pool]]\nname = \"a\"\ntenants = 65\n",
+                "tenants = 65 is out of range",
+            ),
+            (
+                "[[pool]]\nname = \"a\"\ntenants = 10000000000\n",
+                "tenants = 10000000000 is out of range",
+            ),
+            (
+                "[[pool]]\nname = \"a\"\ntenants = -1\n",
+                "`tenants` must be a whole number, not -1",
+            ),
+            (
+                "[[pool]]\nname = \"a\"\ntenants = \"2\"\n",
+                "`tenants` must be a whole number",
+            ),
         ] {
             let e = parse_config(text).unwrap_err();
             assert!(e.is_usage(), "{text}: {e}");

@@ -33,6 +33,10 @@ pub struct KeepArgs {
     /// pool (repeatable).
     #[arg(long = "allow-uid", value_name = "UID", requires = "name")]
     pub allow_uids: Vec<u32>,
+    /// With --name: how many engines may lease the pool at once, 1 to 64
+    /// (default 1: one lease at a time); each tenant maps the whole pool.
+    #[arg(long, value_name = "N", requires = "name")]
+    pub tenants: Option<u32>,
     /// Print one JSON line per pool when it is ready (and when it is released).
     #[arg(long)]
     pub json: bool,
@@ -140,6 +144,7 @@ fn configs(args: &KeepArgs) -> Result<Vec<KeptPoolConfig>, Error> {
             name: name.clone(),
             content: args.content.unwrap_or_default(),
             allow_uids: args.allow_uids.clone(),
+            tenants: args.tenants.unwrap_or(1),
             pool,
         };
         kept.validate()?;
@@ -241,14 +246,27 @@ fn human_status(v: &Value) -> String {
         v["instance"].as_str().unwrap_or("?"),
         v["state"].as_str().unwrap_or("?"),
     );
+    let max_tenants = v["max_tenants"].as_u64().unwrap_or(1);
+    let tenants = v["tenants"].as_array().map(Vec::as_slice).unwrap_or(&[]);
     let _ = writeln!(
         t,
-        "  content {}, generation {}, allow_uids {}",
+        "  content {}, generation {}, allow_uids {}{}",
         v["content"].as_str().unwrap_or("?"),
         v["generation"],
-        v["allow_uids"]
+        v["allow_uids"],
+        if max_tenants > 1 {
+            format!(", {} of at most {max_tenants} tenants", tenants.len())
+        } else {
+            String::new()
+        }
     );
+    if max_tenants > 1 {
+        for l in tenants {
+            let _ = writeln!(t, "{}", human_tenant(l));
+        }
+    }
     match v["lease"].as_object() {
+        Some(_) if max_tenants > 1 => {}
         Some(l) => {
             let _ = writeln!(
                 t,
@@ -287,6 +305,34 @@ fn human_status(v: &Value) -> String {
         let _ = writeln!(t, "  broken: {b}");
     }
     t
+}
+
+/// One tenant of a kept pool of several, as `keep status` lists it.
+fn human_tenant(l: &Value) -> String {
+    let engine = l["engine"].as_str().unwrap_or("");
+    format!(
+        "  tenant of generation {}: pid(s) {}{}, since {}, {} rank(s) of world {}, {} \
+         companion(s), {}",
+        l["generation"],
+        l["pids"]
+            .as_array()
+            .map(|p| p.iter().map(Value::to_string).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default(),
+        if engine.is_empty() {
+            String::new()
+        } else {
+            format!(", engine `{engine}`")
+        },
+        l["since"].as_str().unwrap_or("?"),
+        l["ranks"].as_array().map_or(0, Vec::len),
+        l["world"],
+        l["companions"].as_array().map_or(0, Vec::len),
+        if l["live"] == true {
+            "live"
+        } else {
+            "attaching"
+        },
+    )
 }
 
 /// Count a stop request; the first is said (SIGTERM drains, a second

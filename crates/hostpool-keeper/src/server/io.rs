@@ -1,6 +1,6 @@
 //! The keeper's I/O: its socket and its connections ([`Sockets`]). It
 //! binds the pool's name, accepts connections (each named by a
-//! [`ConnId`]), reads hellos and what the lease's ranks say, and feeds all
+//! [`ConnId`]), reads hellos and what each tenant's ranks say, and feeds all
 //! of it to the state machine (`super::state`), then sends what that
 //! returns (a lease with the pool's descriptors, a refusal, `Go`, a
 //! failure) and closes what it lets go. It decides nothing itself.
@@ -29,7 +29,7 @@ pub(super) struct Sockets {
     /// New connections, until they say what they want (or
     /// [`HELLO_WITHIN`] passed).
     hellos: Vec<(ConnId, OwnedFd, Instant)>,
-    /// The connections the state names: the lease's ranks and companions,
+    /// The connections the state names: the tenants' ranks and companions,
     /// and the attaches that wait.
     conns: HashMap<ConnId, OwnedFd>,
     /// The id of the next connection.
@@ -111,8 +111,8 @@ impl Sockets {
     }
 
     /// An engine's rank (or companion) asks for a lease on `fd`: the state
-    /// answers; a grant is sent, and the connection joins the lease; an
-    /// attach told to wait waits.
+    /// answers; a grant is sent, and the connection joins the tenant the
+    /// state named; an attach told to wait waits.
     #[allow(clippy::too_many_arguments)]
     fn hello(
         &mut self,
@@ -151,7 +151,7 @@ impl Sockets {
                     until,
                 });
             }
-            Answer::Grant(info) => {
+            Answer::Grant(tenant, info) => {
                 let rank = !matches!(
                     &hello,
                     Message::Hello {
@@ -161,7 +161,7 @@ impl Sockets {
                 );
                 pool_core::failpoint::stall("keeper-passing-fds");
                 let sent = send_lease(&fd, memory, info, s.figures()).is_ok();
-                if s.joined(conn, pid, uid, &hello, sent) {
+                if s.joined(tenant, conn, pid, uid, &hello, sent) {
                     self.conns.insert(conn, fd);
                 }
                 if rank {
@@ -197,30 +197,30 @@ impl Sockets {
         events
     }
 
-    /// Read what the lease's ranks and companions say (arrivals, releases,
-    /// deaths), hand it to the state with the time, and tell the ranks what
-    /// it says: `Go` once all arrived, or why the lease failed.
+    /// Read what each tenant's ranks and companions say (arrivals,
+    /// releases, deaths), hand it to the state with the time, tenant by
+    /// tenant, and tell that tenant's ranks what it says: `Go` once all
+    /// arrived, or why its lease failed.
     pub(super) fn watch_lease(&mut self, s: &mut Serving) {
-        let Some((ranks, companions)) = s.lease_conns() else {
-            return;
-        };
-        let ranks = self.read_events(&ranks);
-        let companions = self.read_events(&companions);
-        if let Some(tell) = s.on_lease_events(ranks, companions, Instant::now()) {
-            self.tell(&tell);
+        for tenant in s.tenant_ids() {
+            let Some((ranks, companions)) = s.lease_conns(tenant) else {
+                continue;
+            };
+            let ranks = self.read_events(&ranks);
+            let companions = self.read_events(&companions);
+            if let Some(tell) = s.on_lease_events(tenant, ranks, companions, Instant::now()) {
+                self.tell(&tell);
+            }
         }
     }
 
-    /// Whether a rank or companion of the lease in force has something
+    /// Whether a rank or companion of a lease in force has something
     /// unread (a message, or its hang-up).
     pub(super) fn lease_unsettled(&self, s: &Serving) -> bool {
-        let Some((ranks, companions)) = s.lease_conns() else {
-            return false;
-        };
-        ranks
-            .iter()
-            .chain(&companions)
-            .filter_map(|c| self.fd((*c)?))
+        let conns = s.tenant_ids().into_iter().filter_map(|t| s.lease_conns(t));
+        conns
+            .flat_map(|(ranks, companions)| ranks.into_iter().chain(companions))
+            .filter_map(|c| self.fd(c?))
             .any(wire::ready)
     }
 
@@ -376,7 +376,7 @@ fn send_lease(
 /// the ranks, and a connection that ends is closed. As an ordinary user.
 #[cfg(test)]
 mod tests {
-    use super::super::state::testing::{hello, serving};
+    use super::super::state::testing::{T1, hello, serving};
     use super::*;
 
     fn pair() -> (OwnedFd, OwnedFd) {
@@ -408,19 +408,19 @@ mod tests {
             let conn = io.id();
             io.conns.insert(conn, fd);
             let h = hello("eng", 2, rank, None);
-            assert!(matches!(s.answer(&h, || None, now), Answer::Grant(_)));
-            assert!(s.joined(conn, 10 + rank, 0, &h, true));
+            assert!(matches!(s.answer(&h, || None, now), Answer::Grant(T1, _)));
+            assert!(s.joined(T1, conn, 10 + rank, 0, &h, true));
             peers.push(peer);
         }
         assert!(!io.lease_unsettled(&s));
         io.watch_lease(&mut s);
-        assert!(!s.lease_live());
+        assert!(!s.lease_live(T1));
         for peer in &peers {
             wire::send(peer, &Message::Arrived { error: None }, &[]).unwrap();
         }
         assert!(io.lease_unsettled(&s));
         io.watch_lease(&mut s);
-        assert!(s.lease_live() && !io.lease_unsettled(&s));
+        assert!(s.lease_live(T1) && !io.lease_unsettled(&s));
         for peer in &peers {
             assert!(matches!(recv(peer), Message::Go));
         }
@@ -431,14 +431,14 @@ mod tests {
         io.watch_lease(&mut s);
         io.watch_lease(&mut s);
         assert_eq!(io.conns.len(), 1);
-        assert!(!s.lease_over());
+        assert!(s.ended().is_empty());
         io.tell(&s.farewell());
         assert!(matches!(recv(&peers[0]), Message::Failed { message, .. }
             if message.contains("the keeper of `unit` stopped")));
         drop(peers.remove(0));
         io.watch_lease(&mut s);
-        assert!(io.conns.is_empty() && s.lease_over());
-        assert!(s.end_lease(now));
+        assert!(io.conns.is_empty() && s.ended() == vec![T1]);
+        assert!(s.end_lease(T1, now));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! Split by concern, the state apart from the I/O:
 //!
 //! - `state` ([`Serving`]): the state machine. What the
-//!   keeper knows (the lease in force, its ranks and companions, the
+//!   keeper knows (the leases in force, one per tenant, their ranks and
+//!   companions, the
 //!   attaches that wait, failed leases, idle/clearing/broken, stopping) and
 //!   every transition: a hello answered (`state::answer`), a rank joined,
 //!   a lease's ranks arriving, releasing, dying and its end
@@ -143,9 +144,9 @@ impl Keeper {
     }
 
     /// Serve leases until stopped: the first stop request (`stops` ≥ 1)
-    /// refuses new leases and waits up to `drain` for the lease in force to
-    /// end; a second ends serving at once. A lease still in force then keeps
-    /// its mapping (the kernel frees the memory when it unmaps).
+    /// refuses new leases and waits up to `drain` for every tenant's lease
+    /// to end; a second ends serving at once. A lease still in force then
+    /// keeps its mapping (the kernel frees the memory when it unmaps).
     ///
     /// Each turn: the stop requests, the clearing's end, then whatever the
     /// sockets bring (new connections, what the lease's ranks say, hellos,
@@ -186,10 +187,12 @@ impl Keeper {
                 }
                 io.accept(s);
                 io.watch_lease(s);
-                if s.lease_over() {
+                // Each tenant whose processes are all gone ends alone; the
+                // last one's end starts the clearing.
+                for tenant in s.ended() {
                     let now = Instant::now();
                     pool_core::failpoint::stall("keeper-lease-end");
-                    if s.end_lease(now) {
+                    if s.end_lease(tenant, now) {
                         let name = s.name().to_string();
                         let abort = &abort;
                         clearing =

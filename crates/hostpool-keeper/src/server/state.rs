@@ -1,24 +1,29 @@
-//! The keeper's state machine, [`Serving`]: the lease in force and its
-//! ranks and companions, the attaches that wait, the failed leases it
-//! remembers, what it is doing besides (idle, clearing, broken) and
-//! whether it stops. It holds no socket, no file and no pool: connections
-//! are named by [`ConnId`], and the I/O side (`super::io`) feeds it what
-//! happened and does what it returns:
+//! The keeper's state machine, [`Serving`]: the leases in force (its
+//! tenants, each one engine's lease, named by [`TenantId`]) and their ranks
+//! and companions, the attaches that wait, the failed leases it remembers,
+//! what it is doing besides (idle, clearing, broken) and whether it stops.
+//! It holds no socket, no file and no pool: connections are named by
+//! [`ConnId`], and the I/O side (`super::io`) feeds it what happened and
+//! does what it returns:
 //!
 //! - a hello read: [`Serving::answer`] (in `answer`) refuses it, makes it
-//!   wait, or grants it with the [`LeaseInfo`] to send; once sent (or not),
-//!   [`Serving::joined`] records the rank or companion, and an attach told
-//!   to wait is kept with [`Serving::waits`];
-//! - what the lease's connections said (arrived, released, gone) and the
-//!   clock: [`Serving::on_lease_events`] (in `lease`) settles the lease and
-//!   says whom to tell `Go` or why it failed; [`Serving::end_lease`] and
-//!   [`Serving::cleared`] take the pool back and clear it;
+//!   wait, or grants it, to a new tenant or to its engine's, with the
+//!   [`LeaseInfo`] to send; once sent (or not), [`Serving::joined`] (in
+//!   `tenants`) records the rank or companion in that tenant, and an attach
+//!   told to wait is kept with [`Serving::waits`];
+//! - what a tenant's connections said (arrived, released, gone) and the
+//!   clock: [`Serving::on_lease_events`] (in `lease`) settles that tenant's
+//!   lease and says whom to tell `Go` or why it failed;
+//!   [`Serving::end_lease`] takes the pool back from a tenant whose
+//!   processes are all gone, without touching the others, and once the last
+//!   one ended clears it, until [`Serving::cleared`];
 //! - waiting attaches (in `waiting`): [`Serving::next_waiting`],
 //!   [`Serving::waiting_gone`], [`Serving::expire_waiting`];
 //! - stop requests: [`Serving::on_stops`], then [`Serving::farewell`].
 //!
-//! Its unit tests (here, in `answer`, `lease` and `waiting`) drive it by
-//! those transitions alone, as an ordinary user, in milliseconds.
+//! Its unit tests (here, in `answer`, `lease`, `tenants` and `waiting`)
+//! drive it by those transitions alone, as an ordinary user, in
+//! milliseconds.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -33,7 +38,10 @@ use pool_core::Error;
 
 mod answer;
 mod lease;
+mod tenants;
 mod waiting;
+
+pub(super) use tenants::TenantId;
 
 /// A connection, as the state names it: the I/O side holds its socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -64,9 +72,13 @@ impl Rank {
     }
 }
 
-/// The lease in force.
+/// A lease in force: one tenant's, one engine's (its ranks and its
+/// companions).
 #[derive(Debug)]
 struct Lease {
+    /// What each of its ranks and companions is told (the generation, the
+    /// previous lease and tag as they were when it was granted).
+    info: LeaseInfo,
     engine: String,
     world: u32,
     since: SystemTime,
@@ -84,7 +96,6 @@ struct Lease {
     failed: bool,
     /// The first rank that died, by pid.
     died: Option<u32>,
-    generation: u64,
 }
 
 /// A lease that failed while its ranks attached.
@@ -129,9 +140,10 @@ pub(super) enum Answer {
     },
     /// Served once the pool is cleared, or refused at `until`.
     Wait { until: Instant },
-    /// Handed the pool: the identity its lease is told. Once sent (or
-    /// not), the connection joins the lease ([`Serving::joined`]).
-    Grant(LeaseInfo),
+    /// Handed the pool, as a rank or companion of tenant `TenantId` (new,
+    /// or its engine's): the identity its lease is told. Once sent (or
+    /// not), the connection joins that tenant ([`Serving::joined`]).
+    Grant(TenantId, LeaseInfo),
 }
 
 /// A connection to refuse, and close: what it is told.
@@ -193,7 +205,8 @@ pub(super) struct Serving {
     generation: u64,
     previous: Option<PreviousLease>,
     tag: Option<String>,
-    lease: Option<Lease>,
+    /// The leases in force, one per tenant, in the order they were granted.
+    tenants: Vec<Lease>,
     waiting: Vec<Waiting>,
     /// Leases of a world > 1 that failed, until their attach timeout: a rank
     /// of that engine that comes late is told why, rather than starting a
@@ -246,7 +259,7 @@ impl Serving {
             generation: 0,
             previous: None,
             tag: None,
-            lease: None,
+            tenants: Vec::new(),
             waiting: Vec::new(),
             failed: Vec::new(),
             state: State::Idle,
@@ -309,9 +322,10 @@ impl Serving {
     }
 
     /// The stop requests so far (`asked`): the first drains (no new lease,
-    /// the waiting attaches are refused, the lease in force may end within
+    /// the waiting attaches are refused, the leases in force may end within
     /// `drain`), the second ends the keeper at once; a draining keeper ends
-    /// once no lease and no clearing is left, or at its drain deadline.
+    /// once no tenant's lease and no clearing is left, or at its drain
+    /// deadline.
     pub(super) fn on_stops(
         &mut self,
         asked: u32,
@@ -336,7 +350,7 @@ impl Serving {
                 })
                 .collect();
         }
-        if self.stopping && self.lease.is_none() && !clearing {
+        if self.stopping && self.tenants.is_empty() && !clearing {
             return Stops::Exit;
         }
         if self.drain_until.is_some_and(|d| now >= d) {
@@ -349,12 +363,12 @@ impl Serving {
         }
     }
 
-    /// The identity a lease granted now is told.
-    fn lease_info(&self) -> LeaseInfo {
+    /// The identity a lease of generation `generation` granted now is told.
+    fn lease_info(&self, generation: u64) -> LeaseInfo {
         LeaseInfo {
             name: self.config.name.clone(),
             instance: self.instance.clone(),
-            generation: self.generation,
+            generation,
             content: self.config.content.name().to_string(),
             previous: self.previous.clone(),
             tag: self.tag.clone(),
@@ -362,71 +376,10 @@ impl Serving {
         }
     }
 
-    /// A granted hello ([`Answer::Grant`]) on `conn` joins the lease, once
-    /// its lease was sent (`sent`) or failed to be: as a companion, or as a
-    /// rank (the lease keeps the first rank's tag; a world of 1 is live at
-    /// once; a rank the lease never reached has died). Whether the lease
-    /// keeps `conn` (else the I/O side closes it).
-    pub(super) fn joined(
-        &mut self,
-        conn: ConnId,
-        pid: u32,
-        uid: u32,
-        hello: &Message,
-        sent: bool,
-    ) -> bool {
-        let Message::Hello {
-            rank,
-            tag,
-            companion,
-            ..
-        } = hello
-        else {
-            return false;
-        };
-        let Some(lease) = self.lease.as_mut() else {
-            return false;
-        };
-        let conn = sent.then_some(conn);
-        if *companion {
-            tracing::info!(
-                "kept pool `{}`: pid {pid} maps the lease as a companion",
-                self.config.name
-            );
-            lease.companions.push(Rank {
-                rank: 0,
-                pid,
-                uid,
-                conn,
-                arrived: true,
-                released: false,
-            });
-            return sent;
-        }
-        if lease.tag.is_none() {
-            lease.tag.clone_from(tag);
-        }
-        lease.ranks.push(Rank {
-            rank: *rank,
-            pid,
-            uid,
-            conn,
-            arrived: false,
-            released: false,
-        });
-        if !sent {
-            lease.died.get_or_insert(pid);
-        }
-        if lease.world == 1 && sent {
-            lease.live = true;
-        }
-        sent
-    }
-
-    /// The connections to wait on for a message or a hang-up: the lease's
-    /// ranks and the waiting attaches.
+    /// The connections to wait on for a message or a hang-up: every
+    /// tenant's ranks and the waiting attaches.
     pub(super) fn watched(&self) -> Vec<ConnId> {
-        let ranks = self.lease.iter().flat_map(|l| &l.ranks);
+        let ranks = self.tenants.iter().flat_map(|l| &l.ranks);
         ranks
             .filter_map(|r| r.conn)
             .chain(self.waiting.iter().map(|w| w.conn))
@@ -436,7 +389,7 @@ impl Serving {
     /// What the keeper tells whoever is still attached when it stops.
     pub(super) fn farewell(&self) -> Tell {
         let attached = self
-            .lease
+            .tenants
             .iter()
             .flat_map(|l| l.ranks.iter().chain(&l.companions));
         Tell {
@@ -454,28 +407,18 @@ impl Serving {
 
     /// The keeper's status (`hostpool keep status --json`): its state, and
     /// the memory's figures given (`numa`: the build's NUMA report; `index`:
-    /// the index at the pool's tail, `super::status`).
+    /// the index at the pool's tail, `super::status`). `lease` is the first
+    /// tenant's (as before tenants), `tenants` lists them all.
     pub(super) fn status(&self, numa: Value, index: Value) -> Value {
-        let state = match (&self.state, &self.lease, self.stopping) {
+        let state = match (&self.state, self.tenants.is_empty(), self.stopping) {
             (_, _, true) => "stopping",
             (State::Broken(_), _, _) => "broken",
             (State::Zeroing { .. }, _, _) => "clearing",
-            (_, Some(_), _) => "leased",
+            (_, false, _) => "leased",
             _ => "idle",
         };
-        let lease = self.lease.as_ref().map(|l| {
-            json!({
-                "pid": l.ranks.first().map(|r| r.pid),
-                "uid": l.ranks.first().map(|r| r.uid),
-                "since": pool_core::rfc3339(l.since),
-                "engine": l.engine,
-                "world": l.world,
-                "generation": l.generation,
-                "live": l.live,
-                "ranks": l.ranks.iter().filter(|r| r.conn.is_some()).map(|r| json!({"rank": r.rank, "pid": r.pid, "uid": r.uid})).collect::<Vec<_>>(),
-                "companions": l.companions.iter().filter(|r| r.conn.is_some()).map(|r| json!({"pid": r.pid, "uid": r.uid})).collect::<Vec<_>>(),
-            })
-        });
+        let lease = self.tenants.first().map(Lease::status);
+        let tenants: Vec<Value> = self.tenants.iter().map(Lease::tenant_status).collect();
         let f = &self.figures;
         json!({
             "name": self.config.name,
@@ -497,6 +440,8 @@ impl Serving {
             "allow_uids": self.config.allow_uids,
             "generation": self.generation,
             "lease": lease,
+            "tenants": tenants,
+            "max_tenants": self.config.tenants,
             "waiting": self.waiting.len(),
             "previous": self.previous,
             "tag": self.tag,
@@ -512,10 +457,19 @@ impl Serving {
 pub(super) mod testing {
     use super::*;
 
+    /// The first tenant of a keeper: the lease of generation 1.
+    pub(in crate::server) const T1: TenantId = TenantId(1);
+
     /// A keeper's serving state of an 8 MiB pool of 4 KiB pages, idle.
     pub(in crate::server) fn serving(content: &str) -> Serving {
+        serving_tenants(content, 1)
+    }
+
+    /// [`serving`], leased to up to `tenants` engines at once.
+    pub(in crate::server) fn serving_tenants(content: &str, tenants: u32) -> Serving {
         let config = crate::parse_config(&format!(
-            "[[pool]]\nname = \"unit\"\nsize = \"8MiB\"\ncontent = \"{content}\"\n"
+            "[[pool]]\nname = \"unit\"\nsize = \"8MiB\"\ncontent = \"{content}\"\ntenants = \
+             {tenants}\n"
         ))
         .unwrap()
         .remove(0);
@@ -568,16 +522,26 @@ pub(super) mod testing {
         pid: u32,
         now: Instant,
     ) -> ConnId {
-        let Answer::Grant(info) = s.answer(h, || None, now) else {
+        granted_to(s, h, pid, now).0
+    }
+
+    /// [`granted`], and the tenant it joined.
+    pub(in crate::server) fn granted_to(
+        s: &mut Serving,
+        h: &Message,
+        pid: u32,
+        now: Instant,
+    ) -> (ConnId, TenantId) {
+        let Answer::Grant(tenant, info) = s.answer(h, || None, now) else {
             panic!("expected a grant of {h:?}");
         };
-        assert_eq!(
-            (info.generation, info.name.as_str()),
-            (s.generation, "unit")
-        );
+        assert_eq!((info.generation, info.name.as_str()), (tenant.0, "unit"));
         let conn = ConnId(u64::from(pid));
-        assert!(s.joined(conn, pid, 0, h, true), "the lease keeps its conn");
-        conn
+        assert!(
+            s.joined(tenant, conn, pid, 0, h, true),
+            "the lease keeps its conn"
+        );
+        (conn, tenant)
     }
 
     pub(in crate::server) fn refused(answer: Answer) -> (bool, String, Option<u32>) {
@@ -653,10 +617,10 @@ mod tests {
             farewell.message
         );
         // The lease ended: no clearing when stopping, and the keeper ends.
-        s.on_rank(0, RankEvent::Released);
-        s.on_rank(0, RankEvent::Gone);
-        assert!(s.lease_over());
-        assert!(!s.end_lease(now), "a stopping keeper does not clear");
+        s.on_rank(T1, 0, RankEvent::Released);
+        s.on_rank(T1, 0, RankEvent::Gone);
+        assert_eq!(s.ended(), vec![T1]);
+        assert!(!s.end_lease(T1, now), "a stopping keeper does not clear");
         assert!(matches!(s.on_stops(1, drain, false, now), Stops::Exit));
         assert!(s.farewell().to.is_empty());
     }
@@ -666,9 +630,12 @@ mod tests {
         let mut s = serving("zero");
         let now = Instant::now();
         let h = hello("eng", 2, 0, None);
-        assert!(matches!(s.answer(&h, || None, now), Answer::Grant(_)));
-        assert!(!s.joined(ConnId(1), 900, 0, &h, false), "closed at once");
-        let lease = s.lease.as_ref().unwrap();
+        assert!(matches!(s.answer(&h, || None, now), Answer::Grant(T1, _)));
+        assert!(
+            !s.joined(T1, ConnId(1), 900, 0, &h, false),
+            "closed at once"
+        );
+        let lease = s.tenant(T1).unwrap();
         assert_eq!((lease.died, lease.ranks[0].conn), (Some(900), None));
         assert!(s.watched().is_empty());
         assert_eq!(s.forbidden(0), None, "root may");
@@ -693,7 +660,7 @@ mod tests {
         assert_eq!(idle["mapped"], 8 << 20);
         granted(&mut s, &hello("eng", 2, 0, None), 1000, now);
         granted(&mut s, &hello("eng", 2, 1, None), 1001, now);
-        s.on_rank(1, RankEvent::Gone);
+        s.on_rank(T1, 1, RankEvent::Gone);
         let leased = s.status(Value::Null, json!({"slots": 1}));
         assert_eq!(leased["state"], "leased");
         assert_eq!(leased["lease"]["pid"], 1000);

@@ -97,6 +97,7 @@ impl Bench<'_> {
             name: name.clone(),
             content: Content::Zero,
             allow_uids: Vec::new(),
+            tenants: 1,
             pool: config.clone(),
         };
         let mut keeper = Keeper::start(kept, &Quiet, &pool_core::interrupt::Cancel::new())?;

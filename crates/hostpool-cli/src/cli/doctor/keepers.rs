@@ -13,13 +13,26 @@ pub(super) fn findings() -> Vec<Finding> {
         .into_iter()
         .map(|name| match hostpool_keeper::status(&name) {
             Ok(s) => {
-                let lease = match s["lease"].as_object() {
-                    Some(l) => format!(
+                let tenants = s["tenants"].as_array().cloned().unwrap_or_default();
+                let lease = match (s["lease"].as_object(), tenants.len()) {
+                    // Several engines at once: each, by engine and pid.
+                    (Some(_), n) if n > 1 => format!(
+                        "leased by {n} engines ({})",
+                        tenants
+                            .iter()
+                            .map(|t| match t["engine"].as_str().unwrap_or("") {
+                                "" => format!("pid {}", t["pids"][0]),
+                                engine => format!("`{engine}` pid {}", t["pids"][0]),
+                            })
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    (Some(l), _) => format!(
                         "leased by pid {} since {}",
                         l["pid"],
                         l["since"].as_str().unwrap_or("?")
                     ),
-                    None => s["state"].as_str().unwrap_or("?").to_string(),
+                    (None, _) => s["state"].as_str().unwrap_or("?").to_string(),
                 };
                 let value = format!(
                     "{} ({} pages, {}), content {}, generation {}, {lease}; keeper pid {}",

@@ -1,6 +1,7 @@
 //! How the keeper answers a hello, from its state alone: refused, told to
-//! wait, or granted (a new lease, or a rank or companion joining its
-//! engine's lease), with the lease's identity to send.
+//! wait, or granted (a new lease, a tenant of its own, or a rank or
+//! companion joining its engine's tenant), with the lease's identity to
+//! send.
 
 use std::time::{Instant, SystemTime};
 
@@ -8,17 +9,19 @@ use hostpool_handoff::Message;
 use hostpool_handoff::barrier::{Barrier, Deadline};
 use pool_core::{format_bytes, round_to_page};
 
-use super::{Answer, Lease, Serving, State, seconds};
+use super::{Answer, Lease, Serving, State, TenantId, seconds};
 
 impl Serving {
     /// What a hello is answered with, from the keeper's state alone, and
     /// the state it leaves: refused (another lease protocol, stopping,
     /// broken, a size or page size that does not fit, a failed lease of the
-    /// same engine, another engine's lease in force), told to wait (the
-    /// pool is being cleared), or granted (a new lease, generation + 1, or
-    /// a rank joining its engine's lease) with the [`LeaseInfo`] its lease
-    /// is told. `truncated` says whether a holder truncated the pool's
-    /// files, which breaks it for good.
+    /// same engine, another engine's lease in force with one tenant, this
+    /// engine's own lease that it cannot join, as many tenants as the pool
+    /// may have: never told to wait for a place), told to wait (the pool is
+    /// being cleared), or granted (a new tenant, generation + 1, or a rank
+    /// joining its engine's tenant) with the [`LeaseInfo`] its lease is
+    /// told. `truncated` says whether a holder truncated the pool's files,
+    /// which breaks it for good.
     ///
     /// [`LeaseInfo`]: hostpool_handoff::lease::LeaseInfo
     pub(in crate::server) fn answer(
@@ -109,45 +112,36 @@ impl Serving {
                 pid: f.pid,
             };
         }
-        if let Some(lease) = &self.lease {
-            let joins = !lease.live
-                && !lease.failed
-                && lease.engine == *engine
+        let joins = |l: &&Lease| {
+            !l.live
+                && !l.failed
+                && l.engine == *engine
                 && !engine.is_empty()
-                && lease.world == *world
-                && !lease.ranks.iter().any(|r| r.rank == *rank);
-            if joins {
-                return Answer::Grant(self.lease_info());
-            }
-            let holder = lease.ranks.first().map_or(0, |r| r.pid);
-            let ranks: Vec<String> = lease
-                .ranks
-                .iter()
-                .map(|r| format!("rank {} pid {}", r.rank, r.pid))
-                .collect();
-            let message = format!(
-                "kept pool `{name}` is leased by pid {holder} since {} ({}{}); one lease at a \
-                 time: stop that engine first{}",
-                pool_core::rfc3339(lease.since),
-                ranks.join(", "),
-                if lease.engine.is_empty() {
-                    String::new()
-                } else {
-                    format!(", engine `{}`", lease.engine)
-                },
-                if !engine.is_empty()
-                    && lease.engine == *engine
-                    && lease.ranks.iter().any(|r| r.rank == *rank)
-                {
-                    format!(" (rank {rank} is already attached: give each rank its own --rank)")
-                } else {
-                    String::new()
-                }
-            );
+                && l.world == *world
+                && !l.ranks.iter().any(|r| r.rank == *rank)
+        };
+        if let Some(l) = self.tenants.iter().find(joins) {
+            return Answer::Grant(l.id(), l.info.clone());
+        }
+        // One tenant: the lease in force refuses every other (as before
+        // tenants); several: an engine's own lease refuses its rank that
+        // cannot join, and a full pool every new engine.
+        let holder = match (self.config.tenants, self.tenants.first()) {
+            (1, Some(lease)) => Some(lease),
+            _ => self.tenant_of(engine),
+        };
+        if let Some(lease) = holder {
             return Answer::Refuse {
                 usage: false,
-                message,
-                pid: (holder != 0).then_some(holder),
+                message: self.leased_message(lease, engine, *rank),
+                pid: lease.holder(),
+            };
+        }
+        if self.full() {
+            return Answer::Refuse {
+                usage: false,
+                message: self.full_message(),
+                pid: self.tenants.first().and_then(Lease::holder),
             };
         }
         if matches!(self.state, State::Zeroing { .. }) {
@@ -155,12 +149,15 @@ impl Serving {
                 until: now + seconds(*attach_timeout_secs),
             };
         }
-        // A new lease of this engine: its ranks start again.
+        // A new lease of this engine, a tenant of its own: its ranks start
+        // again.
         self.failed.retain(|f| f.engine != *engine);
         self.generation += 1;
+        let info = self.lease_info(self.generation);
         let attach = seconds(*attach_timeout_secs);
         let barrier = seconds(*barrier_timeout_secs);
-        self.lease = Some(Lease {
+        self.tenants.push(Lease {
+            info: info.clone(),
             engine: engine.clone(),
             world: *world,
             since: SystemTime::now(),
@@ -182,9 +179,47 @@ impl Serving {
             live: false,
             failed: false,
             died: None,
-            generation: self.generation,
         });
-        Answer::Grant(self.lease_info())
+        Answer::Grant(TenantId(self.generation), info)
+    }
+
+    /// Why a rank of `engine` is refused by `lease`, in force: another
+    /// engine's (one tenant), or its own engine's, which it cannot join
+    /// (live, failed, another world, or its rank already attached).
+    fn leased_message(&self, lease: &Lease, engine: &str, rank: u32) -> String {
+        let name = &self.config.name;
+        let ranks: Vec<String> = lease
+            .ranks
+            .iter()
+            .map(|r| format!("rank {} pid {}", r.rank, r.pid))
+            .collect();
+        let attached = if !engine.is_empty()
+            && lease.engine == engine
+            && lease.ranks.iter().any(|r| r.rank == rank)
+        {
+            format!(" (rank {rank} is already attached: give each rank its own --rank)")
+        } else {
+            String::new()
+        };
+        let holder = lease.holder().unwrap_or(0);
+        let since = pool_core::rfc3339(lease.since);
+        if self.config.tenants > 1 {
+            return format!(
+                "kept pool `{name}` is leased by engine `{engine}` (pid {holder} since {since}: \
+                 {}); an engine holds one lease of it: stop that engine first{attached}",
+                ranks.join(", "),
+            );
+        }
+        format!(
+            "kept pool `{name}` is leased by pid {holder} since {since} ({}{}); one lease at a \
+             time: stop that engine first{attached}",
+            ranks.join(", "),
+            if lease.engine.is_empty() {
+                String::new()
+            } else {
+                format!(", engine `{}`", lease.engine)
+            },
+        )
     }
 
     /// A companion of `engine` (a process of the engine that is none of its
@@ -197,19 +232,17 @@ impl Serving {
             message,
             pid,
         };
-        match &self.lease {
-            Some(l) if l.engine == engine && !engine.is_empty() && !l.failed => {
-                Answer::Grant(self.lease_info())
-            }
-            Some(l) if l.engine == engine && !engine.is_empty() => refuse(
+        match (self.tenant_of(engine), self.tenants.first()) {
+            (Some(l), _) if !l.failed => Answer::Grant(l.id(), l.info.clone()),
+            (Some(l), _) => refuse(
                 format!(
                     "the lease of engine `{engine}` on kept pool `{name}` failed; its companion \
                      has nothing to map"
                 ),
-                l.ranks.first().map(|r| r.pid),
+                l.holder(),
             ),
-            Some(l) => {
-                let holder = l.ranks.first().map(|r| r.pid);
+            (None, Some(l)) if self.config.tenants == 1 => {
+                let holder = l.holder();
                 refuse(
                     format!(
                         "kept pool `{name}` is leased by engine `{}` (pid {}), not `{engine}`: a \
@@ -220,10 +253,16 @@ impl Serving {
                     holder,
                 )
             }
-            None => refuse(
+            (None, first) => refuse(
                 format!(
-                    "no lease of engine `{engine}` is in force on kept pool `{name}`: a companion \
-                     maps the lease its engine's ranks hold, so start it once they attached"
+                    "no lease of engine `{engine}` is in force on kept pool `{name}`{}: a \
+                     companion maps the lease its engine's ranks hold, so start it once they \
+                     attached",
+                    if first.is_some() {
+                        format!(" (its tenants: {})", self.holders())
+                    } else {
+                        String::new()
+                    }
                 ),
                 None,
             ),
@@ -382,7 +421,7 @@ mod tests {
             !usage && message.contains("no lease of engine `eng`"),
             "{message}"
         );
-        assert!(s.lease.is_none() && s.generation == 0);
+        assert!(s.tenants.is_empty() && s.generation == 0);
         granted(&mut s, &hello("eng", 2, 0, None), 600, now);
         granted(&mut s, &hello("eng", 2, 1, None), 601, now);
         // Another engine's companion is refused, naming the holder.
@@ -395,6 +434,7 @@ mod tests {
         assert_eq!(s.generation, 1);
         assert!(!s.watched().contains(&c), "a companion is in no barrier");
         let told = s.on_lease_events(
+            T1,
             vec![(0, RankEvent::Arrived(None)), (1, RankEvent::Arrived(None))],
             Vec::new(),
             now,
@@ -405,13 +445,13 @@ mod tests {
         // The ranks release; the lease is not over while the companion maps it.
         let gone = |i| [(i, RankEvent::Released), (i, RankEvent::Gone)];
         let events = [gone(0), gone(1)].concat();
-        assert!(s.on_lease_events(events, Vec::new(), now).is_none());
-        assert!(!s.lease_over(), "the companion still maps the pool");
+        assert!(s.on_lease_events(T1, events, Vec::new(), now).is_none());
+        assert!(s.ended().is_empty(), "the companion still maps the pool");
         // A companion that dies ends the lease as died, naming it.
-        s.on_lease_events(Vec::new(), vec![(0, RankEvent::Gone)], now);
-        assert!(s.lease_over());
+        s.on_lease_events(T1, Vec::new(), vec![(0, RankEvent::Gone)], now);
+        assert_eq!(s.ended(), vec![T1]);
         assert!(
-            s.end_lease(now),
+            s.end_lease(T1, now),
             "content = zero clears after the companion went"
         );
         let previous = s.previous.clone().unwrap();
@@ -426,7 +466,7 @@ mod tests {
         assert!(usage && message.contains("is 8 MiB"), "{message}");
         let (usage, message, _) = refused(s.answer(&hello("", 4, 4, None), || None, now));
         assert!(usage && message.contains("rank 4 of world 4"), "{message}");
-        assert!(s.lease.is_none() && s.generation == 0);
+        assert!(s.tenants.is_empty() && s.generation == 0);
     }
 
     #[test]

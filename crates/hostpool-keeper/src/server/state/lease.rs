@@ -1,7 +1,9 @@
-//! The life of the lease in force once granted: what its ranks and
+//! The life of each tenant's lease once granted: what its ranks and
 //! companions say or do (arrived, released, gone), its barrier settled on
-//! that and on the clock, its end (the pool taken back, the previous lease
-//! and the tag recorded) and the clearing that follows.
+//! that and on the clock, its end (the pool taken back from it alone, the
+//! previous lease and the tag recorded) and the clearing that follows the
+//! last tenant's end. Every transition names its tenant and touches no
+//! other.
 
 use std::time::{Instant, SystemTime};
 
@@ -11,47 +13,49 @@ use hostpool_handoff::lease::{LeaseEnd, PreviousLease};
 use pool_core::Result;
 
 use super::super::super::Content;
-use super::{ConnId, FailedLease, Rank, RankEvent, Serving, State, Tell};
+use super::{ConnId, FailedLease, Rank, RankEvent, Serving, State, Tell, TenantId};
 
 /// Connections by place: `None` for one that ended.
 type Conns = Vec<Option<ConnId>>;
 
 impl Serving {
-    /// The connections of the lease's ranks and of its companions, by
-    /// their place (`None`: that one's connection ended); `None` without a
-    /// lease.
-    pub(in crate::server) fn lease_conns(&self) -> Option<(Conns, Conns)> {
-        let l = self.lease.as_ref()?;
+    /// The connections of tenant `tenant`'s ranks and of its companions, by
+    /// their place (`None`: that one's connection ended); `None` without
+    /// that tenant.
+    pub(in crate::server) fn lease_conns(&self, tenant: TenantId) -> Option<(Conns, Conns)> {
+        let l = self.tenant(tenant)?;
         let conns = |ranks: &[Rank]| ranks.iter().map(|r| r.conn).collect();
         Some((conns(&l.ranks), conns(&l.companions)))
     }
 
-    /// Whether a lease is in force and live (every rank attached and
-    /// arrived).
-    pub(in crate::server) fn lease_live(&self) -> bool {
-        self.lease.as_ref().is_some_and(|l| l.live)
+    /// Whether tenant `tenant`'s lease is in force and live (every rank
+    /// attached and arrived).
+    #[cfg(test)]
+    pub(in crate::server) fn lease_live(&self, tenant: TenantId) -> bool {
+        self.tenant(tenant).is_some_and(|l| l.live)
     }
 
-    /// What the lease's ranks and companions said or did since (by their
-    /// place), at `now`: recorded, and a lease that is not live yet settled
-    /// on it and on the clock. What its ranks are to be told: `Go` once all
-    /// arrived, or why it failed.
+    /// What tenant `tenant`'s ranks and companions said or did since (by
+    /// their place), at `now`: recorded, and a lease that is not live yet
+    /// settled on it and on the clock. What its ranks are to be told: `Go`
+    /// once all arrived, or why it failed. No other tenant is touched.
     pub(in crate::server) fn on_lease_events(
         &mut self,
+        tenant: TenantId,
         ranks: Vec<(usize, RankEvent)>,
         companions: Vec<(usize, RankEvent)>,
         now: Instant,
     ) -> Option<Tell> {
         for (i, event) in companions {
-            self.on_companion(i, event);
+            self.on_companion(tenant, i, event);
         }
         let mut failure = None;
         for (i, event) in ranks {
-            let failed = self.on_rank(i, event);
+            let failed = self.on_rank(tenant, i, event);
             failure = failure.or(failed);
         }
-        let verdict = self.settle(failure, now)?;
-        let lease = self.lease.as_ref()?;
+        let verdict = self.settle(tenant, failure, now)?;
+        let lease = self.tenant(tenant)?;
         Some(Tell {
             to: lease.ranks.iter().filter_map(|r| r.conn).collect(),
             message: match verdict {
@@ -61,11 +65,11 @@ impl Serving {
         })
     }
 
-    /// What companion `index` of the lease said or did: released, or gone
-    /// (without a release, it died, and the lease ends as `died`). It is
-    /// in no barrier, so it fails nothing.
-    fn on_companion(&mut self, index: usize, event: RankEvent) {
-        let Some(lease) = self.lease.as_mut() else {
+    /// What companion `index` of tenant `tenant` said or did: released, or
+    /// gone (without a release, it died, and the lease ends as `died`). It
+    /// is in no barrier, so it fails nothing.
+    fn on_companion(&mut self, tenant: TenantId, index: usize, event: RankEvent) {
+        let Some(lease) = self.tenant_mut(tenant) else {
             return;
         };
         let Some(c) = lease.companions.get_mut(index) else {
@@ -83,12 +87,17 @@ impl Serving {
         }
     }
 
-    /// What rank `index` of the lease said or did: arrived (with its
+    /// What rank `index` of tenant `tenant` said or did: arrived (with its
     /// error, if its setup failed), released, or gone (its connection
     /// ended: without a release, it died). The failure it causes a lease
     /// that is not live yet, naming it.
-    pub(super) fn on_rank(&mut self, index: usize, event: RankEvent) -> Option<Failure> {
-        let lease = self.lease.as_mut()?;
+    pub(super) fn on_rank(
+        &mut self,
+        tenant: TenantId,
+        index: usize,
+        event: RankEvent,
+    ) -> Option<Failure> {
+        let lease = self.tenant_mut(tenant)?;
         let settling = !lease.live && !lease.failed;
         let r = lease.ranks.get_mut(index)?;
         let mark = r.mark();
@@ -113,14 +122,20 @@ impl Serving {
         settling.then(|| lease.barrier.on(&mark, &event)).flatten()
     }
 
-    /// Settle a lease that is not live yet, at `now`: it fails with
-    /// `failure`, or when a rank never attached by the attach deadline, or
-    /// one that attached did not arrive by the barrier deadline; it goes
-    /// live once every rank attached and arrived. A failed lease of an
-    /// engine of several ranks is remembered until its attach deadline, so
-    /// that a late rank is told why.
-    fn settle(&mut self, failure: Option<Failure>, now: Instant) -> Option<Verdict> {
-        let lease = self.lease.as_mut()?;
+    /// Settle tenant `tenant`'s lease, if not live yet, at `now`: it fails
+    /// with `failure`, or when a rank never attached by the attach
+    /// deadline, or one that attached did not arrive by the barrier
+    /// deadline; it goes live once every rank attached and arrived. A
+    /// failed lease of an engine of several ranks is remembered until its
+    /// attach deadline, so that a late rank is told why.
+    fn settle(
+        &mut self,
+        tenant: TenantId,
+        failure: Option<Failure>,
+        now: Instant,
+    ) -> Option<Verdict> {
+        let i = self.place(tenant)?;
+        let lease = &mut self.tenants[i];
         if lease.live || lease.failed {
             return None;
         }
@@ -150,43 +165,34 @@ impl Serving {
         Some(verdict)
     }
 
-    /// Whether the lease in force has ended: every rank's connection is
-    /// gone, and every companion's.
-    pub(in crate::server) fn lease_over(&self) -> bool {
-        self.lease.as_ref().is_some_and(|l| {
-            !l.ranks.is_empty()
-                && l.ranks
-                    .iter()
-                    .chain(&l.companions)
-                    .all(|r| r.conn.is_none())
-        })
-    }
-
-    /// Take the pool back from the lease that ended: how it ended becomes
-    /// the previous lease, its tag goes to the next. `true` when the pool
-    /// is to be cleared now (`content = "zero"` and not stopping), and the
-    /// state says so from `now`.
-    pub(in crate::server) fn end_lease(&mut self, now: Instant) -> bool {
-        let Some(lease) = self.lease.take() else {
+    /// Take the pool back from tenant `tenant`, whose processes are all
+    /// gone ([`Serving::ended`]): how it ended becomes the previous lease,
+    /// its tag goes to the next; the other tenants go on. `true` when the
+    /// pool is to be cleared now (it was the last tenant, `content =
+    /// "zero"` and not stopping), and the state says so from `now`.
+    pub(in crate::server) fn end_lease(&mut self, tenant: TenantId, now: Instant) -> bool {
+        let Some(i) = self.place(tenant) else {
             return false;
         };
+        let lease = self.tenants.remove(i);
         let how = if lease.died.is_some() {
             LeaseEnd::Died
         } else {
             LeaseEnd::Closed
         };
-        let pid = lease
-            .died
-            .or(lease.ranks.first().map(|r| r.pid))
-            .unwrap_or(0);
+        let pid = lease.died.or(lease.holder()).unwrap_or(0);
         tracing::info!(
-            "kept pool `{}`: lease {} of pid {pid} ended ({})",
+            "kept pool `{}`: lease {} of pid {pid} ended ({}){}",
             self.config.name,
-            lease.generation,
+            lease.info.generation,
             if how == LeaseEnd::Died {
                 "died"
             } else {
                 "closed"
+            },
+            match self.tenants.len() {
+                0 => String::new(),
+                n => format!("; {n} tenant(s) go on"),
             }
         );
         self.previous = Some(PreviousLease {
@@ -195,7 +201,8 @@ impl Serving {
             ended_at: pool_core::rfc3339(SystemTime::now()),
         });
         self.tag = lease.tag;
-        let clear = self.config.content == Content::Zero && !self.stopping;
+        let clear =
+            self.tenants.is_empty() && self.config.content == Content::Zero && !self.stopping;
         if clear {
             self.state = State::Zeroing { since: now };
         }
@@ -242,12 +249,12 @@ mod tests {
         assert!(message.contains("rank 0 is already attached"), "{message}");
         granted(&mut s, &hello("eng", 2, 1, None), 201, now);
         assert_eq!(s.generation, 1, "one lease for both ranks");
-        assert_eq!(s.on_rank(0, RankEvent::Arrived(None)), None);
-        assert_eq!(s.settle(None, now), None, "rank 1 has not arrived");
-        assert_eq!(s.on_rank(1, RankEvent::Arrived(None)), None);
-        assert_eq!(s.settle(None, now), Some(Verdict::Go));
-        assert!(s.lease_live());
-        assert_eq!(s.settle(None, now), None, "told once");
+        assert_eq!(s.on_rank(T1, 0, RankEvent::Arrived(None)), None);
+        assert_eq!(s.settle(T1, None, now), None, "rank 1 has not arrived");
+        assert_eq!(s.on_rank(T1, 1, RankEvent::Arrived(None)), None);
+        assert_eq!(s.settle(T1, None, now), Some(Verdict::Go));
+        assert!(s.lease_live(T1));
+        assert_eq!(s.settle(T1, None, now), None, "told once");
     }
 
     #[test]
@@ -263,7 +270,7 @@ mod tests {
                 RankEvent::Arrived(Some("mmap failed".into()))
             };
             let told = s
-                .on_lease_events(vec![(1, event)], Vec::new(), now)
+                .on_lease_events(T1, vec![(1, event)], Vec::new(), now)
                 .expect("the ranks are told the lease failed");
             let Message::Failed {
                 message,
@@ -289,10 +296,10 @@ mod tests {
                 vec![ConnId(300), ConnId(301)]
             };
             assert_eq!(told.to, to, "the ranks still attached are told");
-            assert_eq!(s.lease.as_ref().unwrap().died, died.then_some(301));
+            assert_eq!(s.tenant(T1).unwrap().died, died.then_some(301));
             // A late rank of that engine is told why, not handed a lease.
-            s.lease.as_mut().unwrap().ranks.clear();
-            let _ = s.end_lease(now);
+            s.tenant_mut(T1).unwrap().ranks.clear();
+            let _ = s.end_lease(T1, now);
             s.state = State::Idle;
             let (_, late, _) = refused(s.answer(&hello("eng", 3, 2, None), || None, now));
             assert!(late.contains("failed before rank 2 attached"), "{late}");
@@ -305,13 +312,13 @@ mod tests {
         let now = Instant::now();
         granted(&mut s, &hello("eng", 3, 0, None), 400, now);
         granted(&mut s, &hello("eng", 3, 2, None), 402, now);
-        assert_eq!(s.settle(None, now), None);
+        assert_eq!(s.settle(T1, None, now), None);
         let later = now + Duration::from_secs(6);
         let Some(Verdict::Failed(Failure {
             message,
             ranks,
             pid,
-        })) = s.settle(None, later)
+        })) = s.settle(T1, None, later)
         else {
             panic!("the attach deadline fails the lease");
         };
@@ -321,13 +328,13 @@ mod tests {
         let mut s = serving("zero");
         granted(&mut s, &hello("eng", 2, 0, None), 500, now);
         granted(&mut s, &hello("eng", 2, 1, None), 501, now);
-        s.on_rank(0, RankEvent::Arrived(None));
+        s.on_rank(T1, 0, RankEvent::Arrived(None));
         let much_later = now + Duration::from_secs(11);
         let Some(Verdict::Failed(Failure {
             message,
             ranks,
             pid,
-        })) = s.settle(None, much_later)
+        })) = s.settle(T1, None, much_later)
         else {
             panic!("the barrier deadline fails the lease");
         };
@@ -349,20 +356,20 @@ mod tests {
             }
             granted(&mut s, &h, 600, now);
             assert!(
-                s.lease_live(),
+                s.lease_live(T1),
                 "a world of 1 is live once its lease is sent"
             );
             if released {
-                s.on_rank(0, RankEvent::Released);
+                s.on_rank(T1, 0, RankEvent::Released);
             }
-            assert!(!s.lease_over());
+            assert!(s.ended().is_empty());
             assert_eq!(
-                s.on_rank(0, RankEvent::Gone),
+                s.on_rank(T1, 0, RankEvent::Gone),
                 None,
                 "a live lease does not fail"
             );
-            assert!(s.lease_over());
-            let clears = s.end_lease(now);
+            assert_eq!(s.ended(), vec![T1]);
+            let clears = s.end_lease(T1, now);
             let previous = s.previous.clone().unwrap();
             assert_eq!(previous.pid, 600);
             assert_eq!(
@@ -379,7 +386,7 @@ mod tests {
             assert_eq!(matches!(s.state, State::Zeroing { .. }), content == "zero");
             // The next lease is told how the previous one ended, and its tag.
             if content == "keep" {
-                let Answer::Grant(info) = s.answer(&hello("", 1, 0, None), || None, now) else {
+                let Answer::Grant(_, info) = s.answer(&hello("", 1, 0, None), || None, now) else {
                     panic!("the next lease is granted");
                 };
                 assert_eq!(info.generation, 2);

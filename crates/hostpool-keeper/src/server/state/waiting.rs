@@ -12,10 +12,15 @@ impl Serving {
         self.waiting.push(waiting);
     }
 
-    /// The next attach that waited for the pool to be cleared, while no
-    /// lease is live.
+    /// The next attach that waited for the pool to be cleared, once it is.
+    /// With one tenant, while its lease is live, they wait on (for that
+    /// lease to end and the pool to be cleared); with several, each is
+    /// answered in turn (a tenant of its own, its engine's, or refused at
+    /// the limit).
     pub(in crate::server) fn next_waiting(&mut self) -> Option<Waiting> {
-        (!self.lease_live() && !self.waiting.is_empty()).then(|| self.waiting.remove(0))
+        let held = matches!(self.state, State::Zeroing { .. })
+            || (self.config.tenants == 1 && self.tenants.iter().any(|l| l.live));
+        (!held && !self.waiting.is_empty()).then(|| self.waiting.remove(0))
     }
 
     /// The connections of the waiting attaches.
@@ -99,5 +104,43 @@ mod tests {
         granted(&mut s, &w.hello, w.pid, now);
         s.waits(w);
         assert!(s.next_waiting().is_none(), "a live lease serves no more");
+    }
+
+    #[test]
+    fn with_several_tenants_the_attaches_that_waited_are_each_answered_once_cleared() {
+        let mut s = serving_tenants("zero", 2);
+        let now = Instant::now();
+        s.state = State::Zeroing { since: now };
+        for pid in [810, 811, 812] {
+            let h = hello("", 1, 0, None);
+            let Answer::Wait { until } = s.answer(&h, || None, now) else {
+                panic!("a hello while clearing waits");
+            };
+            s.waits(Waiting {
+                conn: ConnId(pid),
+                uid: 0,
+                pid: u32::try_from(pid).unwrap(),
+                hello: h,
+                until,
+            });
+        }
+        assert!(s.next_waiting().is_none(), "not while clearing");
+        s.cleared(Some(Ok(Ok(0.1))));
+        // Two become tenants (both live at once); the third is answered at
+        // once too, refused at the limit rather than left waiting.
+        for pid in [810, 811] {
+            let w = s.next_waiting().expect("served in order");
+            assert_eq!(w.pid, pid);
+            granted(&mut s, &w.hello, w.pid, now);
+        }
+        let w = s
+            .next_waiting()
+            .expect("answered, though two tenants are live");
+        let (_, message, _) = refused(s.answer(&w.hello, || None, now));
+        assert!(
+            message.contains("holds its limit of 2 tenants"),
+            "{message}"
+        );
+        assert!(s.next_waiting().is_none() && s.waiting_conns().is_empty());
     }
 }
