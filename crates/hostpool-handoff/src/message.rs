@@ -109,10 +109,60 @@ pub enum Message {
     },
     /// A lease ends cleanly (an end of file without it is a death).
     Release,
+    /// A tenant asks its keeper's CPU tier (one message a batch of
+    /// blocks); `id` comes back in the [`Message::TierReply`].
+    Tier { id: u64, op: TierOp },
+    /// The keeper's answer to [`Message::Tier`].
+    TierReply { id: u64, reply: TierReply },
     /// How is the kept pool? (`hostpool keep status`)
     Status,
     /// The keeper's status.
     StatusOf(Value),
+}
+
+/// What a tenant asks of the tier its keeper writes (see
+/// `hostpool_index::tier`): keys are a KV block's key, slots the pool's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TierOp {
+    /// A slot to write each key into.
+    Store { keys: Vec<Vec<u8>> },
+    /// These granted slots are written completely: record them.
+    Stored { slots: Vec<u64> },
+    /// These granted slots will not be written.
+    Abort { slots: Vec<u64> },
+    /// Hold each key's slot for a load.
+    Load { keys: Vec<Vec<u8>> },
+    /// These held slots were read.
+    Loaded { slots: Vec<u64> },
+    /// These keys were used.
+    Touch { keys: Vec<Vec<u8>> },
+}
+
+/// What the keeper answers a [`TierOp`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TierReply {
+    /// For [`TierOp::Store`]: one answer per key.
+    Puts(Vec<TierPut>),
+    /// For [`TierOp::Load`]: the slot held for each key, `None` a miss.
+    Loads(Vec<Option<u64>>),
+    /// For the others: how many of the slots or keys were this tenant's
+    /// to complete, abort, release or touch.
+    Done(u64),
+    /// No tier: why (the pool holds no index yet, say).
+    Refused { message: String },
+}
+
+/// One key's answer to [`TierOp::Store`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TierPut {
+    /// Write it into `slot`; `evicted` is the key the slot held before.
+    Granted { slot: u64, evicted: Option<Vec<u8>> },
+    /// Stored already, in `slot`.
+    Stored { slot: u64 },
+    /// Another store of it is in flight.
+    InFlight,
+    /// Every slot is being written or held.
+    NoRoom,
 }
 
 /// The version of the lease protocol one side speaks, and the oldest
@@ -132,7 +182,7 @@ pub struct Protocol {
 
 /// The protocol this build speaks.
 pub const PROTOCOL: Protocol = Protocol {
-    version: 2,
+    version: 3,
     oldest: 2,
 };
 

@@ -508,6 +508,12 @@ impl<'a> Index<'a> {
         self.capacity
     }
 
+    /// The seed it was formatted under: another seed, another index (an
+    /// attach that started cold formats it afresh under a new one).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     fn record_words(&self, slot: u64) -> Result<&'a [AtomicU64], Error> {
         let no_slot = Error::NoSlot {
             slot,

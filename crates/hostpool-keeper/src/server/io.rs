@@ -13,9 +13,10 @@ use rustix::net::SocketFlags;
 
 use super::Memory;
 use super::state::{Answer, ConnId, Figures, RankEvent, Refusal, Serving, Tell, Waiting};
-use hostpool_handoff::Message;
+use super::tier::TierServer;
 use hostpool_handoff::lease::{LeaseInfo, address, socket_name};
 use hostpool_handoff::wire::{self, Received, TICK};
+use hostpool_handoff::{Message, TierOp, TierReply};
 use pool_core::Extent;
 use pool_core::{Error, Result};
 
@@ -173,7 +174,11 @@ impl Sockets {
 
     /// What the connections `conns` (by place; `None`: ended) said since:
     /// arrived, released, or gone (closed here).
-    fn read_events(&mut self, conns: &[Option<ConnId>]) -> Vec<(usize, RankEvent)> {
+    fn read_events(
+        &mut self,
+        conns: &[Option<ConnId>],
+        asks: &mut Vec<(ConnId, u64, TierOp)>,
+    ) -> Vec<(usize, RankEvent)> {
         let mut events = Vec::new();
         for (i, conn) in conns.iter().enumerate() {
             let Some((conn, fd)) = conn.and_then(|c| Some((c, self.fd(c)?))) else {
@@ -186,6 +191,10 @@ impl Sockets {
                 match wire::recv::<Message>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
                     Ok(Received::Msg(Message::Arrived { error })) => RankEvent::Arrived(error),
                     Ok(Received::Msg(Message::Release)) => RankEvent::Released,
+                    Ok(Received::Msg(Message::Tier { id, op })) => {
+                        asks.push((conn, id, op));
+                        continue;
+                    }
                     Ok(Received::Msg(_) | Received::TimedOut) => continue,
                     Ok(Received::Gone) | Err(_) => RankEvent::Gone,
                 };
@@ -201,13 +210,26 @@ impl Sockets {
     /// releases, deaths), hand it to the state with the time, tenant by
     /// tenant, and tell that tenant's ranks what it says: `Go` once all
     /// arrived, or why its lease failed.
-    pub(super) fn watch_lease(&mut self, s: &mut Serving) {
+    pub(super) fn watch_lease(&mut self, s: &mut Serving, mut tier: Option<&mut TierServer<'_>>) {
         for tenant in s.tenant_ids() {
             let Some((ranks, companions)) = s.lease_conns(tenant) else {
                 continue;
             };
-            let ranks = self.read_events(&ranks);
-            let companions = self.read_events(&companions);
+            let mut asks = Vec::new();
+            let ranks = self.read_events(&ranks, &mut asks);
+            let companions = self.read_events(&companions, &mut asks);
+            // The tier's requests, answered on the connection they came by.
+            for (conn, id, op) in asks {
+                let reply = match tier.as_deref_mut() {
+                    Some(t) => t.serve(tenant, op),
+                    None => TierReply::Refused {
+                        message: "the keeper cannot read its pool's words".into(),
+                    },
+                };
+                if let Some(fd) = self.fd(conn) {
+                    let _ = wire::send(fd, &Message::TierReply { id, reply }, &[]);
+                }
+            }
             if let Some(tell) = s.on_lease_events(tenant, ranks, companions, Instant::now()) {
                 self.tell(&tell);
             }
@@ -413,13 +435,13 @@ mod tests {
             peers.push(peer);
         }
         assert!(!io.lease_unsettled(&s));
-        io.watch_lease(&mut s);
+        io.watch_lease(&mut s, None);
         assert!(!s.lease_live(T1));
         for peer in &peers {
             wire::send(peer, &Message::Arrived { error: None }, &[]).unwrap();
         }
         assert!(io.lease_unsettled(&s));
-        io.watch_lease(&mut s);
+        io.watch_lease(&mut s, None);
         assert!(s.lease_live(T1) && !io.lease_unsettled(&s));
         for peer in &peers {
             assert!(matches!(recv(peer), Message::Go));
@@ -428,17 +450,54 @@ mod tests {
         // lease goes on with rank 0, which hears that the keeper stops.
         wire::send(&peers[1], &Message::Release, &[]).unwrap();
         drop(peers.remove(1));
-        io.watch_lease(&mut s);
-        io.watch_lease(&mut s);
+        io.watch_lease(&mut s, None);
+        io.watch_lease(&mut s, None);
         assert_eq!(io.conns.len(), 1);
         assert!(s.ended().is_empty());
         io.tell(&s.farewell());
         assert!(matches!(recv(&peers[0]), Message::Failed { message, .. }
             if message.contains("the keeper of `unit` stopped")));
         drop(peers.remove(0));
-        io.watch_lease(&mut s);
+        io.watch_lease(&mut s, None);
         assert!(io.conns.is_empty() && s.ended() == vec![T1]);
         assert!(s.end_lease(T1, now));
+    }
+
+    /// A tier request on a rank's connection is answered on it, by the
+    /// tier of that rank's lease; the lease's barrier goes on beside it.
+    #[test]
+    fn a_tier_request_is_answered_on_the_connection_it_came_by() {
+        use hostpool_handoff::TierPut;
+        let words: Vec<std::sync::atomic::AtomicU64> = (0..64 * 512)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect();
+        let fp = hostpool_index::Fingerprint::new([("model", "m")]).unwrap();
+        hostpool_index::Index::attach_tail(&words, 8, 4096, &fp).unwrap();
+        let mut tier = TierServer::new(&words, 4096);
+        let mut io = Sockets::new(pair().0);
+        let mut s = serving("zero");
+        let (fd, peer) = pair();
+        let conn = io.id();
+        io.conns.insert(conn, fd);
+        let h = hello("eng", 1, 0, None);
+        assert!(matches!(
+            s.answer(&h, || None, Instant::now()),
+            Answer::Grant(T1, _)
+        ));
+        assert!(s.joined(T1, conn, 10, 0, &h, true));
+        let op = TierOp::Store {
+            keys: vec![b"k".to_vec()],
+        };
+        wire::send(&peer, &Message::Tier { id: 7, op }, &[]).unwrap();
+        io.watch_lease(&mut s, Some(&mut tier));
+        match recv(&peer) {
+            Message::TierReply {
+                id: 7,
+                reply: TierReply::Puts(puts),
+            } => assert!(matches!(puts[..], [TierPut::Granted { .. }]), "{puts:?}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(s.ended().is_empty(), "the lease goes on");
     }
 
     #[test]

@@ -40,6 +40,7 @@ mod clear;
 mod io;
 mod state;
 mod status;
+mod tier;
 
 /// The number of stop requests a keeper has been given (SIGTERMs): the
 /// first drains its leases, the second ends it at once.
@@ -159,6 +160,13 @@ impl Keeper {
             return;
         };
         let abort = AtomicBool::new(false);
+        let words = region.words(Extent {
+            offset: 0,
+            len: region.mapped_len(),
+        });
+        let mut tier = words
+            .ok()
+            .map(|w| tier::TierServer::new(w, region.page().get()));
         std::thread::scope(|scope| {
             let mut clearing: Option<std::thread::ScopedJoinHandle<'_, Result<f64>>> = None;
             loop {
@@ -186,13 +194,19 @@ impl Keeper {
                     s.cleared(done);
                 }
                 io.accept(s);
-                io.watch_lease(s);
+                io.watch_lease(s, tier.as_mut());
                 // Each tenant whose processes are all gone ends alone; the
                 // last one's end starts the clearing.
                 for tenant in s.ended() {
                     let now = Instant::now();
                     pool_core::failpoint::stall("keeper-lease-end");
+                    if let Some(t) = tier.as_mut() {
+                        t.reap(tenant);
+                    }
                     if s.end_lease(tenant, now) {
+                        if let Some(t) = tier.as_mut() {
+                            t.forget();
+                        }
                         let name = s.name().to_string();
                         let abort = &abort;
                         clearing =
