@@ -158,6 +158,59 @@ impl PyPool {
     }
 }
 
+/// A tier request's id: unique in this process.
+static TIER_ASKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl PyPool {
+    /// Ask this leased pool's keeper's CPU tier: `op`'s answer, or the
+    /// error saying why there is none.
+    fn ask_tier(
+        &self,
+        py: Python<'_>,
+        op: hostpool::hostpool_handoff::TierOp,
+    ) -> PyResult<hostpool::hostpool_handoff::TierReply> {
+        use hostpool::hostpool_handoff::TierReply;
+        let state = self.lock();
+        let conn = state.pool.as_ref().and_then(Pool::keeper_conn).ok_or_else(|| {
+            errors::raise(
+                py,
+                errors::Kind::Config,
+                "the tier is a keeper's: this pool is not leased from one (keeper=\"NAME\"), \
+                 or is closed"
+                    .into(),
+            )
+        })?;
+        let id = TIER_ASKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let reply = hostpool::hostpool_handoff::lease::ask_tier(
+            conn,
+            id,
+            op,
+            std::time::Duration::from_secs(30),
+        )
+        .map_err(|e| errors::to_py(py, &e, None))?;
+        match reply {
+            TierReply::Refused { message } => Err(errors::raise(py, errors::Kind::Error, message)),
+            reply => Ok(reply),
+        }
+    }
+
+    /// How many of the slots or keys a done reply counted.
+    fn tier_done(
+        &self,
+        py: Python<'_>,
+        op: hostpool::hostpool_handoff::TierOp,
+    ) -> PyResult<u64> {
+        match self.ask_tier(py, op)? {
+            hostpool::hostpool_handoff::TierReply::Done(n) => Ok(n),
+            other => Err(errors::raise(
+                py,
+                errors::Kind::Error,
+                format!("the keeper's tier answered {other:?}"),
+            )),
+        }
+    }
+}
+
 #[pymethods]
 impl PyPool {
     #[new]
@@ -669,6 +722,72 @@ impl PyPool {
             .before_close
             .retain(|c| !c.bind(py).eq(callback).unwrap_or(false));
         state.before_close.len() != before
+    }
+
+    /// Ask the CPU tier of this pool's keeper (a keeper of `--tenants N`
+    /// shares one tier between its engines) for a slot to store each of
+    /// `keys` in: per key `("granted", slot, evicted key or None)`,
+    /// `("stored", slot, None)`, `("in_flight", None, None)` (another store
+    /// of it is being written) or `("no_room", None, None)`. Write a
+    /// granted slot's bytes, then `tier_stored`.
+    #[allow(clippy::type_complexity)]
+    fn tier_store(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Vec<u8>>,
+    ) -> PyResult<Vec<(&'static str, Option<u64>, Option<Vec<u8>>)>> {
+        use hostpool::hostpool_handoff::{TierOp, TierPut, TierReply};
+        match self.ask_tier(py, TierOp::Store { keys })? {
+            TierReply::Puts(puts) => Ok(puts
+                .into_iter()
+                .map(|p| match p {
+                    TierPut::Granted { slot, evicted } => ("granted", Some(slot), evicted),
+                    TierPut::Stored { slot } => ("stored", Some(slot), None),
+                    TierPut::InFlight => ("in_flight", None, None),
+                    TierPut::NoRoom => ("no_room", None, None),
+                })
+                .collect()),
+            other => Err(errors::raise(
+                py,
+                errors::Kind::Error,
+                format!("the keeper's tier answered {other:?}"),
+            )),
+        }
+    }
+
+    /// The granted `slots` are written completely: the tier records them
+    /// (a hit for every tenant from now on). How many were this pool's.
+    fn tier_stored(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<u64> {
+        self.tier_done(py, hostpool::hostpool_handoff::TierOp::Stored { slots })
+    }
+
+    /// The granted `slots` will not be written: free again.
+    fn tier_abort(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<u64> {
+        self.tier_done(py, hostpool::hostpool_handoff::TierOp::Abort { slots })
+    }
+
+    /// Hold each of `keys`' slot for a load (never evicted or overwritten
+    /// until `tier_loaded`): the slot, or None for a miss.
+    fn tier_load(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<Vec<Option<u64>>> {
+        use hostpool::hostpool_handoff::{TierOp, TierReply};
+        match self.ask_tier(py, TierOp::Load { keys })? {
+            TierReply::Loads(slots) => Ok(slots),
+            other => Err(errors::raise(
+                py,
+                errors::Kind::Error,
+                format!("the keeper's tier answered {other:?}"),
+            )),
+        }
+    }
+
+    /// The held `slots` were read: their holds released.
+    fn tier_loaded(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<u64> {
+        self.tier_done(py, hostpool::hostpool_handoff::TierOp::Loaded { slots })
+    }
+
+    /// `keys` were used: the newest in the tier's one order of last use.
+    fn tier_touch(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<u64> {
+        self.tier_done(py, hostpool::hostpool_handoff::TierOp::Touch { keys })
     }
 
     /// The crash-consistent index of what this pool's `slots` hold (a

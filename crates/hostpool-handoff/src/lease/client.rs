@@ -157,6 +157,10 @@ impl Mapping for LeasedMapping {
 }
 
 impl Attachment for LeasedMapping {
+    fn keeper_conn(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.conn.as_ref().map(AsFd::as_fd)
+    }
+
     fn pool_files(&self) -> &[pool_core::file::PoolFile] {
         self.inner.pool_files()
     }
@@ -201,5 +205,48 @@ impl LeasedMapping {
             let _ = wire::send(&conn, &Message::Release, &[]);
         }
         released
+    }
+}
+
+/// Ask the CPU tier of the keeper at the other end of `conn` (a lease's
+/// connection, [`pool_core::Pool::keeper_conn`]): one request, its answer
+/// within `timeout`.
+///
+/// # Errors
+/// [`Error::Keeper`] when the keeper does not answer in time, went away or
+/// answered something else.
+pub fn ask_tier(
+    conn: std::os::fd::BorrowedFd<'_>,
+    id: u64,
+    op: crate::message::TierOp,
+    timeout: Duration,
+) -> Result<crate::message::TierReply> {
+    let gone = |what: String| Error::Keeper {
+        name: String::new(),
+        message: format!("the keeper's tier {what}"),
+        pid: None,
+        absent: false,
+    };
+    wire::send(conn, &Message::Tier { id, op }, &[])
+        .map_err(|e| gone(format!("could not be asked: {e}")))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match wire::recv::<Message>(conn, deadline, &mut Vec::new(), None)? {
+            wire::Received::Msg(Message::TierReply { id: got, reply }) if got == id => {
+                return Ok(reply);
+            }
+            wire::Received::Msg(Message::TierReply { .. }) => {}
+            wire::Received::Msg(Message::Failed { message, .. }) => return Err(gone(message)),
+            wire::Received::Msg(other) => {
+                return Err(gone(format!("answered {other:?} instead")));
+            }
+            wire::Received::Gone => return Err(gone("went away (the keeper ended)".into())),
+            wire::Received::TimedOut => {
+                return Err(gone(format!(
+                    "did not answer within {:.1} s",
+                    timeout.as_secs_f64()
+                )));
+            }
+        }
     }
 }

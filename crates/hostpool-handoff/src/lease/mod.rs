@@ -13,7 +13,7 @@ mod status;
 pub use crate::message::{LeaseEnd, LeaseInfo, PreviousLease};
 
 pub use crate::kept::{SOCKET_PREFIX, address, how_to_start, keeper_error, socket_name};
-pub use client::attach;
+pub use client::{ask_tier, attach};
 
 /// The names of the kept pools this network namespace serves, from
 /// `/proc/net/unix` (every keeper, whoever runs it).

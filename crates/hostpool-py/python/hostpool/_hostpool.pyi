@@ -218,6 +218,20 @@ class Pool:
     def _forget_before_close(self, callback: Callable[[], object]) -> bool: ...
     def view(self, offset: int, nbytes: int) -> memoryview:
         """A writable memoryview of `nbytes` bytes at `offset` (zero copy); `ValueError` outside the pool."""
+    def tier_store(self, keys: list[bytes]) -> list[tuple[str, int | None, bytes | None]]:
+        """Ask the keeper's CPU tier (shared by its tenants) for a slot per key:
+        ("granted", slot, evicted), ("stored", slot, None), ("in_flight", None, None)
+        or ("no_room", None, None)."""
+    def tier_stored(self, slots: list[int]) -> int:
+        """The granted slots are written completely: recorded for every tenant."""
+    def tier_abort(self, slots: list[int]) -> int:
+        """The granted slots will not be written."""
+    def tier_load(self, keys: list[bytes]) -> list[int | None]:
+        """Hold each key's slot for a load (None: a miss) until tier_loaded."""
+    def tier_loaded(self, slots: list[int]) -> int:
+        """The held slots were read."""
+    def tier_touch(self, keys: list[bytes]) -> int:
+        """The keys were used (the newest in the tier's order of last use)."""
     def index(self, slots: int, fingerprint: dict[str, Any], *, offset: int | None = None) -> KvIndex:
         """The crash-consistent index of what `slots` slots hold, at `offset` (default: the pool's
         last `index_bytes(slots, page_size)` bytes), for the identity `fingerprint` (ordered

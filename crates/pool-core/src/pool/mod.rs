@@ -147,6 +147,13 @@ impl Pool {
         self.mapping.as_ref().map_or(&[], |m| m.get().pool_files())
     }
 
+    /// The connection a leased pool holds to its keeper, for the
+    /// keeper's CPU tier (`None` for a pool not leased, and once torn
+    /// down).
+    pub fn keeper_conn(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.mapping.as_ref().and_then(|m| m.get().keeper_conn())
+    }
+
     /// Files backing the pool that exist right now.
     pub fn files(&self) -> Vec<std::path::PathBuf> {
         self.mapping

@@ -199,6 +199,13 @@ pub trait Attachment: Mapping {
         Attached::Own
     }
 
+    /// The connection a lease holds to its keeper (a unix socket), on
+    /// which an engine asks its keeper's CPU tier; `None` for memory that
+    /// is not leased.
+    fn keeper_conn(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
     /// Called once after prefault with its outcome: a shared mapping meets
     /// its peers here (through `barrier`, or its built-in one) and the owner
     /// unlinks the files. Private mappings have nothing to do.
