@@ -171,15 +171,19 @@ impl PyPool {
     ) -> PyResult<hostpool::hostpool_handoff::TierReply> {
         use hostpool::hostpool_handoff::TierReply;
         let state = self.lock();
-        let conn = state.pool.as_ref().and_then(Pool::keeper_conn).ok_or_else(|| {
-            errors::raise(
-                py,
-                errors::Kind::Config,
-                "the tier is a keeper's: this pool is not leased from one (keeper=\"NAME\"), \
+        let conn = state
+            .pool
+            .as_ref()
+            .and_then(Pool::keeper_conn)
+            .ok_or_else(|| {
+                errors::raise(
+                    py,
+                    errors::Kind::Config,
+                    "the tier is a keeper's: this pool is not leased from one (keeper=\"NAME\"), \
                  or is closed"
-                    .into(),
-            )
-        })?;
+                        .into(),
+                )
+            })?;
         let id = TIER_ASKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let reply = hostpool::hostpool_handoff::lease::ask_tier(
             conn,
@@ -195,11 +199,7 @@ impl PyPool {
     }
 
     /// How many of the slots or keys a done reply counted.
-    fn tier_done(
-        &self,
-        py: Python<'_>,
-        op: hostpool::hostpool_handoff::TierOp,
-    ) -> PyResult<u64> {
+    fn tier_done(&self, py: Python<'_>, op: hostpool::hostpool_handoff::TierOp) -> PyResult<u64> {
         match self.ask_tier(py, op)? {
             hostpool::hostpool_handoff::TierReply::Done(n) => Ok(n),
             other => Err(errors::raise(
