@@ -66,23 +66,30 @@ mod tests {
     use super::super::testing::*;
     use super::*;
 
+    /// An anonymous engine's hello (pid and connection `pid`) told to wait
+    /// while the pool is cleared, and kept waiting until its own deadline or
+    /// `until`, whichever is sooner.
+    fn waits_while_clearing(s: &mut Serving, pid: u64, now: Instant, until: Option<Instant>) {
+        let h = hello("", 1, 0, None);
+        let Answer::Wait { until: theirs } = s.answer(&h, || None, now) else {
+            panic!("a hello while clearing waits");
+        };
+        s.waits(Waiting {
+            conn: ConnId(pid),
+            uid: 0,
+            pid: u32::try_from(pid).unwrap(),
+            hello: h,
+            until: until.map_or(theirs, |u| theirs.min(u)),
+        });
+    }
+
     #[test]
     fn attaches_wait_in_order_until_a_lease_is_live_and_are_refused_past_their_timeout() {
         let mut s = serving("zero");
         let now = Instant::now();
         s.state = State::Zeroing { since: now };
         for (pid, secs) in [(800, 1), (801, 2), (802, 3)] {
-            let h = hello("", 1, 0, None);
-            let Answer::Wait { until } = s.answer(&h, || None, now) else {
-                panic!("a hello while clearing waits");
-            };
-            s.waits(Waiting {
-                conn: ConnId(pid),
-                uid: 0,
-                pid: u32::try_from(pid).unwrap(),
-                hello: h,
-                until: until.min(now + Duration::from_secs(secs)),
-            });
+            waits_while_clearing(&mut s, pid, now, Some(now + Duration::from_secs(secs)));
         }
         // One hung up; one is late and told why, naming how long so far.
         s.waiting_gone(&[ConnId(802)]);
@@ -112,17 +119,7 @@ mod tests {
         let now = Instant::now();
         s.state = State::Zeroing { since: now };
         for pid in [810, 811, 812] {
-            let h = hello("", 1, 0, None);
-            let Answer::Wait { until } = s.answer(&h, || None, now) else {
-                panic!("a hello while clearing waits");
-            };
-            s.waits(Waiting {
-                conn: ConnId(pid),
-                uid: 0,
-                pid: u32::try_from(pid).unwrap(),
-                hello: h,
-                until,
-            });
+            waits_while_clearing(&mut s, pid, now, None);
         }
         assert!(s.next_waiting().is_none(), "not while clearing");
         s.cleared(Some(Ok(Ok(0.1))));
