@@ -1533,6 +1533,7 @@ fn two_tenants_lease_one_pool_at_once_and_each_ends_alone() {
         let lease = &report["keeper"];
         assert_eq!(lease["generation"], generation, "{lease}");
         assert_eq!(lease["instance"], ready["instance"], "{lease}");
+        assert_eq!(lease["tenants"], 2, "the keeper's limit: {lease}");
         assert_eq!(report["mapped_bytes"], 8 * MIB, "the whole pool: {report}");
         assert_eq!(report["prefault"]["bytes"], 0, "resident: {report}");
     }
@@ -1553,6 +1554,13 @@ fn two_tenants_lease_one_pool_at_once_and_each_ends_alone() {
         "{st}"
     );
     assert!(tenants.iter().all(|t| t["live"] == true), "{st}");
+    assert!(
+        tenants
+            .iter()
+            .all(|t| (&t["stored"], &t["hits"], &t["hits_from_others"])
+                == (&Value::from(0), &Value::from(0), &Value::from(0))),
+        "no tier asked yet: {st}"
+    );
     assert_eq!(
         (&st["max_tenants"], &st["state"]),
         (&Value::from(2), &Value::from("leased"))
@@ -1565,7 +1573,8 @@ fn two_tenants_lease_one_pool_at_once_and_each_ends_alone() {
     assert!(
         text.contains("2 of at most 2 tenants")
             && text.contains(&format!("tenant of generation 1: pid(s) {pa}, since"))
-            && text.contains(&format!("tenant of generation 2: pid(s) {pb}, since")),
+            && text.contains(&format!("tenant of generation 2: pid(s) {pb}, since"))
+            && text.contains("live, tier: 0 stored, 0 hit(s) (0 stored by others)"),
         "{text}"
     );
     // `doctor` names both engines, not only the first.

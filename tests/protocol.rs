@@ -124,6 +124,7 @@ fn fake_keeper(
                     previous: None,
                     tag: None,
                     keeper_pid: std::process::id(),
+                    tenants: 1,
                 },
                 logical: 4 * MIB,
                 mapped: 4 * MIB,

@@ -1,10 +1,14 @@
 """Pool.tier_*: the CPU tier a keeper of `--tenants N` writes for its engines
 (issue 41): a block one engine stored is the other's hit, read in place from the
 same memory; two stores of one key end with one record; a held block survives a
-flood; an engine SIGKILLed mid-store and holding a load leaves no write and no hold."""
+flood; an engine SIGKILLed mid-store and holding a load leaves no write and no hold.
+Pool.tier_open: the keeper formats the index for an engine's identity, and refuses
+another identity while an engine of the first is in the tier; keep status counts
+each engine's stores and hits."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,10 +24,10 @@ BLOCK = 64 * 1024
 FP = {"model": "m", "block_size": "16"}
 
 
-def _kept(keeper, tag):
+def _kept(keeper, tag, tenants=2):
     name = f"py-tier-{tag}-{os.getpid()}"
     size = SLOTS * BLOCK + hostpool.index_bytes(SLOTS)
-    keeper(name, "--size", str(size), "--content", "keep", "--tenants", "2")
+    keeper(name, "--size", str(size), "--content", "keep", "--tenants", str(tenants))
     return name
 
 
@@ -132,3 +136,112 @@ def test_a_pool_not_leased_has_no_tier():
     with hostpool.Pool(1 << 20) as pool:
         with pytest.raises(hostpool.ConfigError, match="the tier is a keeper's"):
             pool.tier_store([b"k"])
+
+
+OTHER = {"model": "other", "block_size": "16"}
+
+
+def _keep_status(hostpool_bin, name):
+    out = subprocess.run(
+        [str(hostpool_bin), "keep", "status", "--name", name, "--json"], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)[0]
+
+
+def _store(pool, keys, byte):
+    """Store `keys` through the tier, each slot's bytes `byte`: their slots."""
+    slots = _granted(pool.tier_store(keys))
+    for slot in slots:
+        pool.view(slot * BLOCK, BLOCK)[:] = bytes([byte]) * BLOCK
+    assert pool.tier_stored(slots) == len(slots)
+    return slots
+
+
+def test_the_keeper_opens_the_tier_for_one_identity_and_refuses_another_until_its_holders_go(keeper):
+    name = _kept(keeper, "open", tenants=3)
+    a = hostpool.Pool(keeper=name)
+    b = hostpool.Pool(keeper=name)
+    c = hostpool.Pool(keeper=name)
+    try:
+        assert a.report["keeper"]["tenants"] == 3, a.report["keeper"]
+        # (a) One identity: the first open formats the index (cold), the
+        # second finds it warm; both read the same records in place.
+        ia = a.tier_open(SLOTS, FP)
+        assert not ia.warm and ia.cold_reason == "the kept pool holds no index (new, or cleared)"
+        assert ia.cold_field is None
+        slots = _store(a, [b"k1", b"k2"], 7)
+        ib = b.tier_open(SLOTS, FP)
+        assert ib.warm and ib.cold_reason is None and ib.cold_field is None, ib.cold_reason
+        assert [ib.find(b"k1"), ib.find(b"k2")] == slots == [ia.find(b"k1"), ia.find(b"k2")]
+        assert ib.get(slots[0]) == b"k1" and len(ib) == len(ia) == 2
+        assert b.tier_load([b"k2"]) == [slots[1]]
+        assert bytes(b.view(slots[1] * BLOCK, BLOCK)) == bytes([7]) * BLOCK
+        b.tier_loaded([slots[1]])
+        # The engine reads the keeper's index; it never writes it.
+        with pytest.raises(hostpool.ConfigError, match="the keeper's CPU tier"):
+            ib.record(0, b"mine")
+        with pytest.raises(hostpool.ConfigError, match="KvIndex.clear"):
+            ib.clear()
+        # (b) Another identity, while a and b are in the tier: refused,
+        # naming the field, both values and the engines that hold it; the
+        # index is untouched.
+        with pytest.raises(hostpool.KeeperError) as refused:
+            c.tier_open(SLOTS, OTHER)
+        message = str(refused.value)
+        assert message.startswith(f"kept pool `{name}`'s CPU tier is shared by an engine without an id (pid "), message
+        assert f'(pid {os.getpid()}, since ' in message and message.count("an engine without an id") == 2, message
+        assert '`model` is "m" there, "other" here' in message, message
+        assert "start this engine with the same config, or on another keeper" in message, message
+        assert refused.value.keeper == name
+        with pytest.raises(hostpool.KeeperError, match="`slots` is 16 there, 8 here"):
+            c.tier_open(SLOTS // 2, FP)
+        assert [ia.find(b"k1"), ia.find(b"k2")] == slots and len(ia) == 2, "a's records are intact"
+        assert b.tier_load([b"k1"]) == [slots[0]]
+        b.tier_loaded([slots[0]])
+    finally:
+        a.close()
+        b.close()
+    try:
+        # (c) Its holders gone (the keeper reaps each lease as it ends), the
+        # other identity opens cold, naming the field.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                ic = c.tier_open(SLOTS, OTHER)
+                break
+            except hostpool.KeeperError as e:
+                assert "for another identity" in str(e) and time.monotonic() < deadline, e
+                time.sleep(0.05)
+        assert not ic.warm and ic.cold_field == ("model", "m", "other"), ic.cold_reason
+        assert ic.cold_reason == "`model` differs: stored m, now other"
+        assert ic.find(b"k1") is None and len(ic) == 0
+        assert c.tier_load([b"k1"]) == [None]
+    finally:
+        c.close()
+
+
+def test_keep_status_counts_each_engines_stores_and_hits(keeper, hostpool_bin):
+    name = _kept(keeper, "figures")
+    with hostpool.Pool(keeper=name) as a, hostpool.Pool(keeper=name) as b:
+        a.tier_open(SLOTS, FP)
+        b.tier_open(SLOTS, FP)
+        stored = _store(a, [b"s1", b"s2", b"s3"], 1)
+        assert b.tier_load([b"s1", b"s2", b"missing"]) == [stored[0], stored[1], None]
+        b.tier_loaded(stored[:2])
+        [own] = _store(b, [b"b1"], 2)
+        assert b.tier_load([b"b1"]) == [own]
+        b.tier_loaded([own])
+        assert a.tier_load([b"b1", b"s3"]) == [own, stored[2]]
+        a.tier_loaded([own, stored[2]])
+        st = _keep_status(hostpool_bin, name)
+        figures = {
+            t["generation"]: (t["stored"], t["hits"], t["hits_from_others"]) for t in st["tenants"]
+        }
+        gen = (a.report["keeper"]["generation"], b.report["keeper"]["generation"])
+        assert figures == {gen[0]: (3, 2, 1), gen[1]: (1, 3, 2)}, st["tenants"]
+        text = subprocess.run(
+            [str(hostpool_bin), "keep", "status", "--name", name], capture_output=True, text=True, timeout=30
+        ).stdout
+        assert "tier: 3 stored, 2 hit(s) (1 stored by others)" in text, text
+        assert "tier: 1 stored, 3 hit(s) (2 stored by others)" in text, text

@@ -644,6 +644,7 @@ mod tests {
                     previous: None,
                     tag: None,
                     keeper_pid: std::process::id(),
+                    tenants: 1,
                 },
                 logical: 8 * MIB,
                 mapped: 8 * MIB,

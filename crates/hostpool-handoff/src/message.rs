@@ -124,6 +124,15 @@ pub enum Message {
 /// `hostpool_index::tier`): keys are a KV block's key, slots the pool's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TierOp {
+    /// Open the tier for this tenant's identity: the keeper attaches the
+    /// index of `slots` slots at the pool's tail for `fingerprint` (its
+    /// fields in order), warm when it holds that identity, else formatted
+    /// afresh. Refused, touching nothing, while another tenant opened it
+    /// for another identity or another number of slots.
+    Open {
+        slots: u64,
+        fingerprint: Vec<(String, String)>,
+    },
     /// A slot to write each key into.
     Store { keys: Vec<Vec<u8>> },
     /// These granted slots are written completely: record them.
@@ -148,7 +157,18 @@ pub enum TierReply {
     /// For the others: how many of the slots or keys were this tenant's
     /// to complete, abort, release or touch.
     Done(u64),
-    /// No tier: why (the pool holds no index yet, say).
+    /// For [`TierOp::Open`]: the index is attached at the pool's tail.
+    /// `warm` when it held this identity and its records are kept; else
+    /// `reason` says why it started cold (formatted afresh), and `field`
+    /// names the fingerprint field that differed, with its stored and its
+    /// new value, when that was why.
+    Opened {
+        warm: bool,
+        reason: Option<String>,
+        field: Option<(String, Option<String>, Option<String>)>,
+    },
+    /// No tier: why (the pool holds no index yet, say, or another
+    /// tenant opened it for another identity).
     Refused { message: String },
 }
 

@@ -889,6 +889,16 @@ pub fn summary(words: &[AtomicU64]) -> Option<Summary> {
 }
 
 impl<'a> Index<'a> {
+    /// The index that ends where `pool` ends (in a pool of `page`-byte
+    /// pages), attached before by anyone for the capacity its trailer
+    /// says: as [`Index::resume`], its header's magic, version and capacity
+    /// checked, no record read. `None` when the pool's tail holds none.
+    pub fn resume_tail(pool: &'a [AtomicU64], page: u64) -> Option<Index<'a>> {
+        let words = locate(pool, page)?;
+        let capacity = words.last()?.load(Ordering::Relaxed);
+        Index::resume(words, capacity)
+    }
+
     /// [`Index::attach`] to the index that ends where `pool` ends (a pool's
     /// tail, as `Pool.index` places it by default), in a pool of `page`-byte
     /// pages. An index made there before for another capacity started at

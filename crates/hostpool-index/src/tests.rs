@@ -130,6 +130,27 @@ fn at_the_tail_another_capacity_still_names_the_field_that_changed() {
     ));
 }
 
+/// A reader that knows only where the index ends finds it, for the
+/// capacity its trailer says, and reads the records an attach wrote; none
+/// before the first attach.
+#[test]
+fn resume_tail_finds_the_index_at_the_tail_for_its_capacity() {
+    let words = (bytes_for(8).unwrap() / 8) as usize;
+    let pool: Vec<AtomicU64> = (0..words + 512).map(|_| AtomicU64::new(0)).collect();
+    assert!(Index::resume_tail(&pool, 8).is_none(), "no index yet");
+    let (index, _) = Index::attach_tail(&pool, 8, 8, &fp("16")).unwrap();
+    index.record(5, b"k").unwrap();
+    let resumed = Index::resume_tail(&pool, 8).expect("found by its trailer");
+    assert_eq!(
+        (resumed.capacity(), resumed.seed(), resumed.find(b"k")),
+        (8, index.seed(), Some(5))
+    );
+    // Another capacity made there since: that one is found.
+    let (index, _) = Index::attach_tail(&pool, 4, 8, &fp("16")).unwrap();
+    let resumed = Index::resume_tail(&pool, 8).expect("found by its trailer");
+    assert_eq!((resumed.capacity(), resumed.seed()), (4, index.seed()));
+}
+
 #[test]
 fn another_identity_or_size_starts_cold_naming_why_and_empties_the_index() {
     let mem = memory(4);

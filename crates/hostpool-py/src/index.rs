@@ -21,7 +21,30 @@ use crate::errors;
 pub type Reach =
     fn(&Bound<'_, PyAny>, &mut dyn FnMut(pool_core::Region<'_>) -> PyResult<()>) -> PyResult<()>;
 
-/// The index of a pool's slots (see `Pool.index`).
+/// Why an index started cold, as its attach said (here, or in the keeper
+/// that attached it for `Pool.tier_open`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColdStart {
+    /// The sentence for the log ([`Cold`]'s `Display`).
+    pub reason: String,
+    /// The fingerprint field that differed, with its stored and its new
+    /// value, when that was why.
+    pub field: Option<(String, Option<String>, Option<String>)>,
+}
+
+impl From<Cold> for ColdStart {
+    fn from(why: Cold) -> ColdStart {
+        ColdStart {
+            reason: why.to_string(),
+            field: match why {
+                Cold::Differs(d) => Some((d.field, d.stored, d.now)),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// The index of a pool's slots (see `Pool.index` and `Pool.tier_open`).
 #[pyclass(module = "hostpool._hostpool", name = "KvIndex", frozen)]
 #[derive(Debug)]
 pub struct PyKvIndex {
@@ -29,9 +52,12 @@ pub struct PyKvIndex {
     reach: Reach,
     extent: Extent,
     capacity: u64,
-    cold: Option<Cold>,
+    cold: Option<ColdStart>,
     digest: String,
     fields: Vec<(String, String)>,
+    /// The keeper's CPU tier (`Pool.tier_open`): the keeper is its one
+    /// writer, so this process only reads it.
+    tier: bool,
 }
 
 /// The bytes an index of `slots` records takes in a pool of `page`-byte
@@ -99,7 +125,7 @@ impl PyKvIndex {
         })?;
         let cold = match start {
             Start::Warm => None,
-            Start::Cold(why) => Some(why),
+            Start::Cold(why) => Some(why.into()),
         };
         Ok(PyKvIndex {
             pool: pool.clone().unbind(),
@@ -109,7 +135,69 @@ impl PyKvIndex {
             cold,
             digest: fp.digest(),
             fields: fingerprint,
+            tier: false,
         })
+    }
+
+    /// The index of `slots` slots the keeper attached at the tail of
+    /// `pool` (of `mapped` bytes in `page`-byte pages) for `fingerprint`
+    /// (`Pool.tier_open`), read in place: nothing is written here (the
+    /// keeper is its one writer; an attach here could format it afresh
+    /// under the other tenants). `cold` is what the keeper's attach found.
+    ///
+    /// # Errors
+    /// `ConfigError` for a fingerprint an index cannot take or a pool too
+    /// small; `hostpool.Error` when the pool's tail holds no index of
+    /// `slots` slots (an engine formatted it since, for another number).
+    pub fn opened(
+        (pool, reach): (&Bound<'_, PyAny>, Reach),
+        slots: u64,
+        fingerprint: Vec<(String, String)>,
+        (mapped, page): (u64, u64),
+        cold: Option<ColdStart>,
+    ) -> PyResult<PyKvIndex> {
+        let py = pool.py();
+        let fp = Fingerprint::new(fingerprint.clone())
+            .map_err(|e| errors::raise(py, errors::Kind::Config, e.to_string()))?;
+        let len = index_bytes(slots, page)?;
+        let offset = mapped.checked_sub(len).ok_or_else(|| {
+            errors::raise(
+                py,
+                errors::Kind::Config,
+                format!(
+                    "an index of {slots} slots takes {len} bytes, more than the pool's {mapped}"
+                ),
+            )
+        })?;
+        let index = PyKvIndex {
+            pool: pool.clone().unbind(),
+            reach,
+            extent: Extent { offset, len },
+            capacity: slots,
+            cold,
+            digest: fp.digest(),
+            fields: fingerprint,
+            tier: true,
+        };
+        // Read only: the header the keeper wrote, checked as every call does.
+        index.with(py, |_| Ok(()))?;
+        Ok(index)
+    }
+
+    /// Refuse a write to the keeper's tier (`what`: the method).
+    fn writable(&self, py: Python<'_>, what: &str) -> PyResult<()> {
+        if !self.tier {
+            return Ok(());
+        }
+        Err(errors::raise(
+            py,
+            errors::Kind::Config,
+            format!(
+                "KvIndex.{what}: this index is the keeper's CPU tier (`Pool.tier_open`), which the \
+                 keeper alone writes; store through `Pool.tier_store` and `Pool.tier_stored`, \
+                 note uses with `Pool.tier_touch`, and read it here (`find`, `get`, `len`)"
+            ),
+        ))
     }
 
     /// Run `f` on the index, under the pool's lock.
@@ -166,17 +254,14 @@ impl PyKvIndex {
     /// Why it started cold (`None` when warm): a sentence for the log.
     #[getter]
     fn cold_reason(&self) -> Option<String> {
-        self.cold.as_ref().map(ToString::to_string)
+        self.cold.as_ref().map(|c| c.reason.clone())
     }
 
     /// The fingerprint field that differed, with the stored and the new
     /// value, when that is why it started cold.
     #[getter]
     fn cold_field(&self) -> Option<(String, Option<String>, Option<String>)> {
-        match &self.cold {
-            Some(Cold::Differs(d)) => Some((d.field.clone(), d.stored.clone(), d.now.clone())),
-            _ => None,
-        }
+        self.cold.as_ref().and_then(|c| c.field.clone())
     }
 
     /// How many records the index holds now (those a warm attach found,
@@ -218,11 +303,13 @@ impl PyKvIndex {
     /// Record that `slot` holds the bytes of `key`, written completely.
     /// Returns its stamp.
     fn record(&self, py: Python<'_>, slot: u64, key: &[u8]) -> PyResult<u64> {
+        self.writable(py, "record")?;
         self.with(py, |i| i.record(slot, key))
     }
 
     /// Record many: `slots[i]` holds `keys[i]`.
     fn record_many(&self, py: Python<'_>, slots: Vec<u64>, keys: Vec<Vec<u8>>) -> PyResult<()> {
+        self.writable(py, "record_many")?;
         if slots.len() != keys.len() {
             return Err(PyValueError::new_err(format!(
                 "record_many: {} slots for {} keys",
@@ -240,22 +327,26 @@ impl PyKvIndex {
 
     /// Unrecord `slot` (before its bytes are overwritten, or when evicted).
     fn unrecord(&self, py: Python<'_>, slot: u64) -> PyResult<()> {
+        self.writable(py, "unrecord")?;
         self.with(py, |i| i.unrecord(slot))
     }
 
     /// Unrecord many slots.
     fn unrecord_many(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<()> {
+        self.writable(py, "unrecord_many")?;
         self.with(py, |i| slots.iter().try_for_each(|s| i.unrecord(*s)))
     }
 
     /// Note a use of `slot`'s key (it becomes the most recent).
     fn touch(&self, py: Python<'_>, slot: u64) -> PyResult<()> {
+        self.writable(py, "touch")?;
         self.with(py, |i| i.touch(slot))
     }
 
     /// Note a use of each slot's key, in order (the last becomes the most
     /// recent).
     fn touch_many(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<()> {
+        self.writable(py, "touch_many")?;
         self.with(py, |i| slots.iter().try_for_each(|s| i.touch(*s)))
     }
 
@@ -308,6 +399,7 @@ impl PyKvIndex {
 
     /// Unrecord every slot.
     fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        self.writable(py, "clear")?;
         self.with(py, |i| {
             i.clear();
             Ok(())
@@ -324,7 +416,7 @@ impl PyKvIndex {
             self.capacity,
             match &self.cold {
                 None => "warm".to_string(),
-                Some(why) => format!("cold: {why}"),
+                Some(why) => format!("cold: {}", why.reason),
             },
             self.digest
         )

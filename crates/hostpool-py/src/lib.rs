@@ -92,6 +92,18 @@ fn index_bytes(slots: u64, page_size: u64) -> PyResult<u64> {
     index::index_bytes(slots, page_size)
 }
 
+/// The status of the kept pool `name` as its keeper tells it (`hostpool
+/// keep status --json`'s object): its size, page size, state, tenants and
+/// their limit, the index at its tail. One request on the keeper's socket;
+/// nothing is leased. Raises `KeeperError` when no keeper of that name
+/// answers (saying how to start one).
+#[pyfunction]
+fn keeper_status<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    let status = py.detach(|| hostpool::hostpool_handoff::lease::status(name));
+    let status = status.map_err(|e| errors::to_py(py, &e, None))?;
+    convert::json_dict(py, "the keeper's status", &status)
+}
+
 #[pymodule]
 fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install();
@@ -107,5 +119,6 @@ fn _hostpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plugins, m)?)?;
     m.add_function(wrap_pyfunction!(check_config, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(keeper_status, m)?)?;
     Ok(())
 }

@@ -158,18 +158,55 @@ impl PyPool {
     }
 }
 
+/// A fingerprint as given (a dict, or anything with `items()`): its
+/// fields and values as strings, in order.
+fn fingerprint_fields(fingerprint: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
+    fingerprint
+        .call_method0("items")?
+        .try_iter()?
+        .map(|kv| {
+            let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = kv?.extract()?;
+            Ok((k.str()?.to_string(), v.str()?.to_string()))
+        })
+        .collect()
+}
+
 /// A tier request's id: unique in this process.
 static TIER_ASKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl PyPool {
     /// Ask this leased pool's keeper's CPU tier: `op`'s answer, or the
-    /// error saying why there is none.
+    /// error saying why there is none (a refusal is a `hostpool.Error`).
     fn ask_tier(
         &self,
         py: Python<'_>,
         op: hostpool::hostpool_handoff::TierOp,
     ) -> PyResult<hostpool::hostpool_handoff::TierReply> {
         use hostpool::hostpool_handoff::TierReply;
+        match self.ask_tier_as_told(py, op)? {
+            TierReply::Refused { message } => Err(errors::raise(py, errors::Kind::Error, message)),
+            reply => Ok(reply),
+        }
+    }
+
+    /// The kept pool's name, as its keeper told it (empty for a pool that
+    /// is not leased).
+    fn keeper_name(&self) -> String {
+        let state = self.lock();
+        let report = state.pool.as_ref().map(Pool::report);
+        report
+            .and_then(|r| r.keeper.as_ref())
+            .map(|k| k.info.name.clone())
+            .unwrap_or_default()
+    }
+
+    /// Ask this leased pool's keeper's CPU tier: its reply as it came,
+    /// refusals included.
+    fn ask_tier_as_told(
+        &self,
+        py: Python<'_>,
+        op: hostpool::hostpool_handoff::TierOp,
+    ) -> PyResult<hostpool::hostpool_handoff::TierReply> {
         let state = self.lock();
         let conn = state
             .pool
@@ -192,10 +229,7 @@ impl PyPool {
             std::time::Duration::from_secs(30),
         )
         .map_err(|e| errors::to_py(py, &e, None))?;
-        match reply {
-            TierReply::Refused { message } => Err(errors::raise(py, errors::Kind::Error, message)),
-            reply => Ok(reply),
-        }
+        Ok(reply)
     }
 
     /// How many of the slots or keys a done reply counted.
@@ -790,6 +824,64 @@ impl PyPool {
         self.tier_done(py, hostpool::hostpool_handoff::TierOp::Touch { keys })
     }
 
+    /// Open the CPU tier of this pool's keeper for this engine's identity:
+    /// `slots` slots and `fingerprint` (an ordered dict of the fields that
+    /// decide what a slot's bytes mean, as for `index`). The keeper
+    /// attaches the index at the pool's tail itself: warm with its records
+    /// when it holds this identity, else formatted afresh (`cold_reason`,
+    /// `cold_field` say what it found). The returned `KvIndex` reads it in
+    /// place (`find`, `get`, `len`); the keeper alone writes it (store with
+    /// `tier_store` and `tier_stored`). `KeeperError` when another engine
+    /// in the tier opened it for another identity (the keeper's message
+    /// names the field, both values and that engine) or the pool cannot
+    /// hold the index.
+    fn tier_open(
+        slf: &Bound<'_, Self>,
+        slots: u64,
+        fingerprint: &Bound<'_, PyAny>,
+    ) -> PyResult<crate::index::PyKvIndex> {
+        use hostpool::hostpool_handoff::{TierOp, TierReply};
+        let py = slf.py();
+        let fields = fingerprint_fields(fingerprint)?;
+        hostpool_index::Fingerprint::new(fields.clone())
+            .map_err(|e| errors::raise(py, errors::Kind::Config, e.to_string()))?;
+        let this = slf.get();
+        let open = TierOp::Open {
+            slots,
+            fingerprint: fields.clone(),
+        };
+        let cold = match this.ask_tier_as_told(py, open)? {
+            TierReply::Opened { warm: true, .. } => None,
+            TierReply::Opened { reason, field, .. } => Some(crate::index::ColdStart {
+                reason: reason.unwrap_or_else(|| "the keeper formatted the index afresh".into()),
+                field,
+            }),
+            TierReply::Refused { message } => {
+                let e = Error::Keeper {
+                    name: this.keeper_name(),
+                    message,
+                    pid: None,
+                    absent: false,
+                };
+                return Err(errors::to_py(py, &e, None));
+            }
+            other => {
+                return Err(errors::raise(
+                    py,
+                    errors::Kind::Error,
+                    format!("the keeper's tier answered {other:?} to an open"),
+                ));
+            }
+        };
+        crate::index::PyKvIndex::opened(
+            (slf.as_any(), PyPool::reach),
+            slots,
+            fields,
+            (this.info.mapped, this.info.page),
+            cold,
+        )
+    }
+
     /// The crash-consistent index of what this pool's `slots` hold (a
     /// kept pool's, read back by the next engine): attached at `offset`
     /// (default: the pool's last `hostpool.index_bytes(slots, page_size)`
@@ -805,14 +897,7 @@ impl PyPool {
         offset: Option<u64>,
     ) -> PyResult<crate::index::PyKvIndex> {
         let py = slf.py();
-        let fields: Vec<(String, String)> = fingerprint
-            .call_method0("items")?
-            .try_iter()?
-            .map(|kv| {
-                let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = kv?.extract()?;
-                Ok((k.str()?.to_string(), v.str()?.to_string()))
-            })
-            .collect::<PyResult<_>>()?;
+        let fields = fingerprint_fields(fingerprint)?;
         let this = slf.get();
         let len = crate::index::index_bytes(slots, this.info.page)?;
         let offset = match offset {

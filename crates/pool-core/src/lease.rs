@@ -47,6 +47,16 @@ pub struct LeaseInfo {
     pub tag: Option<String>,
     /// The keeper's pid.
     pub keeper_pid: u32,
+    /// How many engines may lease the kept pool at once (its keeper's
+    /// `--tenants`); 1 from a keeper too old to say.
+    #[serde(default = "one_tenant")]
+    pub tenants: u32,
+}
+
+/// What a keeper that does not say its tenant limit allows: one lease at
+/// a time (as every keeper before tenants did).
+fn one_tenant() -> u32 {
+    1
 }
 
 /// The report's `keeper` object: the lease's [`LeaseInfo`], how long the
@@ -63,4 +73,29 @@ pub struct LeaseReport {
     /// The engine whose lease this companion maps (`lease.companion_of`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub companion_of: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A keeper too old to say its tenant limit allowed one lease at a
+    /// time; a newer one says it, and the report carries it.
+    #[test]
+    fn a_lease_without_a_tenant_limit_reads_as_one() {
+        let old = serde_json::json!({
+            "name": "kv0", "instance": "i", "generation": 3, "content": "keep",
+            "previous": null, "tag": null, "keeper_pid": 7,
+        });
+        let info: LeaseInfo = serde_json::from_value(old).unwrap();
+        assert_eq!(info.tenants, 1);
+        let info = LeaseInfo { tenants: 4, ..info };
+        let report = LeaseReport {
+            info,
+            attach_seconds: 0.0,
+            backing: "anon".into(),
+            companion_of: None,
+        };
+        assert_eq!(serde_json::to_value(&report).unwrap()["tenants"], 4);
+    }
 }

@@ -307,12 +307,20 @@ fn human_status(v: &Value) -> String {
     t
 }
 
-/// One tenant of a kept pool of several, as `keep status` lists it.
+/// One tenant of a kept pool of several, as `keep status` lists it, with
+/// what it did in the keeper's CPU tier (from a keeper that counts it).
 fn human_tenant(l: &Value) -> String {
     let engine = l["engine"].as_str().unwrap_or("");
+    let tier = match (l["stored"].as_u64(), l["hits"].as_u64()) {
+        (Some(stored), Some(hits)) => format!(
+            ", tier: {stored} stored, {hits} hit(s) ({} stored by others)",
+            l["hits_from_others"].as_u64().unwrap_or(0)
+        ),
+        _ => String::new(),
+    };
     format!(
         "  tenant of generation {}: pid(s) {}{}, since {}, {} rank(s) of world {}, {} \
-         companion(s), {}",
+         companion(s), {}{tier}",
         l["generation"],
         l["pids"]
             .as_array()

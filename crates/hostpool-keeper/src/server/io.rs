@@ -218,10 +218,15 @@ impl Sockets {
             let mut asks = Vec::new();
             let ranks = self.read_events(&ranks, &mut asks);
             let companions = self.read_events(&companions, &mut asks);
-            // The tier's requests, answered on the connection they came by.
+            // The tier's requests, answered on the connection they came by;
+            // the tenant's figures handed to the state after each.
             for (conn, id, op) in asks {
                 let reply = match tier.as_deref_mut() {
-                    Some(t) => t.serve(tenant, op),
+                    Some(t) => {
+                        let reply = t.serve(tenant, op, &|other| s.tenant_named(other));
+                        s.tier_figures(tenant, t.figures(tenant));
+                        reply
+                    }
                     None => TierReply::Refused {
                         message: "the keeper cannot read its pool's words".into(),
                     },
@@ -473,7 +478,7 @@ mod tests {
             .collect();
         let fp = hostpool_index::Fingerprint::new([("model", "m")]).unwrap();
         hostpool_index::Index::attach_tail(&words, 8, 4096, &fp).unwrap();
-        let mut tier = TierServer::new(&words, 4096);
+        let mut tier = TierServer::new("unit".into(), &words, 4096);
         let mut io = Sockets::new(pair().0);
         let mut s = serving("zero");
         let (fd, peer) = pair();
@@ -490,14 +495,39 @@ mod tests {
         };
         wire::send(&peer, &Message::Tier { id: 7, op }, &[]).unwrap();
         io.watch_lease(&mut s, Some(&mut tier));
-        match recv(&peer) {
+        let slot = match recv(&peer) {
             Message::TierReply {
                 id: 7,
                 reply: TierReply::Puts(puts),
-            } => assert!(matches!(puts[..], [TierPut::Granted { .. }]), "{puts:?}"),
+            } => match puts[..] {
+                [TierPut::Granted { slot, .. }] => slot,
+                _ => panic!("{puts:?}"),
+            },
             other => panic!("{other:?}"),
-        }
+        };
         assert!(s.ended().is_empty(), "the lease goes on");
+        // What the tenant did reaches the state, for the status.
+        let op = TierOp::Stored { slots: vec![slot] };
+        wire::send(&peer, &Message::Tier { id: 8, op }, &[]).unwrap();
+        io.watch_lease(&mut s, Some(&mut tier));
+        assert!(matches!(
+            recv(&peer),
+            Message::TierReply {
+                id: 8,
+                reply: TierReply::Done(1)
+            }
+        ));
+        let st = s.status(serde_json::Value::Null, serde_json::Value::Null);
+        let t = &st["tenants"][0];
+        assert_eq!(
+            (&t["stored"], &t["hits"], &t["hits_from_others"]),
+            (
+                &serde_json::json!(1),
+                &serde_json::json!(0),
+                &serde_json::json!(0)
+            ),
+            "{st}"
+        );
     }
 
     #[test]

@@ -164,9 +164,10 @@ impl Keeper {
             offset: 0,
             len: region.mapped_len(),
         });
+        let name = s.name().to_string();
         let mut tier = words
             .ok()
-            .map(|w| tier::TierServer::new(w, region.page().get()));
+            .map(|w| tier::TierServer::new(name, w, region.page().get()));
         std::thread::scope(|scope| {
             let mut clearing: Option<std::thread::ScopedJoinHandle<'_, Result<f64>>> = None;
             loop {

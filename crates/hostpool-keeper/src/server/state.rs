@@ -41,7 +41,7 @@ mod lease;
 mod tenants;
 mod waiting;
 
-pub(super) use tenants::TenantId;
+pub(super) use tenants::{TenantId, TierFigures};
 
 /// A connection, as the state names it: the I/O side holds its socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -96,6 +96,9 @@ struct Lease {
     failed: bool,
     /// The first rank that died, by pid.
     died: Option<u32>,
+    /// What it did in the kept pool's CPU tier, as the tier last said
+    /// ([`Serving::tier_figures`]).
+    tier: TierFigures,
 }
 
 /// A lease that failed while its ranks attached.
@@ -373,6 +376,7 @@ impl Serving {
             previous: self.previous.clone(),
             tag: self.tag.clone(),
             keeper_pid: std::process::id(),
+            tenants: self.config.tenants,
         }
     }
 
@@ -536,6 +540,7 @@ pub(super) mod testing {
             panic!("expected a grant of {h:?}");
         };
         assert_eq!((info.generation, info.name.as_str()), (tenant.0, "unit"));
+        assert_eq!(info.tenants, s.config.tenants, "the lease says the limit");
         let conn = ConnId(u64::from(pid));
         assert!(
             s.joined(tenant, conn, pid, 0, h, true),

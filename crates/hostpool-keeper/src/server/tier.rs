@@ -1,64 +1,97 @@
 //! The CPU tier the keeper writes for its tenants ([`hostpool_index::tier`]):
-//! over the index an engine formatted at the pool's tail, made when a
-//! tenant first asks, answered one message a batch, a tenant's state
-//! reaped when its lease ends, and forgotten when the pool is cleared (or
-//! its index formatted afresh).
+//! over the index at the pool's tail, which the keeper attaches itself when
+//! a tenant opens the tier for its identity ([`TierOp::Open`]; an engine
+//! may also have formatted it there with `Pool.index`), made when a tenant
+//! first asks, answered one message a batch, a tenant's state reaped when
+//! its lease ends, and forgotten when the pool is cleared (or its index
+//! formatted afresh).
+//!
+//! **One identity at a time.** Each tenant that opened the tier did so for
+//! one identity: its number of slots and its fingerprint (model, dtypes,
+//! block size, layout, ...). While a tenant that opened it is still in the
+//! tier (its lease in force), an open for another identity is refused,
+//! naming the field that differs, both values and the engines that hold
+//! the tier, and the index is left as it is: an engine of another model
+//! never formats the tier afresh under the engines that use it. Once they
+//! are gone, it opens cold, as a restart of another identity does.
+//!
+//! **Figures.** Per tenant: the blocks it stored, the keys its loads found,
+//! and how many of those it did not store itself (what sharing the tier gave
+//! it), counted here and handed to the state for `keep status`.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 
 use hostpool_handoff::{TierOp, TierPut, TierReply};
 use hostpool_index::tier::{MAX_TENANTS, Put, Tenant, Tier};
-use hostpool_index::{Index, locate, summary};
+use hostpool_index::{Cold, Fingerprint, Index, Start};
 
-use super::state::TenantId;
+use super::state::{TenantId, TierFigures};
 
-/// The tier of one kept pool, and which of its places each lease holds.
+/// How the tier names a tenant in a refusal: `engine `a` (pid 100, since
+/// T)`, from the state; `None` for a tenant whose lease is no longer in
+/// force.
+pub(super) type Named<'n> = &'n dyn Fn(TenantId) -> Option<String>;
+
+/// The tier of one kept pool, which of its places each lease holds, the
+/// identity each opened it for, and what each did in it.
 #[derive(Debug)]
 pub(super) struct TierServer<'a> {
+    /// The kept pool's name, for refusals.
+    name: String,
     /// The pool's words.
     words: &'a [AtomicU64],
     page: u64,
     /// The tier, and the seed of the index it was made over.
     tier: Option<(u64, Tier<'a>)>,
     places: HashMap<TenantId, Tenant>,
+    /// The identity each tenant opened the tier for ([`TierOp::Open`]):
+    /// its slots and its fingerprint. A tenant that never opened (it
+    /// formatted the index itself) has none.
+    opened: HashMap<TenantId, (u64, Fingerprint)>,
+    /// The tenant that completed each recorded slot's store, until the
+    /// slot is granted to another store (evicted) or the tier is made
+    /// again. Kept past the tenant's lease: its blocks stay others' hits.
+    storers: HashMap<u64, TenantId>,
+    /// What each tenant in the tier did in it.
+    figures: HashMap<TenantId, TierFigures>,
 }
 
 impl<'a> TierServer<'a> {
-    /// No tier yet, over the pool `words` of `page` pages.
-    pub(super) fn new(words: &'a [AtomicU64], page: u64) -> TierServer<'a> {
+    /// No tier yet, over the words of kept pool `name` of `page` pages.
+    pub(super) fn new(name: String, words: &'a [AtomicU64], page: u64) -> TierServer<'a> {
         TierServer {
+            name,
             words,
             page,
             tier: None,
             places: HashMap::new(),
+            opened: HashMap::new(),
+            storers: HashMap::new(),
+            figures: HashMap::new(),
         }
     }
 
-    /// The index at the pool's tail, as it is now.
-    fn index(&self) -> Option<Index<'a>> {
-        let words = locate(self.words, self.page)?;
-        let capacity = summary(words)?.capacity;
-        Index::resume(words, capacity)
-    }
-
-    /// The tier over the index as it is now: made on first use, made
-    /// again (every tenant's state dropped) when the index was formatted
-    /// afresh since.
-    fn tier(&mut self) -> Result<&mut Tier<'a>, String> {
-        let Some(index) = self.index() else {
+    /// The tier over the index at the pool's tail as it is now: made on
+    /// first use, made again (every tenant's state dropped) when the index
+    /// was formatted afresh since.
+    fn ensure_tier(&mut self) -> Result<(), String> {
+        let Some(index) = Index::resume_tail(self.words, self.page) else {
             self.tier = None;
+            self.storers.clear();
             return Err(
-                "the kept pool holds no index: an engine formats one at the pool's tail before \
-                 the tier serves (hostpool.index_bytes says its size)"
+                "the kept pool holds no index: an engine opens the tier (`Pool.tier_open`) or \
+                 formats an index at the pool's tail (`Pool.index`) before the tier serves \
+                 (hostpool.index_bytes says its size)"
                     .into(),
             );
         };
         let seed = index.seed();
         if self.tier.as_ref().is_none_or(|(s, _)| *s != seed) {
+            self.storers.clear();
             self.tier = Some((seed, Tier::new(index)));
         }
-        Ok(&mut self.tier.as_mut().expect("made above").1)
+        Ok(())
     }
 
     /// The place in the tier of lease `tenant`: given on first use.
@@ -74,25 +107,49 @@ impl<'a> TierServer<'a> {
         Ok(free)
     }
 
-    /// Answer lease `tenant`'s request.
-    pub(super) fn serve(&mut self, tenant: TenantId, op: TierOp) -> TierReply {
+    /// What lease `tenant` did in the tier so far.
+    pub(super) fn figures(&self, tenant: TenantId) -> TierFigures {
+        self.figures.get(&tenant).copied().unwrap_or_default()
+    }
+
+    /// Answer lease `tenant`'s request; a refusal names other tenants by
+    /// `named`.
+    pub(super) fn serve(&mut self, tenant: TenantId, op: TierOp, named: Named<'_>) -> TierReply {
         let refused = |message: String| TierReply::Refused { message };
+        if let TierOp::Open { slots, fingerprint } = op {
+            return self.open(tenant, slots, fingerprint, named);
+        }
         let place = match self.place(tenant) {
             Ok(p) => p,
             Err(m) => return refused(m),
         };
-        let tier = match self.tier() {
-            Ok(t) => t,
-            Err(m) => return refused(m),
+        if let Err(m) = self.ensure_tier() {
+            return refused(m);
+        }
+        let TierServer {
+            tier: Some((_, tier)),
+            storers,
+            figures,
+            ..
+        } = self
+        else {
+            return refused("the kept pool's tier could not be made".into());
         };
+        let figures = figures.entry(tenant).or_default();
         let count =
             |done: Vec<bool>| TierReply::Done(done.into_iter().filter(|d| *d).count() as u64);
         match op {
+            TierOp::Open { .. } => refused("the tier was opened above".into()),
             TierOp::Store { keys } => {
                 let mut puts = Vec::with_capacity(keys.len());
                 for key in keys {
                     puts.push(match tier.prepare_store(place, &key) {
-                        Ok(Put::Granted { slot, evicted }) => TierPut::Granted { slot, evicted },
+                        Ok(Put::Granted { slot, evicted }) => {
+                            // Whoever stored what the slot held, it is
+                            // theirs no more.
+                            storers.remove(&slot);
+                            TierPut::Granted { slot, evicted }
+                        }
                         Ok(Put::Stored(slot)) => TierPut::Stored { slot },
                         Ok(Put::InFlight) => TierPut::InFlight,
                         Ok(Put::NoRoom) => TierPut::NoRoom,
@@ -104,7 +161,14 @@ impl<'a> TierServer<'a> {
             TierOp::Stored { slots } => count(
                 slots
                     .into_iter()
-                    .map(|s| tier.complete_store(place, s).unwrap_or(false))
+                    .map(|s| {
+                        let done = tier.complete_store(place, s).unwrap_or(false);
+                        if done {
+                            storers.insert(s, tenant);
+                            figures.stored += 1;
+                        }
+                        done
+                    })
                     .collect(),
             ),
             TierOp::Abort { slots } => count(
@@ -113,9 +177,20 @@ impl<'a> TierServer<'a> {
                     .map(|s| tier.abort_store(place, s).unwrap_or(false))
                     .collect(),
             ),
-            TierOp::Load { keys } => {
-                TierReply::Loads(keys.iter().map(|k| tier.prepare_load(place, k)).collect())
-            }
+            TierOp::Load { keys } => TierReply::Loads(
+                keys.iter()
+                    .map(|k| {
+                        let slot = tier.prepare_load(place, k);
+                        if let Some(slot) = slot {
+                            figures.hits += 1;
+                            if storers.get(&slot) != Some(&tenant) {
+                                figures.hits_from_others += 1;
+                            }
+                        }
+                        slot
+                    })
+                    .collect(),
+            ),
             TierOp::Loaded { slots } => count(
                 slots
                     .into_iter()
@@ -131,9 +206,114 @@ impl<'a> TierServer<'a> {
         }
     }
 
+    /// Lease `tenant` opens the tier for its identity: `slots` slots and
+    /// `fields`. Refused, the index untouched, while another tenant in the
+    /// tier opened it for another identity; else the index at the pool's
+    /// tail is attached (warm when it holds this identity, formatted
+    /// afresh otherwise) and the tier made over it.
+    fn open(
+        &mut self,
+        tenant: TenantId,
+        slots: u64,
+        fields: Vec<(String, String)>,
+        named: Named<'_>,
+    ) -> TierReply {
+        let refused = |message: String| TierReply::Refused { message };
+        let fp = match Fingerprint::new(fields) {
+            Ok(fp) => fp,
+            Err(e) => {
+                return refused(format!(
+                    "kept pool `{}`'s CPU tier cannot be opened for this identity: {e}",
+                    self.name
+                ));
+            }
+        };
+        if let Some(message) = self.conflict(tenant, slots, &fp, named) {
+            return refused(message);
+        }
+        if let Err(m) = self.place(tenant) {
+            return refused(m);
+        }
+        let start = match Index::attach_tail(self.words, slots, self.page, &fp) {
+            Ok((_, start)) => start,
+            Err(e) => {
+                return refused(format!(
+                    "kept pool `{}` cannot hold the CPU tier's index of {slots} slots: {e}; its \
+                     pool must end with hostpool.index_bytes({slots}, page_size) bytes for the \
+                     index, after the blocks: restart the keeper with a larger --size, or open \
+                     the tier for fewer slots",
+                    self.name
+                ));
+            }
+        };
+        self.opened.insert(tenant, (slots, fp));
+        if let Err(m) = self.ensure_tier() {
+            return refused(m);
+        }
+        match start {
+            Start::Warm => TierReply::Opened {
+                warm: true,
+                reason: None,
+                field: None,
+            },
+            Start::Cold(why) => TierReply::Opened {
+                warm: false,
+                reason: Some(why.to_string()),
+                field: match why {
+                    Cold::Differs(d) => Some((d.field, d.stored, d.now)),
+                    _ => None,
+                },
+            },
+        }
+    }
+
+    /// Why lease `tenant` may not open the tier for `slots` and `fp`: the
+    /// tenants in the tier that opened it for another identity, the first
+    /// field that differs (or the slots) and both values. `None` when no
+    /// other tenant holds another identity (none opened it, or only this
+    /// one did: a tenant may open again alone).
+    fn conflict(
+        &self,
+        tenant: TenantId,
+        slots: u64,
+        fp: &Fingerprint,
+        named: Named<'_>,
+    ) -> Option<String> {
+        let quoted = |v: Option<String>| v.map_or_else(|| "not given".into(), |v| format!("{v:?}"));
+        let mut others: Vec<(TenantId, (String, String, String))> = self
+            .opened
+            .iter()
+            .filter(|(t, _)| **t != tenant)
+            .filter_map(|(t, (s, f))| {
+                let why = match f.differs(fp) {
+                    Some(d) => (d.field, quoted(d.stored), quoted(d.now)),
+                    None if *s != slots => ("slots".into(), s.to_string(), slots.to_string()),
+                    None => return None,
+                };
+                Some((*t, why))
+            })
+            .collect();
+        others.sort_by_key(|(t, _)| *t);
+        let (_, (field, there, here)) = others.first()?;
+        let holders: Vec<String> = others
+            .iter()
+            .map(|(t, _)| named(*t).unwrap_or_else(|| format!("the lease of generation {}", t.0)))
+            .collect();
+        Some(format!(
+            "kept pool `{}`'s CPU tier is shared by {} for another identity: `{field}` is {there} \
+             there, {here} here; tenants share a tier when every field but the engine id and DP \
+             index matches: start this engine with the same config, or on another keeper",
+            self.name,
+            holders.join(", ")
+        ))
+    }
+
     /// Lease `tenant` ended (released, or died anywhere): its writes in
-    /// flight are dropped and its holds released, and its place is free.
+    /// flight are dropped and its holds released, its place is free, and
+    /// its identity no longer holds the tier.
     pub(super) fn reap(&mut self, tenant: TenantId) {
+        self.opened.remove(&tenant);
+        self.figures.remove(&tenant);
         let Some(place) = self.places.remove(&tenant) else {
             return;
         };
@@ -150,18 +330,22 @@ impl<'a> TierServer<'a> {
         }
     }
 
-    /// The pool is being cleared: no tier until an engine formats an
-    /// index again.
+    /// The pool is being cleared: no tier until an engine opens it or
+    /// formats an index again.
     pub(super) fn forget(&mut self) {
         self.tier = None;
         self.places.clear();
+        self.opened.clear();
+        self.storers.clear();
+        self.figures.clear();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hostpool_index::Fingerprint;
+
+    const FP: [(&str, &str); 2] = [("model", "m"), ("block_size", "16")];
 
     /// A pool of `pages` 4 KiB pages with an index of `capacity` at its
     /// tail when `indexed`.
@@ -172,6 +356,43 @@ mod tests {
             Index::attach_tail(&words, capacity, 4096, &fp).unwrap();
         }
         words
+    }
+
+    /// A tier of kept pool `kv0` over `words`.
+    fn server(words: &[AtomicU64]) -> TierServer<'_> {
+        TierServer::new("kv0".into(), words, 4096)
+    }
+
+    /// Tenants named as the state names them: `engine `eN` (pid N)`.
+    fn names(t: TenantId) -> Option<String> {
+        Some(format!("engine `e{0}` (pid {0})", t.0))
+    }
+
+    fn ask(t: &mut TierServer<'_>, tenant: TenantId, op: TierOp) -> TierReply {
+        t.serve(tenant, op, &names)
+    }
+
+    /// An open for `slots` and `fields`.
+    fn open(slots: u64, fields: &[(&str, &str)]) -> TierOp {
+        TierOp::Open {
+            slots,
+            fingerprint: fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn store(keys: &[&[u8]]) -> TierOp {
+        TierOp::Store {
+            keys: keys.iter().map(|k| k.to_vec()).collect(),
+        }
+    }
+
+    fn load(keys: &[&[u8]]) -> TierOp {
+        TierOp::Load {
+            keys: keys.iter().map(|k| k.to_vec()).collect(),
+        }
     }
 
     fn granted(reply: TierReply) -> Vec<u64> {
@@ -186,31 +407,29 @@ mod tests {
             .collect()
     }
 
+    fn refusal(reply: TierReply) -> String {
+        match reply {
+            TierReply::Refused { message } => message,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
     /// Two leases share one tier by message: what one stores the other
     /// loads from the same slot; a store of a key in flight is told so; a
     /// lease that ends leaves no write in flight and no hold.
     #[test]
     fn two_leases_share_one_tier_and_an_ended_one_leaves_nothing() {
         let words = pool(64, 8, true);
-        let mut t = TierServer::new(&words, 4096);
+        let mut t = server(&words);
         let (a, b) = (TenantId(1), TenantId(2));
-        let slots = granted(t.serve(
-            a,
-            TierOp::Store {
-                keys: vec![b"x".to_vec()],
-            },
-        ));
+        let slots = granted(ask(&mut t, a, store(&[b"x"])));
         assert_eq!(
-            t.serve(
-                b,
-                TierOp::Store {
-                    keys: vec![b"x".to_vec()]
-                }
-            ),
+            ask(&mut t, b, store(&[b"x"])),
             TierReply::Puts(vec![TierPut::InFlight])
         );
         assert_eq!(
-            t.serve(
+            ask(
+                &mut t,
                 a,
                 TierOp::Stored {
                     slots: slots.clone()
@@ -219,21 +438,11 @@ mod tests {
             TierReply::Done(1)
         );
         assert_eq!(
-            t.serve(
-                b,
-                TierOp::Load {
-                    keys: vec![b"x".to_vec(), b"y".to_vec()]
-                }
-            ),
+            ask(&mut t, b, load(&[b"x", b"y"])),
             TierReply::Loads(vec![Some(slots[0]), None])
         );
         // b dies holding x, with a write in flight.
-        granted(t.serve(
-            b,
-            TierOp::Store {
-                keys: vec![b"y".to_vec()],
-            },
-        ));
+        granted(ask(&mut t, b, store(&[b"y"])));
         t.reap(b);
         let tier = &t.tier.as_ref().unwrap().1;
         let c = tier.counts();
@@ -246,39 +455,210 @@ mod tests {
     #[test]
     fn no_index_is_refused_and_a_new_index_makes_a_new_tier() {
         let words = pool(64, 8, false);
-        let mut t = TierServer::new(&words, 4096);
-        let reply = t.serve(
-            TenantId(1),
-            TierOp::Load {
-                keys: vec![b"x".to_vec()],
-            },
-        );
-        assert!(
-            matches!(&reply, TierReply::Refused { message } if message.contains("holds no index")),
-            "{reply:?}"
-        );
+        let mut t = server(&words);
+        let message = refusal(ask(&mut t, TenantId(1), load(&[b"x"])));
+        assert!(message.contains("holds no index"), "{message}");
         let fp = Fingerprint::new([("model", "m")]).unwrap();
         Index::attach_tail(&words, 8, 4096, &fp).unwrap();
-        granted(t.serve(
-            TenantId(1),
-            TierOp::Store {
-                keys: vec![b"x".to_vec()],
-            },
-        ));
+        granted(ask(&mut t, TenantId(1), store(&[b"x"])));
         let seed = t.tier.as_ref().unwrap().0;
         // Another identity formats it afresh: the in-flight state goes.
         let other = Fingerprint::new([("model", "n")]).unwrap();
         Index::attach_tail(&words, 8, 4096, &other).unwrap();
         assert_eq!(
-            t.serve(
-                TenantId(1),
-                TierOp::Load {
-                    keys: vec![b"x".to_vec()]
-                }
-            ),
+            ask(&mut t, TenantId(1), load(&[b"x"])),
             TierReply::Loads(vec![None])
         );
         assert_ne!(t.tier.as_ref().unwrap().0, seed);
         assert_eq!(t.tier.as_ref().unwrap().1.counts().writing, 0);
+    }
+
+    /// The keeper formats the index for the first tenant that opens the
+    /// tier (cold), and a second of the same identity finds it warm with
+    /// its records. Another identity, or another number of slots, is
+    /// refused while a tenant of the first is in the tier, naming the field,
+    /// both values and every tenant holding it, and the index is untouched;
+    /// once they are gone it opens cold, naming the field.
+    #[test]
+    fn another_identity_is_refused_while_a_tenant_holds_the_tier_and_opens_cold_after() {
+        let words = pool(64, 0, false);
+        let mut t = server(&words);
+        let (a, b, c) = (TenantId(1), TenantId(2), TenantId(3));
+        assert_eq!(
+            ask(&mut t, a, open(8, &FP)),
+            TierReply::Opened {
+                warm: false,
+                reason: Some("the kept pool holds no index (new, or cleared)".into()),
+                field: None
+            }
+        );
+        let [slot] = granted(ask(&mut t, a, store(&[b"x"])))[..] else {
+            panic!("one slot");
+        };
+        assert_eq!(
+            ask(&mut t, a, TierOp::Stored { slots: vec![slot] }),
+            TierReply::Done(1)
+        );
+        let seed = t.tier.as_ref().unwrap().0;
+        assert_eq!(
+            ask(&mut t, b, open(8, &FP)),
+            TierReply::Opened {
+                warm: true,
+                reason: None,
+                field: None
+            }
+        );
+        // Another model: refused, naming both tenants that hold the tier.
+        let message = refusal(ask(
+            &mut t,
+            c,
+            open(8, &[("model", "n"), ("block_size", "16")]),
+        ));
+        assert_eq!(
+            message,
+            "kept pool `kv0`'s CPU tier is shared by engine `e1` (pid 1), engine `e2` (pid 2) for \
+             another identity: `model` is \"m\" there, \"n\" here; tenants share a tier when every \
+             field but the engine id and DP index matches: start this engine with the same \
+             config, or on another keeper"
+        );
+        // A field the holders do not give, and another number of slots.
+        let message = refusal(ask(
+            &mut t,
+            c,
+            open(8, &[("model", "m"), ("block_size", "16"), ("tp", "2")]),
+        ));
+        assert!(
+            message.contains("`tp` is not given there, \"2\" here"),
+            "{message}"
+        );
+        let message = refusal(ask(&mut t, c, open(16, &FP)));
+        assert!(message.contains("`slots` is 8 there, 16 here"), "{message}");
+        // Nothing was touched: the same index, its record, a's tier.
+        let index = Index::resume_tail(&words, 4096).unwrap();
+        assert_eq!((index.seed(), index.find(b"x")), (seed, Some(slot)));
+        assert_eq!(t.tier.as_ref().unwrap().0, seed);
+        assert!(!t.places.contains_key(&c), "a refused open takes no place");
+        // One holder gone: the other still holds it, and alone is named.
+        t.reap(a);
+        let message = refusal(ask(&mut t, c, open(8, &[("model", "n")])));
+        assert!(
+            message.contains("shared by engine `e2` (pid 2) for another identity"),
+            "{message}"
+        );
+        // Both gone: the other identity opens cold, naming the field.
+        t.reap(b);
+        assert_eq!(
+            ask(&mut t, c, open(8, &[("model", "n"), ("block_size", "16")])),
+            TierReply::Opened {
+                warm: false,
+                reason: Some("`model` differs: stored m, now n".into()),
+                field: Some(("model".into(), Some("m".into()), Some("n".into())))
+            }
+        );
+        assert_ne!(t.tier.as_ref().unwrap().0, seed, "the tier is made again");
+        assert_eq!(ask(&mut t, c, load(&[b"x"])), TierReply::Loads(vec![None]));
+        // A tenant alone may open again for another identity; a tenant that
+        // never opened holds no identity.
+        assert!(matches!(
+            ask(&mut t, c, open(8, &FP)),
+            TierReply::Opened { warm: false, .. }
+        ));
+        granted(ask(&mut t, TenantId(4), store(&[b"y"])));
+        assert!(matches!(
+            ask(&mut t, c, open(8, &FP)),
+            TierReply::Opened { warm: true, .. }
+        ));
+    }
+
+    /// An open the pool cannot hold, or with a fingerprint an index cannot
+    /// take, is refused saying why.
+    #[test]
+    fn an_open_the_pool_cannot_hold_is_refused_saying_why() {
+        let words = pool(4, 0, false);
+        let mut t = server(&words);
+        let message = refusal(ask(&mut t, TenantId(1), open(1 << 20, &FP)));
+        assert!(
+            message.starts_with(
+                "kept pool `kv0` cannot hold the CPU tier's index of 1048576 slots: an index of"
+            ) && message.contains("restart the keeper with a larger --size"),
+            "{message}"
+        );
+        let message = refusal(ask(&mut t, TenantId(1), open(8, &[("a=b", "1")])));
+        assert!(
+            message.starts_with("kept pool `kv0`'s CPU tier cannot be opened for this identity"),
+            "{message}"
+        );
+        assert!(t.opened.is_empty());
+    }
+
+    /// Each tenant's figures: blocks it stored, keys its loads found, and
+    /// of those the blocks it did not store; a slot granted again is no
+    /// longer its storer's; a reaped tenant's figures go.
+    #[test]
+    fn each_tenant_counts_its_stores_its_hits_and_the_hits_others_stored() {
+        let words = pool(64, 0, false);
+        let mut t = server(&words);
+        let (a, b) = (TenantId(1), TenantId(2));
+        for x in [a, b] {
+            assert!(matches!(
+                ask(&mut t, x, open(2, &FP)),
+                TierReply::Opened { .. }
+            ));
+        }
+        let slots = granted(ask(&mut t, a, store(&[b"x", b"y"])));
+        assert_eq!(
+            ask(
+                &mut t,
+                a,
+                TierOp::Stored {
+                    slots: slots.clone()
+                }
+            ),
+            TierReply::Done(2)
+        );
+        // b loads both (and a miss), a loads y: b's hits are a's blocks.
+        ask(&mut t, b, load(&[b"x", b"y", b"z"]));
+        ask(&mut t, a, load(&[b"y"]));
+        ask(
+            &mut t,
+            b,
+            TierOp::Loaded {
+                slots: slots.clone(),
+            },
+        );
+        ask(
+            &mut t,
+            a,
+            TierOp::Loaded {
+                slots: vec![slots[1]],
+            },
+        );
+        let f = |stored, hits, hits_from_others| TierFigures {
+            stored,
+            hits,
+            hits_from_others,
+        };
+        assert_eq!(t.figures(a), f(2, 1, 0));
+        assert_eq!(t.figures(b), f(0, 2, 2));
+        // b stores z over the oldest (x): x's slot is b's now, and a's
+        // load of z is another's block.
+        let [z] = granted(ask(&mut t, b, store(&[b"z"])))[..] else {
+            panic!("one slot");
+        };
+        assert_eq!(z, slots[0], "x was the oldest use");
+        ask(&mut t, b, TierOp::Stored { slots: vec![z] });
+        ask(&mut t, a, load(&[b"z"]));
+        ask(&mut t, b, load(&[b"z"]));
+        assert_eq!(t.figures(a), f(2, 2, 1));
+        assert_eq!(t.figures(b), f(1, 3, 2));
+        // An aborted store counts nothing.
+        let [w] = granted(ask(&mut t, a, store(&[b"w"])))[..] else {
+            panic!("one slot");
+        };
+        ask(&mut t, a, TierOp::Abort { slots: vec![w] });
+        assert_eq!(t.figures(a), f(2, 2, 1));
+        t.reap(a);
+        assert_eq!(t.figures(a), TierFigures::default());
+        assert_eq!(t.figures(b), f(1, 3, 2));
     }
 }

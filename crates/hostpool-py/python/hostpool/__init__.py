@@ -38,7 +38,7 @@ from ._errors import (
     PinError,
     PoolBusyError,
 )
-from ._hostpool import KvIndex, Pool, Shared, __version__, check_config, index_bytes, plan, plugins
+from ._hostpool import KvIndex, Pool, Shared, __version__, check_config, index_bytes, keeper_status, plan, plugins
 
 # A library adds no handler of its own: the application configures logging
 # (without one, Python prints warnings and errors to stderr).
@@ -60,6 +60,7 @@ __all__ = [
     "__version__",
     "check_config",
     "index_bytes",
+    "keeper_status",
     "plan",
     "plugins",
 ]

@@ -21,6 +21,10 @@ def check_config(source: str | os.PathLike[str] | dict[str, Any]) -> None:
 def index_bytes(slots: int, page_size: int = 4096) -> int:
     """The bytes `Pool.index` takes for `slots` slots in a pool of `page_size`-byte pages."""
 
+def keeper_status(name: str) -> dict[str, Any]:
+    """The status of the kept pool `name`, as `hostpool keep status --json` prints it (size, page_size,
+    state, tenants, max_tenants, index). Leases nothing; `KeeperError` when no keeper of that name answers."""
+
 def plan(source: str | os.PathLike[str] | dict[str, Any]) -> dict[str, Any]:
     """The plan of a pool config, as `hostpool plan --json`: backing, sizes, and every capacity check
     (`capacity`: `resource`, `source`, `need`, `free`, `verdict`, `remedy`; `fits`). Builds nothing."""
@@ -218,6 +222,15 @@ class Pool:
     def _forget_before_close(self, callback: Callable[[], object]) -> bool: ...
     def view(self, offset: int, nbytes: int) -> memoryview:
         """A writable memoryview of `nbytes` bytes at `offset` (zero copy); `ValueError` outside the pool."""
+    def tier_open(self, slots: int, fingerprint: dict[str, Any]) -> KvIndex:
+        """Open the keeper's CPU tier for this engine's identity: `slots` slots and `fingerprint`
+        (ordered fields, as for `index`). The keeper attaches the index at the pool's tail itself:
+        warm with its records when it holds this identity, else formatted afresh (`cold_reason`,
+        `cold_field`). The `KvIndex` returned reads it in place (`find`, `get`, `len`); the keeper
+        alone writes it (`tier_store`, `tier_stored`), so its writing methods raise `ConfigError`.
+        `KeeperError` when another engine in the tier opened it for another identity or number of
+        slots (the message names the field, both values and the engines holding it): nothing is
+        touched; or when the pool cannot hold the index."""
     def tier_store(self, keys: list[bytes]) -> list[tuple[str, int | None, bytes | None]]:
         """Ask the keeper's CPU tier (shared by its tenants) for a slot per key:
         ("granted", slot, evicted), ("stored", slot, None), ("in_flight", None, None)
@@ -262,7 +275,9 @@ class KvIndex:
     """The index of a pool's slots (`Pool.index`): record a slot's key once its bytes are
     written, unrecord it before they are overwritten, read every record back after a restart,
     or find a key's slot without reading them. A writer killed at any moment leaves each slot
-    empty or whole, and `find` never names a slot that does not hold its key."""
+    empty or whole, and `find` never names a slot that does not hold its key. The index of
+    `Pool.tier_open` is the keeper's CPU tier: read only here (`record`, `unrecord`, `touch`
+    and `clear` raise `ConfigError`)."""
 
     @property
     def warm(self) -> bool: ...

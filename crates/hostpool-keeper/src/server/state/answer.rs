@@ -9,7 +9,7 @@ use hostpool_handoff::Message;
 use hostpool_handoff::barrier::{Barrier, Deadline};
 use pool_core::{format_bytes, round_to_page};
 
-use super::{Answer, Lease, Serving, State, TenantId, seconds};
+use super::{Answer, Lease, Serving, State, TenantId, TierFigures, seconds};
 
 impl Serving {
     /// What a hello is answered with, from the keeper's state alone, and
@@ -179,6 +179,7 @@ impl Serving {
             live: false,
             failed: false,
             died: None,
+            tier: TierFigures::default(),
         });
         Answer::Grant(TenantId(self.generation), info)
     }

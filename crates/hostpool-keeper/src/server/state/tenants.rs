@@ -16,6 +16,19 @@ use super::{ConnId, Lease, Rank, Serving};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(in crate::server) struct TenantId(pub(in crate::server) u64);
 
+/// What one tenant did in the kept pool's CPU tier (counted by the tier,
+/// `super::super::tier`, and shown in the status's `tenants`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(in crate::server) struct TierFigures {
+    /// Blocks it stored (stores it completed).
+    pub(in crate::server) stored: u64,
+    /// Keys its loads found (held for it to read).
+    pub(in crate::server) hits: u64,
+    /// Of those, blocks it did not store itself: another tenant's (or an
+    /// earlier lease's, found in the index).
+    pub(in crate::server) hits_from_others: u64,
+}
+
 /// The attached ones of `ranks` (a rank or companion whose connection
 /// ended is not listed).
 fn attached(ranks: &[Rank]) -> impl Iterator<Item = &Rank> {
@@ -74,7 +87,8 @@ impl Lease {
 
     /// One entry of the status's `tenants`: the engine, the pids of its
     /// attached processes (ranks, then companions), its ranks and
-    /// companions, since when, its generation, whether it is live.
+    /// companions, since when, its generation, whether it is live, and
+    /// what it did in the CPU tier (`stored`, `hits`, `hits_from_others`).
     pub(super) fn tenant_status(&self) -> Value {
         let pids: Vec<u32> = attached(&self.ranks)
             .chain(attached(&self.companions))
@@ -91,6 +105,9 @@ impl Lease {
             "generation": self.info.generation,
             "live": self.live,
             "tag": self.tag,
+            "stored": self.tier.stored,
+            "hits": self.tier.hits,
+            "hits_from_others": self.tier.hits_from_others,
         })
     }
 }
@@ -205,6 +222,21 @@ impl Serving {
             lease.live = true;
         }
         sent
+    }
+
+    /// How a refusal names tenant `id` (`engine `a` (pid 100, since T)`),
+    /// while its lease is in force.
+    pub(in crate::server) fn tenant_named(&self, id: TenantId) -> Option<String> {
+        self.tenant(id).map(Lease::named)
+    }
+
+    /// What tenant `id` did in the CPU tier so far, as the tier counts it
+    /// (after each of its requests); nothing for a tenant no longer in
+    /// force.
+    pub(in crate::server) fn tier_figures(&mut self, id: TenantId, figures: TierFigures) {
+        if let Some(lease) = self.tenant_mut(id) {
+            lease.tier = figures;
+        }
     }
 
     /// The tenants whose processes are all gone (every rank's connection
