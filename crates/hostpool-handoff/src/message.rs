@@ -141,8 +141,16 @@ pub enum TierOp {
     Abort { slots: Vec<u64> },
     /// Hold each key's slot for a load.
     Load { keys: Vec<Vec<u8>> },
-    /// These held slots were read.
+    /// Hold `key`'s slot for a load, and up to `ahead` more: the blocks
+    /// stored after it, each in the store batch of the one before (a
+    /// request's next blocks), while they are recorded. One message holds
+    /// a prefix that a lookup goes on to ask for block by block.
+    Hold { key: Vec<u8>, ahead: u32 },
+    /// These held slots were read (counted as the tenant's hits).
     Loaded { slots: Vec<u64> },
+    /// These held slots were not read after all (a hold a step did not
+    /// load): released, not counted as hits.
+    Release { slots: Vec<u64> },
     /// These keys were used.
     Touch { keys: Vec<Vec<u8>> },
 }
@@ -154,6 +162,9 @@ pub enum TierReply {
     Puts(Vec<TierPut>),
     /// For [`TierOp::Load`]: the slot held for each key, `None` a miss.
     Loads(Vec<Option<u64>>),
+    /// For [`TierOp::Hold`]: each block held, `(key, slot)`, the asked
+    /// key first; empty for a miss.
+    Held(Vec<(Vec<u8>, u64)>),
     /// For the others: how many of the slots or keys were this tenant's
     /// to complete, abort, release or touch.
     Done(u64),

@@ -814,9 +814,34 @@ impl PyPool {
         }
     }
 
-    /// The held `slots` were read: their holds released.
+    /// Hold `key`'s slot for a load and, in the same message, up to `ahead`
+    /// of the blocks stored after it (each in the store batch of the one
+    /// before: a request's next blocks), while they are recorded: the
+    /// `(key, slot)` pairs held, `key`'s first; empty for a miss. Release
+    /// each with `tier_loaded` once read, or `tier_release` unread.
+    #[pyo3(signature = (key, ahead = 0))]
+    fn tier_hold(&self, py: Python<'_>, key: Vec<u8>, ahead: u32) -> PyResult<Vec<(Vec<u8>, u64)>> {
+        use hostpool::hostpool_handoff::{TierOp, TierReply};
+        match self.ask_tier(py, TierOp::Hold { key, ahead })? {
+            TierReply::Held(held) => Ok(held),
+            other => Err(errors::raise(
+                py,
+                errors::Kind::Error,
+                format!("the keeper's tier answered {other:?}"),
+            )),
+        }
+    }
+
+    /// The held `slots` were read: their holds released (counted as this
+    /// engine's hits in `keep status`).
     fn tier_loaded(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<u64> {
         self.tier_done(py, hostpool::hostpool_handoff::TierOp::Loaded { slots })
+    }
+
+    /// The held `slots` were not read after all: their holds released, not
+    /// counted as hits.
+    fn tier_release(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<u64> {
+        self.tier_done(py, hostpool::hostpool_handoff::TierOp::Release { slots })
     }
 
     /// `keys` were used: the newest in the tier's one order of last use.

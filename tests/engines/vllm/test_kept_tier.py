@@ -39,11 +39,11 @@ def _hostpool_bin() -> str:
 class Keeper:
     """A real ``hostpool keep`` of one pool, stopped (or SIGKILLed) by the test."""
 
-    def __init__(self, name: str, size: int = 8 * MiB, content: str = "keep") -> None:
+    def __init__(self, name: str, size: int = 8 * MiB, content: str = "keep", tenants: int = 1) -> None:
         self.name = name
         self.proc = subprocess.Popen(
             [_hostpool_bin(), "keep", "--name", name, "--size", str(size), "--content", content,
-             "--backing", "shm-segmented", "--json"],
+             "--backing", "shm-segmented", "--tenants", str(tenants), "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         ready = json.loads(self.proc.stdout.readline() or "null")
@@ -165,6 +165,30 @@ def test_a_restarted_engine_serves_its_kept_blocks_in_its_first_step(name, model
         gen3 = Generation(args_for(name, model, probe=[[77, 4 * BLOCK + 1]]))
         assert gen3.until("probed")["first_step_hits"] == {"77": 0}
         gen3.close()
+    finally:
+        keeper.stop()
+
+
+def test_a_keeper_of_exactly_cpu_bytes_to_use_keeps_the_tier_and_its_index(name, model):
+    """Sized as vLLM sizes its own region, the kept pool has no room for the
+    index beside every chunk: the spec uses as many chunks as fit beside it,
+    and the tier is kept (it started cold, logging the size to give, before)."""
+    keeper = Keeper(name, size=1 * MiB)
+    try:
+        gen1 = Generation(args_for(name, model, store=SEQS))
+        started = gen1.until("started")
+        chunks = started["chunks"]
+        assert chunks < MiB // 4096 and chunks * 4096 + hostpool.index_bytes(chunks) <= MiB, started
+        assert started["manager"] == "HostPoolOffloadingManager", started
+        gen1.until("idle")
+        log1 = gen1.kill()
+        assert f"{chunks} chunks" in log1 and "fit" in log1, log1[-3000:]
+        assert keeper.wait_idle()["index"]["records"] == 16
+        gen2 = Generation(args_for(name, model, probe=SEQS))
+        probed = gen2.until("probed")
+        gen2.close()
+        assert probed["first_step_hits"] == {str(s[0]): 4 * BLOCK for s in SEQS}, probed
+        assert probed["bad"] == [] and probed["good"] == 16, probed
     finally:
         keeper.stop()
 

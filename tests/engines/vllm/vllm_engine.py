@@ -174,7 +174,13 @@ def vllm_config(args: dict[str, Any]) -> Any:
         model_config=model,
         device_config=DeviceConfig(device="cpu"),
         parallel_config=parallel,
-        cache_config=CacheConfig(block_size=args.get("block", BLOCK), prefix_caching_hash_algo=args.get("hash", "sha256")),
+        cache_config=CacheConfig(
+            block_size=args.get("block", BLOCK),
+            prefix_caching_hash_algo=args.get("hash", "sha256"),
+            # Off: every request's blocks go to the connector, none is served
+            # from the engine's own GPU prefix cache (a test of the CPU tier).
+            enable_prefix_caching=args.get("prefix_caching", True),
+        ),
         scheduler_config=SchedulerConfig(
             max_num_batched_tokens=2048, max_num_seqs=16, max_model_len=2048, is_encoder_decoder=False
         ),
@@ -183,6 +189,9 @@ def vllm_config(args: dict[str, Any]) -> Any:
         ),
     )
     config.parallel_config.rank = args.get("rank", 0)
+    # A replica of a data-parallel deployment (vLLM's engine core sets it
+    # from its DP rank, with engine_id suffixed `_dp<rank>`).
+    config.parallel_config.data_parallel_index = args.get("dp_index", 0)
     return config
 
 

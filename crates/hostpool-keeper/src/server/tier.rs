@@ -15,8 +15,9 @@
 //! never formats the tier afresh under the engines that use it. Once they
 //! are gone, it opens cold, as a restart of another identity does.
 //!
-//! **Figures.** Per tenant: the blocks it stored, the keys its loads found,
-//! and how many of those it did not store itself (what sharing the tier gave
+//! **Figures.** Per tenant: the blocks it stored, the blocks it read (a hold
+//! released as read, [`TierOp::Loaded`]), and how many of those it did not
+//! store itself (what sharing the tier gave
 //! it), counted here and handed to the state for `keep status`.
 
 use std::collections::HashMap;
@@ -55,6 +56,12 @@ pub(super) struct TierServer<'a> {
     storers: HashMap<u64, TenantId>,
     /// What each tenant in the tier did in it.
     figures: HashMap<TenantId, TierFigures>,
+    /// For a slot, the slot whose key came after it in the last store
+    /// batch that went through it (a request's next block): what
+    /// [`TierOp::Hold`] follows to hold a prefix in one message. A hint:
+    /// the slot it names may hold another key since, which is held as
+    /// found.
+    after: HashMap<u64, u64>,
 }
 
 impl<'a> TierServer<'a> {
@@ -69,6 +76,7 @@ impl<'a> TierServer<'a> {
             opened: HashMap::new(),
             storers: HashMap::new(),
             figures: HashMap::new(),
+            after: HashMap::new(),
         }
     }
 
@@ -79,6 +87,7 @@ impl<'a> TierServer<'a> {
         let Some(index) = Index::resume_tail(self.words, self.page) else {
             self.tier = None;
             self.storers.clear();
+            self.after.clear();
             return Err(
                 "the kept pool holds no index: an engine opens the tier (`Pool.tier_open`) or \
                  formats an index at the pool's tail (`Pool.index`) before the tier serves \
@@ -89,6 +98,7 @@ impl<'a> TierServer<'a> {
         let seed = index.seed();
         if self.tier.as_ref().is_none_or(|(s, _)| *s != seed) {
             self.storers.clear();
+            self.after.clear();
             self.tier = Some((seed, Tier::new(index)));
         }
         Ok(())
@@ -130,6 +140,7 @@ impl<'a> TierServer<'a> {
             tier: Some((_, tier)),
             storers,
             figures,
+            after,
             ..
         } = self
         else {
@@ -142,19 +153,31 @@ impl<'a> TierServer<'a> {
             TierOp::Open { .. } => refused("the tier was opened above".into()),
             TierOp::Store { keys } => {
                 let mut puts = Vec::with_capacity(keys.len());
+                // The slot of the batch's key before, to chain the next to.
+                let mut before: Option<u64> = None;
                 for key in keys {
-                    puts.push(match tier.prepare_store(place, &key) {
+                    let put = match tier.prepare_store(place, &key) {
                         Ok(Put::Granted { slot, evicted }) => {
                             // Whoever stored what the slot held, it is
-                            // theirs no more.
+                            // theirs no more, nor what came after it.
                             storers.remove(&slot);
+                            after.remove(&slot);
                             TierPut::Granted { slot, evicted }
                         }
                         Ok(Put::Stored(slot)) => TierPut::Stored { slot },
                         Ok(Put::InFlight) => TierPut::InFlight,
                         Ok(Put::NoRoom) => TierPut::NoRoom,
                         Err(e) => return refused(e.to_string()),
-                    });
+                    };
+                    let slot = match put {
+                        TierPut::Granted { slot, .. } | TierPut::Stored { slot } => Some(slot),
+                        TierPut::InFlight | TierPut::NoRoom => None,
+                    };
+                    if let (Some(b), Some(s)) = (before, slot) {
+                        after.insert(b, s);
+                    }
+                    before = slot;
+                    puts.push(put);
                 }
                 TierReply::Puts(puts)
             }
@@ -177,21 +200,52 @@ impl<'a> TierServer<'a> {
                     .map(|s| tier.abort_store(place, s).unwrap_or(false))
                     .collect(),
             ),
-            TierOp::Load { keys } => TierReply::Loads(
-                keys.iter()
-                    .map(|k| {
-                        let slot = tier.prepare_load(place, k);
-                        if let Some(slot) = slot {
+            TierOp::Load { keys } => {
+                TierReply::Loads(keys.iter().map(|k| tier.prepare_load(place, k)).collect())
+            }
+            TierOp::Hold { key, ahead } => {
+                let Some(mut slot) = tier.prepare_load(place, &key) else {
+                    return TierReply::Held(Vec::new());
+                };
+                let mut held = vec![(key, slot)];
+                for _ in 0..ahead {
+                    let Some(next) = after.get(&slot).copied() else {
+                        break;
+                    };
+                    let Ok(Some(entry)) = tier.index().get(next) else {
+                        break;
+                    };
+                    // Recorded (not being written), and held as found.
+                    match tier.prepare_load(place, &entry.key) {
+                        Some(s) if s == next => held.push((entry.key, s)),
+                        Some(s) => {
+                            let _ = tier.complete_load(place, s);
+                            break;
+                        }
+                        None => break,
+                    }
+                    slot = next;
+                }
+                TierReply::Held(held)
+            }
+            // A hold released after its read is a hit, counted here: a hold
+            // taken ahead and never read is not.
+            TierOp::Loaded { slots } => count(
+                slots
+                    .into_iter()
+                    .map(|s| {
+                        let done = tier.complete_load(place, s).unwrap_or(false);
+                        if done {
                             figures.hits += 1;
-                            if storers.get(&slot) != Some(&tenant) {
+                            if storers.get(&s) != Some(&tenant) {
                                 figures.hits_from_others += 1;
                             }
                         }
-                        slot
+                        done
                     })
                     .collect(),
             ),
-            TierOp::Loaded { slots } => count(
+            TierOp::Release { slots } => count(
                 slots
                     .into_iter()
                     .map(|s| tier.complete_load(place, s).unwrap_or(false))
@@ -338,6 +392,7 @@ impl<'a> TierServer<'a> {
         self.opened.clear();
         self.storers.clear();
         self.figures.clear();
+        self.after.clear();
     }
 }
 
@@ -591,6 +646,107 @@ mod tests {
         assert!(t.opened.is_empty());
     }
 
+    /// A hold follows the chain of a store batch: a prefix stored in one
+    /// batch by one tenant is held by another in one message, as far as
+    /// the asked-for count, stopping at a block being written; the chain a
+    /// later batch stores through a slot replaces the earlier; a held
+    /// block is never granted; holds released unread are no hits.
+    #[test]
+    fn a_hold_takes_the_blocks_stored_after_the_key_in_one_message() {
+        let words = pool(64, 0, false);
+        let mut t = server(&words);
+        let (a, b) = (TenantId(1), TenantId(2));
+        for x in [a, b] {
+            assert!(matches!(
+                ask(&mut t, x, open(16, &FP)),
+                TierReply::Opened { .. }
+            ));
+        }
+        let hold = |t: &mut TierServer<'_>, x, key: &[u8], ahead| match ask(
+            t,
+            x,
+            TierOp::Hold {
+                key: key.to_vec(),
+                ahead,
+            },
+        ) {
+            TierReply::Held(held) => held,
+            other => panic!("{other:?}"),
+        };
+        let held_keys = |held: &[(Vec<u8>, u64)]| -> Vec<Vec<u8>> {
+            held.iter().map(|(k, _)| k.clone()).collect()
+        };
+        let release = |t: &mut TierServer<'_>, x, held: &[(Vec<u8>, u64)]| {
+            let slots = held.iter().map(|(_, s)| *s).collect();
+            ask(t, x, TierOp::Release { slots })
+        };
+        let p = granted(ask(&mut t, a, store(&[b"p0", b"p1", b"p2", b"p3"])));
+        let stored = |s: &[u64]| TierOp::Stored { slots: s.to_vec() };
+        ask(&mut t, a, stored(&p[..3]));
+        // p3 is still being written: the chain stops before it.
+        let held = hold(&mut t, b, b"p0", 8);
+        assert_eq!(held_keys(&held), [b"p0", b"p1", b"p2"].map(|k| k.to_vec()));
+        assert_eq!(held.iter().map(|(_, s)| *s).collect::<Vec<_>>(), p[..3]);
+        assert_eq!(release(&mut t, b, &held), TierReply::Done(3));
+        ask(&mut t, a, stored(&p[3..]));
+        // As far as asked, from any key of the chain; a miss holds nothing.
+        let held = hold(&mut t, b, b"p2", 1);
+        assert_eq!(held_keys(&held), [b"p2", b"p3"].map(|k| k.to_vec()));
+        release(&mut t, b, &held);
+        assert!(hold(&mut t, b, b"none", 8).is_empty());
+        // A later batch through p1 goes on to q2: the chain follows it.
+        let puts = ask(&mut t, b, store(&[b"p1", b"q2"]));
+        let TierReply::Puts(puts) = puts else {
+            panic!("{puts:?}")
+        };
+        let TierPut::Granted { slot: q2, .. } = puts[1] else {
+            panic!("{puts:?}")
+        };
+        assert_eq!(puts[0], TierPut::Stored { slot: p[1] });
+        ask(&mut t, b, stored(&[q2]));
+        let held = hold(&mut t, a, b"p0", 8);
+        assert_eq!(held_keys(&held), [b"p0", b"p1", b"q2"].map(|k| k.to_vec()));
+        // Held blocks are never granted, whoever floods.
+        for i in 0..40u8 {
+            let TierReply::Puts(puts) = ask(&mut t, b, store(&[&[b'f', i]])) else {
+                panic!("puts")
+            };
+            if let TierPut::Granted { slot, .. } = puts[0] {
+                assert!(
+                    held.iter().all(|(_, s)| *s != slot),
+                    "a held slot was granted"
+                );
+                ask(&mut t, b, stored(&[slot]));
+            }
+        }
+        // Read p0 and p1 (a's own), q2 (b's) released unread: two hits,
+        // none another's.
+        let slots: Vec<u64> = held.iter().map(|(_, s)| *s).collect();
+        assert_eq!(
+            ask(
+                &mut t,
+                a,
+                TierOp::Loaded {
+                    slots: slots[..2].to_vec()
+                }
+            ),
+            TierReply::Done(2)
+        );
+        assert_eq!(
+            ask(
+                &mut t,
+                a,
+                TierOp::Release {
+                    slots: slots[2..].to_vec()
+                }
+            ),
+            TierReply::Done(1)
+        );
+        let f = t.figures(a);
+        assert_eq!((f.hits, f.hits_from_others), (2, 0));
+        assert_eq!(t.figures(b).hits, 0, "b released every hold unread");
+    }
+
     /// Each tenant's figures: blocks it stored, keys its loads found, and
     /// of those the blocks it did not store; a slot granted again is no
     /// longer its storer's; a reaped tenant's figures go.
@@ -649,6 +805,10 @@ mod tests {
         ask(&mut t, b, TierOp::Stored { slots: vec![z] });
         ask(&mut t, a, load(&[b"z"]));
         ask(&mut t, b, load(&[b"z"]));
+        // A hold counts once read (released as read), not before.
+        assert_eq!(t.figures(a), f(2, 1, 0));
+        ask(&mut t, a, TierOp::Loaded { slots: vec![z] });
+        ask(&mut t, b, TierOp::Loaded { slots: vec![z] });
         assert_eq!(t.figures(a), f(2, 2, 1));
         assert_eq!(t.figures(b), f(1, 3, 2));
         // An aborted store counts nothing.

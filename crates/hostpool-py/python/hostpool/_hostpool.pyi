@@ -241,8 +241,13 @@ class Pool:
         """The granted slots will not be written."""
     def tier_load(self, keys: list[bytes]) -> list[int | None]:
         """Hold each key's slot for a load (None: a miss) until tier_loaded."""
+    def tier_hold(self, key: bytes, ahead: int = 0) -> list[tuple[bytes, int]]:
+        """Hold key's slot and up to `ahead` blocks stored after it, in one message: (key, slot) pairs
+        held, key's first; empty for a miss. Release each with tier_loaded (read) or tier_release."""
     def tier_loaded(self, slots: list[int]) -> int:
         """The held slots were read."""
+    def tier_release(self, slots: list[int]) -> int:
+        """The held slots were not read: released, not counted as hits."""
     def tier_touch(self, keys: list[bytes]) -> int:
         """The keys were used (the newest in the tier's order of last use)."""
     def index(self, slots: int, fingerprint: dict[str, Any], *, offset: int | None = None) -> KvIndex:

@@ -161,6 +161,54 @@ class HostPoolOffloadingSpec(_Base):  # type: ignore[misc,valid-type]
         """The engine's ``VllmConfig`` when vLLM built this spec from one (its
         connector's), else ``None``: the kept tier's fingerprint reads the
         model's revision and dtype and the prefix-cache hash from it."""
+        self.keeper_status: dict[str, Any] | None = self._fit_the_keeper()
+        """The keeper's status when the ``lease`` table names one that answered
+        (``hostpool.keeper_status``), else ``None``."""
+
+    def _keeper(self) -> str | None:
+        table = self.pool_config.get("lease")
+        return table.get("keeper") if isinstance(table, Mapping) else None
+
+    def _fit_the_keeper(self) -> dict[str, Any] | None:
+        """Ask the keeper how large its pool is, and when vLLM's chunks
+        (``cpu_bytes_to_use``) and their index do not fit in it, use as many
+        chunks as do: a keeper of exactly ``cpu_bytes_to_use`` holds the tier
+        and its index. The scheduler and every worker, of every engine on the
+        keeper, work out the same number from the same status."""
+        keeper = self._keeper()
+        if keeper is None or self.num_chunks <= 0:
+            return None
+        try:
+            status = hostpool.keeper_status(keeper)
+        except hostpool.Error as e:
+            # The workers' lease says what is wrong (or falls back, as the
+            # table asks): sized as vLLM sizes it meanwhile.
+            _log.info("kept pool `%s` did not answer its status (%s): the CPU tier is sized by cpu_bytes_to_use", keeper, e)
+            return None
+        from hostpool._vllm_tier import chunks_that_fit
+
+        fit = chunks_that_fit(int(status["size"]), self.kv_bytes_per_chunk, int(status["page_size"]), self.num_chunks)
+        if fit < self.num_chunks:
+            _log.info(
+                "CPU offload tier in kept pool `%s` of %d bytes: %d chunks of %d bytes and their index "
+                "(%d bytes) fit in it, of the %d cpu_bytes_to_use asks for",
+                keeper,
+                status["size"],
+                fit,
+                self.kv_bytes_per_chunk,
+                hostpool.index_bytes(max(fit, 1), int(status["page_size"])),
+                self.num_chunks,
+            )
+            self.num_chunks = fit
+            from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
+
+            self.cpu_info = CPUOffloadingInfo.from_config(self.config, fit, self.kv_bytes_per_chunk)
+        return status
+
+    def shared_tier(self) -> bool:
+        """Whether this engine's CPU tier is the one its keeper shares between
+        engines: a keeper of ``--tenants`` 2 or more."""
+        return int((self.keeper_status or {}).get("max_tenants") or 1) > 1
 
     def kept_pool_bytes(self, page_size: int) -> int:
         """The bytes a kept pool of ``page_size``-byte pages needs for this engine's
@@ -170,6 +218,14 @@ class HostPoolOffloadingSpec(_Base):  # type: ignore[misc,valid-type]
 
     def get_manager(self) -> OffloadingManager:
         """vLLM's manager; with a keeper that keeps content, one whose block map is kept."""
+        if self._manager is None and self.shared_tier():
+            from hostpool._vllm_tier import SharedTierManager
+
+            self._manager = SharedTierManager(
+                tier=self._shared_tier(),
+                enable_events=self.kv_events_config.enable_kv_cache_events,
+                info=self.cpu_info,
+            )
         if self._manager is None:
             kept = self._kept_tier()
             if kept is None:
@@ -188,22 +244,40 @@ class HostPoolOffloadingSpec(_Base):  # type: ignore[misc,valid-type]
             )
         return self._manager
 
+    def _companion(self, keeper: str) -> hostpool.Pool:
+        """The kept pool mapped beside this engine's workers' lease (as their companion)."""
+        table = self.pool_config["lease"]
+        lease: dict[str, Any] = {"keeper": keeper, "companion_of": pool_name(self.config.engine_id)}
+        if "attach_timeout_secs" in table:
+            lease["attach_timeout_secs"] = table["attach_timeout_secs"]
+        return hostpool.Pool.from_config({"lease": lease})
+
+    def _shared_tier(self) -> Any:
+        """The keeper's tier, shared with the other engines of the node: raises
+        when it cannot be (the keeper refused this engine's identity, say)."""
+        from hostpool._vllm_tier import SharedTier, identity
+
+        keeper = self._keeper()
+        assert keeper is not None
+        fingerprint = identity(self, self.vllm_config)
+        pool = self._companion(keeper)
+        try:
+            return SharedTier(pool, self.num_chunks, self.kv_bytes_per_chunk, fingerprint)
+        except BaseException:
+            pool.close()
+            raise
+
     def _kept_tier(self) -> Any:
         """The kept pool as this scheduler maps it, beside the lease its workers hold,
         or ``None`` (logged) when the tier is not kept: no keeper, ``content = "zero"``,
         no room for the index, or no lease of this engine to accompany."""
-        table = self.pool_config.get("lease")
-        keeper = table.get("keeper") if isinstance(table, Mapping) else None
+        keeper = self._keeper()
         if keeper is None or self.num_chunks <= 0:
             return None
         from hostpool._vllm_kept import KeptTier, identity
 
-        lease: dict[str, Any] = {"keeper": keeper, "companion_of": pool_name(self.config.engine_id)}
-        if "attach_timeout_secs" in table:
-            lease["attach_timeout_secs"] = table["attach_timeout_secs"]
-        config: dict[str, Any] = {"lease": lease}
         try:
-            pool = hostpool.Pool.from_config(config)
+            pool = self._companion(keeper)
         except hostpool.Error as e:
             _log.warning(
                 "CPU offload tier starts cold and is not kept across restarts: the scheduler "

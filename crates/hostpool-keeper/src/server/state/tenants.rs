@@ -22,7 +22,8 @@ pub(in crate::server) struct TenantId(pub(in crate::server) u64);
 pub(in crate::server) struct TierFigures {
     /// Blocks it stored (stores it completed).
     pub(in crate::server) stored: u64,
-    /// Keys its loads found (held for it to read).
+    /// Blocks it read: holds it released as read (`Loaded`; a hold taken
+    /// ahead and released unread is not counted).
     pub(in crate::server) hits: u64,
     /// Of those, blocks it did not store itself: another tenant's (or an
     /// earlier lease's, found in the index).

@@ -1,0 +1,263 @@
+"""One CPU tier for the vLLM engines of a node (issue 41): two figures.
+
+1. **Hit rate** of one synthetic multi-tenant trace (shared system prompts,
+   multi-turn conversations, requests routed round-robin over K replicas),
+   run through the managers, no GPU: K engines sharing one tier of K x X
+   chunks (:class:`hostpool._vllm_tier.SharedTierManager` over a real
+   ``hostpool keep --tenants K``), K engines with private tiers of X chunks
+   each (vLLM's ``CPUOffloadingManager``, LRU), and one engine with a tier of
+   K x X serving the whole trace (the same). For K = 2, 4, 8.
+2. **Cost per operation** (a lookup of 16 blocks, a store of 16, a load of
+   16) of one tenant of a shared tier while 1 and 3 other tenants (each its
+   own process) are busy with the same operations, against the tenant alone,
+   in the same run.
+
+Each request of the trace: the blocks of its prompt are looked up in order
+until the first miss (vLLM's prefix lookup), the hits loaded (prepare_load,
+complete_load), the rest stored (prepare_store, complete_store). The hit
+rate is hit blocks over all blocks asked for.
+
+Run in the vLLM environment, as root, nothing else running:
+
+    HOSTPOOL_BIN=target/release/hostpool \\
+        ~/.cache/hostpool/engine-vllm-0.34.0-*/bin/python crates/hostpool-py/bench/shared_tier.py
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import statistics
+import subprocess
+import time
+import uuid
+
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+
+import hostpool  # noqa: E402
+from hostpool._vllm_tier import SharedTier, SharedTierManager  # noqa: E402
+from vllm.v1.kv_offload.base import LookupResult, ReqContext  # noqa: E402
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
+
+CHUNK = 4096
+FP = {"format": "bench/1", "model": "synthetic"}
+
+
+class Keeper:
+    """A real ``hostpool keep`` of ``chunks`` chunks and their index, ``tenants`` at once."""
+
+    def __init__(self, chunks: int, tenants: int) -> None:
+        self.name = f"bench-tier-{uuid.uuid4().hex[:8]}"
+        size = chunks * CHUNK + hostpool.index_bytes(chunks)
+        self.proc = subprocess.Popen(
+            [os.environ.get("HOSTPOOL_BIN", "hostpool"), "keep", "--name", self.name, "--size", str(size),
+             "--backing", "shm-segmented", "--tenants", str(tenants), "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        ready = json.loads(self.proc.stdout.readline() or "null")
+        assert ready, self.proc.stderr.read()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+def shared_managers(keeper: Keeper, k: int, chunks: int) -> list[SharedTierManager]:
+    managers = []
+    for _ in range(k):
+        pool = hostpool.Pool(keeper=keeper.name)
+        managers.append(SharedTierManager(tier=SharedTier(pool, chunks, CHUNK, FP)))
+    return managers
+
+
+# --- the trace ---------------------------------------------------------------
+
+
+def trace(seed: int, conversations: int, turns: int) -> list[list[bytes]]:
+    """Requests, each the chained block keys of its prompt: one of 8 system
+    prompts (8 blocks), then the conversation so far (3 blocks a turn: the
+    user's 2, the answer's 1), conversations interleaved at random."""
+    rng = random.Random(seed)
+
+    def chain(parent: bytes, label: str) -> bytes:
+        return hashlib.sha256(parent + label.encode()).digest()
+
+    systems = []
+    for s in range(8):
+        keys, h = [], b""
+        for b in range(8):
+            h = chain(h, f"sys{s}.{b}")
+            keys.append(h)
+        systems.append(keys)
+    convs = [{"keys": list(systems[rng.randrange(8)]), "id": c, "turn": 0} for c in range(conversations)]
+    requests = []
+    live = list(convs)
+    while live:
+        conv = rng.choice(live)
+        keys = conv["keys"]
+        h = keys[-1]
+        for b in range(2):
+            h = chain(h, f"c{conv['id']}.t{conv['turn']}.u{b}")
+            keys.append(h)
+        requests.append(list(keys))
+        h = chain(h, f"c{conv['id']}.t{conv['turn']}.a")
+        keys.append(h)
+        conv["turn"] += 1
+        if conv["turn"] == turns:
+            live.remove(conv)
+    return requests
+
+
+def serve(manager, keys: list[bytes], ctx: ReqContext) -> int:
+    """One request through a manager: the prefix looked up, its hits loaded, the rest stored."""
+    hits = 0
+    for key in keys:
+        if manager.lookup(key, ctx) is not LookupResult.HIT:
+            break
+        hits += 1
+    if hits:
+        manager.prepare_load(keys[:hits], ctx)
+        manager.complete_load(keys[:hits], ctx)
+    rest = keys[hits:]
+    if rest:
+        manager.on_new_request(ctx)
+        out = manager.prepare_store(rest, ctx)
+        if out is not None:
+            manager.complete_store(out.keys_to_store, ctx)
+    if hasattr(manager, "on_schedule_end"):
+        manager.on_schedule_end(None)
+    return hits
+
+
+def hit_rate(requests: list[list[bytes]], managers: list, route) -> float:
+    hits = total = 0
+    for i, keys in enumerate(requests):
+        ctx = ReqContext(req_id=f"r{i}")
+        hits += serve(managers[route(i)], keys, ctx)
+        total += len(keys)
+    return hits / total
+
+
+def hit_rates(k: int, per_engine: int, requests: list[list[bytes]]) -> dict:
+    private = [CPUOffloadingManager(num_chunks=per_engine) for _ in range(k)]
+    big = CPUOffloadingManager(num_chunks=k * per_engine)
+    keeper = Keeper(k * per_engine, k)
+    try:
+        shared = shared_managers(keeper, k, k * per_engine)
+        out = {
+            "k": k,
+            "chunks_per_engine": per_engine,
+            "shared": hit_rate(requests, shared, lambda i: i % k),
+            "private": hit_rate(requests, private, lambda i: i % k),
+            "one_engine": hit_rate(requests, [big], lambda i: 0),
+        }
+        for m in shared:
+            m.shutdown()
+        return out
+    finally:
+        keeper.stop()
+
+
+# --- cost per operation ----------------------------------------------------------
+
+
+def tenant_loop(name: str, chunks: int, seed: int, n: int, pace: float, out: mp.Queue | None) -> None:
+    """A tenant's rounds: look up 16 blocks, store 16 new ones, load 16 stored ones;
+    per round the seconds each took (reported when ``out`` is given)."""
+    pool = hostpool.Pool(keeper=name)
+    manager = SharedTierManager(tier=SharedTier(pool, chunks, CHUNK, FP))
+    rng = random.Random(seed)
+    stored: list[bytes] = []
+    times: dict[str, list[float]] = {"lookup": [], "store": [], "load": []}
+    ctx = ReqContext(req_id=f"t{seed}")
+    i = 0
+    deadline = None if out is not None else time.monotonic() + n
+    while True:
+        if out is not None and i == n:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        i += 1
+        keys = [hashlib.sha256(b"%d.%d.%d" % (seed, i, b)).digest() for b in range(16)]
+        t0 = time.perf_counter()
+        for key in (rng.sample(stored, 16) if len(stored) >= 16 else keys):
+            manager.lookup(key, ctx)
+        manager.on_schedule_end(None)
+        t1 = time.perf_counter()
+        got = manager.prepare_store(keys, ctx)
+        manager.complete_store(got.keys_to_store, ctx)
+        t2 = time.perf_counter()
+        stored.extend(got.keys_to_store)
+        stored = stored[-chunks // 4 :]
+        load = [k for k in rng.sample(stored, 16) if manager.lookup(k, ctx) is LookupResult.HIT]
+        manager.prepare_load(load, ctx)
+        manager.complete_load(load, ctx)
+        manager.on_schedule_end(None)
+        t3 = time.perf_counter()
+        times["lookup"].append(t1 - t0)
+        times["store"].append(t2 - t1)
+        times["load"].append(t3 - t2)
+        if pace:
+            time.sleep(pace)
+    manager.shutdown()
+    if out is not None:
+        out.put(times)
+
+
+def op_costs(tenants: int, chunks: int, rounds: int, pace: float) -> dict:
+    keeper = Keeper(chunks, tenants)
+    ctx = mp.get_context("spawn")
+    try:
+        busy = [ctx.Process(target=tenant_loop, args=(keeper.name, chunks, 100 + t, 3600, pace, None), daemon=True)
+                for t in range(tenants - 1)]
+        for p in busy:
+            p.start()
+        q: mp.Queue = ctx.Queue()
+        # Let the busy tenants start (each leases and opens the tier).
+        while len(hostpool.keeper_status(keeper.name)["tenants"]) < tenants - 1:
+            time.sleep(0.01)
+        me = ctx.Process(target=tenant_loop, args=(keeper.name, chunks, 1, rounds, 0.0, q))
+        me.start()
+        times = q.get(timeout=600)
+        me.join()
+        for p in busy:
+            p.terminate()
+            p.join()
+        return {op: statistics.median(v[rounds // 10 :]) for op, v in times.items()}
+    finally:
+        keeper.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--conversations", type=int, default=400)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--per-engine", type=int, default=256, help="X: chunks of one engine's tier")
+    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--pace", type=float, default=0.002, help="seconds a busy tenant waits between rounds")
+    a = ap.parse_args()
+    requests = trace(41, a.conversations, a.turns)
+    out: dict = {"requests": len(requests), "blocks": sum(len(r) for r in requests), "hit_rate": []}
+    for k in (2, 4, 8):
+        out["hit_rate"].append(hit_rates(k, a.per_engine, requests))
+    chunks = 4096
+    alone = op_costs(1, chunks, a.rounds, a.pace)
+    out["cost_seconds"] = {"1": alone}
+    for t in (2, 4):
+        busy = op_costs(t, chunks, a.rounds, a.pace)
+        out["cost_seconds"][str(t)] = busy
+        out.setdefault("cost_ratio", {})[str(t)] = {op: busy[op] / alone[op] for op in alone}
+    out["pace_seconds"] = a.pace
+    out["cpus"] = os.cpu_count()
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""One CPU tier for the vLLM engines of a node: the manager over a keeper's shared tier.
+
+With a keeper started with ``--tenants N`` (``hostpool keep --tenants N``),
+every engine that names it in its ``lease`` table is a tenant of one kept
+pool, and :class:`SharedTierManager` (vLLM's ``OffloadingManager``) is each
+engine's view of the one CPU tier the keeper writes for all of them (see
+``docs/design.md``, "One CPU tier for the engines of a node"):
+
+* ``lookup`` reads the index at the pool's tail in place (no message, no
+  system call): a block any engine stored is a hit. A hit is then held by
+  the keeper before ``lookup`` says so, so no other engine's store can
+  evict it between vLLM's lookup and its load, and with it, in the same
+  message (``Pool.tier_hold``), the blocks stored after it: the rest of the
+  prefix, which vLLM asks for next, is held already. Holds a step did not
+  load are released at the step's end (``on_schedule_end``), in one message;
+* ``prepare_store`` asks the keeper for a chunk per key (``tier_store``):
+  a free one, or the oldest in one order of last use across the engines
+  that no engine holds or writes; ``complete_store`` records them for every
+  engine (``tier_stored``) or gives them back (``tier_abort``);
+* ``prepare_load`` / ``complete_load`` keep and release the holds;
+* an engine that dies anywhere leaves nothing behind: the keeper sees its
+  lease end and drops its writes in flight and its holds.
+
+The workers write and read the chunks where vLLM's own manager would put
+them (chunk ``i`` at ``i * kv_bytes_per_chunk`` of the pool), so a block one
+engine stored is read in place by every other: no copy between engines.
+
+Engines share when everything in the tier's fingerprint (:func:`identity`)
+is the same: an engine of another model, dtype, layout, block size or
+parallelism is refused by the keeper while engines of the current one hold
+the tier, naming the field and both values.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import hostpool
+
+from vllm.v1.kv_offload.base import (
+    LoadStoreSpec,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+__all__ = ["SharedTier", "SharedTierManager", "identity"]
+
+_log = logging.getLogger("hostpool.vllm")
+
+AHEAD = 256
+"""Blocks a lookup's hold takes beyond the one asked for, in the same message:
+the blocks stored after it in one batch (those of one request, in order)."""
+
+# What differs between the replicas of one model by design: not part of
+# what the tier's chunks mean.
+_PER_REPLICA = ("dp_index",)
+
+
+def identity(spec: Any, vllm_config: Any = None) -> dict[str, str]:
+    """The fingerprint the engines sharing a tier must agree on: the kept
+    tier's (:func:`hostpool._vllm_kept.identity`) less what differs between
+    the replicas of one model (the DP index; the engine id is in none).
+
+    Raises :class:`hostpool.ConfigError` when vLLM's block hashes are not
+    reproducible across processes: then no engine could ever find another's
+    blocks, and storing them would only evict the blocks that can be found.
+    """
+    from hostpool._vllm_kept import identity as kept_identity
+
+    fields, problem = kept_identity(spec, vllm_config)
+    if problem is not None:
+        raise hostpool.ConfigError(f"a CPU tier shared between engines needs reproducible block hashes: {problem}")
+    return {k: v for k, v in fields.items() if k not in _PER_REPLICA}
+
+
+class SharedTier:
+    """The kept pool as this engine's scheduler maps it (a companion of its
+    workers' lease), the tier opened on it (``Pool.tier_open``: the keeper
+    checks the identity and formats or keeps the index), and the index read
+    in place."""
+
+    def __init__(self, pool: hostpool.Pool, slots: int, bytes_per_slot: int, fingerprint: dict[str, str]) -> None:
+        self.pool = pool
+        self.slots = slots
+        self.bytes_per_slot = bytes_per_slot
+        self.fingerprint = fingerprint
+        self.index: hostpool.KvIndex = pool.tier_open(slots, fingerprint)
+        """The index the keeper writes: read here only (``find``, ``get``)."""
+        self.lease: dict[str, Any] = dict(pool.report.get("keeper") or {})
+        if self.index.warm:
+            _log.info(
+                "CPU offload tier shared through kept pool `%s` (%d chunks of %d bytes): %d blocks "
+                "stored by its engines are hits from the first step",
+                self.lease.get("name"),
+                slots,
+                bytes_per_slot,
+                len(self.index),
+            )
+        else:
+            _log.info(
+                "CPU offload tier shared through kept pool `%s` (%d chunks of %d bytes) starts cold: %s",
+                self.lease.get("name"),
+                slots,
+                bytes_per_slot,
+                self.index.cold_reason,
+            )
+
+    def close(self) -> None:
+        """Unmap and release the companion lease (the keeper then drops what
+        this engine was writing or holding, once its workers are gone too)."""
+        if not self.pool.closed:
+            self.pool.close()
+
+
+@dataclass
+class _Hold:
+    """A block this engine holds in the tier: its chunk, and the loads of it
+    in flight (0: held by a lookup of this step alone)."""
+
+    slot: int
+    loads: int = 0
+
+
+class SharedTierManager(OffloadingManager):
+    """vLLM's offloading manager over one CPU tier shared by the engines of a
+    node (see the module's doc). One keeper message a batch (a store's keys,
+    a completion, a step's unread holds) and one per run of stored blocks a
+    lookup finds (their holds); none for a miss."""
+
+    def __init__(self, *, tier: SharedTier, enable_events: bool = False, info: Any = None) -> None:
+        self.tier = tier
+        self.medium: Medium = Medium.CPU
+        self._num_chunks = tier.slots
+        self._config_info = info.as_config_info() if info is not None else {}
+        self.events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._writing: dict[OffloadKey, int] = {}
+        """This engine's stores in flight: key -> the chunk granted."""
+        self._holds: dict[OffloadKey, _Hold] = {}
+        self._num_write_pending_chunks = 0
+        self.stats = {"lookups": 0, "hits": 0, "stored": 0, "loaded": 0, "evicted": 0, "busy": 0}
+        """What this engine asked of the tier (hits: lookups that found a block)."""
+        weakref.finalize(self, tier.close).atexit = True
+
+    # --- lookups: the index in place, then a hold ----------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        self.stats["lookups"] += 1
+        if key in self._writing:
+            return LookupResult.HIT_PENDING
+        if key in self._holds:
+            self.stats["hits"] += 1
+            return LookupResult.HIT
+        if self.tier.index.find(bytes(key)) is None:
+            return LookupResult.MISS
+        # Found: held before it is said to be, so no store of another engine
+        # evicts it before vLLM loads it; with it, in the same message, the
+        # blocks stored after it (the rest of the prefix vLLM goes on to ask for).
+        again = []
+        for k, slot in self.tier.pool.tier_hold(bytes(key), AHEAD):
+            if k in self._holds:
+                again.append(slot)  # held already: one hold a block
+            else:
+                self._holds[OffloadKey(k)] = _Hold(slot)
+        if again:
+            self.tier.pool.tier_release(again)
+        if key not in self._holds:
+            return LookupResult.MISS  # evicted in between
+        self.stats["hits"] += 1
+        return LookupResult.HIT
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> Any:
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+        return CacheHitSource.HOST
+
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        keys = list(keys)
+        missing = [k for k in keys if k not in self._holds]
+        if missing:
+            slots = self.tier.pool.tier_load([bytes(k) for k in missing])
+            for key, slot in zip(missing, slots):
+                if slot is None:
+                    raise RuntimeError(
+                        f"CPU offload tier: block {bytes(key).hex()} was evicted between vLLM's lookup "
+                        "and its load (a lookup holds what it finds: this is a bug, please report it)"
+                    )
+                self._holds[key] = _Hold(slot)
+        chunks = []
+        for key in keys:
+            hold = self._holds[key]
+            hold.loads += 1
+            chunks.append(hold.slot)
+        self.stats["loaded"] += len(keys)
+        return CPULoadStoreSpec(chunks)
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        done = []
+        for key in keys:
+            hold = self._holds.get(key)
+            if hold is None or hold.loads == 0:
+                continue
+            hold.loads -= 1
+            if hold.loads == 0:
+                del self._holds[key]
+                done.append(hold.slot)
+        if done:
+            self.tier.pool.tier_loaded(done)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
+        """vLLM 0.33's recency: the newest in the tier's one order of last use."""
+        keys = [bytes(k) for k in keys]
+        if keys:
+            self.tier.pool.tier_touch(keys)
+
+    def on_schedule_end(self, context: Any) -> None:
+        """Release the holds of this step's lookups that no load took."""
+        idle = [k for k, h in self._holds.items() if h.loads == 0]
+        if idle:
+            self.tier.pool.tier_release([self._holds.pop(k).slot for k in idle])
+
+    # --- stores: chunks granted by the keeper ---------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        candidates = [k for k in dict.fromkeys(keys) if k not in self._writing]
+        # Stored already (by any engine): nothing to write.
+        ask = [k for k in candidates if k not in self._holds and self.tier.index.find(bytes(k)) is None]
+        to_store: list[OffloadKey] = []
+        slots: list[int] = []
+        evicted: list[OffloadKey] = []
+        if ask:
+            for key, (what, slot, gone) in zip(ask, self.tier.pool.tier_store([bytes(k) for k in ask])):
+                if what == "granted":
+                    assert slot is not None
+                    to_store.append(key)
+                    slots.append(slot)
+                    self._writing[key] = slot
+                    if gone is not None:
+                        evicted.append(OffloadKey(gone))
+                elif what == "no_room":
+                    self.stats["busy"] += 1
+        self._num_write_pending_chunks += len(to_store)
+        self.stats["evicted"] += len(evicted)
+        if evicted and self.events is not None:
+            self.events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
+        return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(slots), evicted_keys=evicted)
+
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        mine = [(k, self._writing.pop(k)) for k in keys if k in self._writing]
+        if not mine:
+            return
+        self._num_write_pending_chunks -= len(mine)
+        slots = [s for _, s in mine]
+        if success:
+            self.tier.pool.tier_stored(slots)
+            self.stats["stored"] += len(mine)
+            if self.events is not None:
+                self.events.append(
+                    OffloadingEvent(keys=[k for k, _ in mine], medium=self.medium, removed=False, req_context=req_context)
+                )
+        else:
+            self.tier.pool.tier_abort(slots)
+
+    # --- the rest of vLLM's manager ---------------------------------------------
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self.events is None:
+            return
+        events, self.events = self.events, []
+        yield from events
+
+    def reset_cache(self) -> None:
+        """This engine's part only: its stores in flight given back, its holds
+        released. The blocks stay, for the other engines."""
+        if self._writing:
+            self.tier.pool.tier_abort(list(self._writing.values()))
+            self._writing.clear()
+        if self._holds:
+            # One keeper hold per block, however many loads of it.
+            self.tier.pool.tier_release([h.slot for h in self._holds.values()])
+            self._holds.clear()
+        self._num_write_pending_chunks = 0
+
+    def config_info(self) -> Sequence[Any]:
+        return [self._config_info]
+
+    def get_stats(self) -> Any:
+        return None
+
+    def shutdown(self) -> None:
+        self.tier.close()
+
+
+def _bisect_fit(size: int, per_chunk: int, page: int, most: int) -> int:
+    """The most chunks of ``per_chunk`` bytes (at most ``most``) that fit in a
+    kept pool of ``size`` bytes beside the index of as many."""
+    lo, hi = 0, min(most, size // max(per_chunk, 1))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if mid * per_chunk + hostpool.index_bytes(mid, page) <= size:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def chunks_that_fit(size: int, per_chunk: int, page: int, most: int) -> int:
+    """Chunks of the tier in a kept pool of ``size`` bytes of ``page``-byte
+    pages: vLLM's ``most`` (``cpu_bytes_to_use`` in chunks) when they and
+    their index fit, else as many as fit beside their index."""
+    if most <= 0 or most * per_chunk + hostpool.index_bytes(most, page) <= size:
+        return most
+    return _bisect_fit(size, per_chunk, page, most)
+

@@ -1,0 +1,341 @@
+"""Issue 41: the vLLM engines of a node share one CPU tier, a keeper's of `--tenants N`.
+
+Each engine is its own process(es) (``tier_engine.py``): vLLM's ``Scheduler``
+with its ``OffloadingConnector`` and our ``HostPoolOffloadingSpec``, the
+connector's worker role over CPU tensors in place of the GPU KV cache, and a
+real ``hostpool keep --tenants N``. Every engine names the tier's size in
+``cpu_bytes_to_use`` and the keeper is exactly that size. The engines'
+GPU prefix cache is off (``enable_prefix_caching``), so every request asks
+the CPU tier. Every block's bytes are a function of its block hash, layer and
+rank, so a block one engine loads is checked byte for byte against what
+another stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+
+import hostpool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENGINE = os.path.join(HERE, "tier_engine.py")
+sys.path.insert(0, HERE)
+
+from test_kept_tier import BLOCK, Keeper  # noqa: E402
+
+CHUNK = 4096  # a block's bytes per rank: 2 layers of (K, V) x 16 tokens x 2 heads x 16 x fp16
+CPU = 96 * CHUNK  # cpu_bytes_to_use, and the keeper's size
+
+
+@pytest.fixture
+def name():
+    return f"st-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def model(tmp_path):
+    import vllm_engine
+
+    return vllm_engine.model_dir(str(tmp_path))
+
+
+class Engine:
+    """One engine process, driven by commands, each answered by one event."""
+
+    def __init__(self, name: str, model: str, engine: str, **kw) -> None:
+        table = {"lease": {"keeper": name}, "threads": 1}
+        args = {
+            "engine": engine,
+            "model": model,
+            "cpu_bytes": kw.pop("cpu_bytes", CPU),
+            "table": table,
+            "prefix_caching": False,
+            **kw,
+        }
+        # The log goes to a file: a long run's log would fill a pipe nobody
+        # reads until the end, and stop the engine mid-write.
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, ENGINE, json.dumps(args)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+        )
+        self.events: list[dict] = []
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def until(self, *events: str, timeout: float = 240) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if not line.startswith("{"):
+                continue
+            e = json.loads(line)
+            self.events.append(e)
+            if e["event"] in events:
+                return e
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        raise AssertionError(f"no {events} from the engine: {self.events}\n{self.stderr()[-6000:]}")
+
+    def ask(self, op: str, reply: str, **kw) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.proc.stdin.flush()
+        return self.until(reply)
+
+    def run(self, seqs: list[list[int]]) -> dict:
+        out = self.ask("run", "ran", seqs=seqs)
+        assert out["bad"] == [], out
+        return out
+
+    def close(self) -> str:
+        self.proc.stdin.close()
+        rc = self.proc.wait(timeout=60)
+        err = self.stderr()
+        assert rc in (0, 3), err[-6000:]
+        return err
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def full(seed: int, blocks: int = 4) -> list[int]:
+    """A prompt of ``blocks`` full blocks (and a token of the next)."""
+    return [seed, blocks * BLOCK + 1]
+
+
+def wait_tenants(name: str, n: int, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        s = hostpool.keeper_status(name)
+        if len(s["tenants"]) == n or time.monotonic() > deadline:
+            assert len(s["tenants"]) == n, s["tenants"]
+            return s
+        time.sleep(0.02)
+
+
+def test_two_engines_hit_what_the_other_stored_byte_for_byte(name, model):
+    keeper = Keeper(name, size=CPU, tenants=2)
+    a = b = None
+    try:
+        a = Engine(name, model, "replica_dp0")
+        started = a.until("started")
+        assert started["manager"] == "SharedTierManager", started
+        # A keeper of exactly cpu_bytes_to_use holds the tier and its index.
+        chunks = started["chunks"]
+        assert 0 < chunks < CPU // CHUNK and chunks * CHUNK + hostpool.index_bytes(chunks) <= CPU, started
+        first = [full(s) for s in (1, 2, 3)]
+        assert set(a.run(first)["first_step_hits"].values()) == {0}
+        # B, a DP replica of the same model: its first step hits every block A stored.
+        b = Engine(name, model, "replica_dp1", dp_index=1)
+        b.until("started")
+        ran = b.run(first)
+        assert ran["first_step_hits"] == {str(s[0]): 4 * BLOCK for s in first}, ran
+        assert ran["good"] == 12, ran
+        # A, still running, hits what B stored after A started.
+        later = [full(s) for s in (7, 8)]
+        b.run(later)
+        ran = a.run(later)
+        assert ran["first_step_hits"] == {"7": 4 * BLOCK, "8": 4 * BLOCK} and ran["good"] == 8, ran
+        status = keeper.status()
+        assert status["index"]["slots"] == chunks, status["index"]
+        tenants = {t["engine"]: t for t in status["tenants"]}
+        assert set(tenants) == {"vllm-replica_dp0", "vllm-replica_dp1"}, tenants
+    finally:
+        for e in (a, b):
+            if e is not None:
+                e.close()
+        keeper.stop()
+
+
+def test_overlapping_keys_for_many_rounds_one_record_each_and_every_hit_exact(name, model):
+    rng = random.Random(int(os.environ.get("HOSTPOOL_KILL_SEED", "41")))
+    keeper = Keeper(name, size=CPU, tenants=2)
+    engines = []
+    try:
+        engines = [Engine(name, model, "over_a"), Engine(name, model, "over_b", dp_index=1)]
+        for e in engines:
+            e.until("started")
+        hits = 0
+        for _ in range(24):
+            for e in engines:
+                # Sequences of one family share prefixes: overlapping keys.
+                seqs = [[rng.randint(1, 8), rng.choice([2, 3, 5]) * BLOCK + 1] for _ in range(3)]
+                ran = e.run(seqs)
+                hits += ran["good"]
+        assert hits > 50, f"{hits} blocks loaded: the rounds overlapped too little to prove anything"
+        entries = engines[0].ask("entries", "entries")["entries"]
+        keys = [k for _, k in entries]
+        assert len(keys) == len(set(keys)), "a key recorded twice"
+        slots = [s for s, _ in entries]
+        assert len(slots) == len(set(slots))
+    finally:
+        for e in engines:
+            e.close()
+        keeper.stop()
+
+
+def test_a_load_held_by_one_engine_survives_another_flooding_the_tier(name, model):
+    keeper = Keeper(name, size=CPU, tenants=2)
+    a = b = None
+    try:
+        a = Engine(name, model, "flood_a")
+        chunks = a.until("started")["chunks"]
+        b = Engine(name, model, "held_b", dp_index=1)
+        b.until("started")
+        held = [full(s) for s in (1, 2)]
+        a.run(held)
+        # B's step prepared its loads (held in the tier), not yet read.
+        scheduled = b.ask("schedule", "scheduled", seqs=held)
+        assert scheduled["first_step_hits"] == {"1": 4 * BLOCK, "2": 4 * BLOCK}, scheduled
+        # A stores three times the tier's capacity of new blocks meanwhile.
+        for i in range(0, 3 * chunks // 4, 4):
+            a.run([full(1000 + i + j) for j in range(4)])
+        stats = a.ask("stats", "stats")
+        assert stats["evicted"] >= chunks - 8, stats
+        finished = b.ask("finish", "finished")
+        assert finished["bad"] == [] and finished["good"] == 8, finished
+    finally:
+        for e in (a, b):
+            if e is not None:
+                e.close()
+        keeper.stop()
+
+
+def test_two_engines_of_tp_2_share_rank_by_rank(name, model):
+    keeper = Keeper(name, size=2 * CPU, tenants=2)
+    a = b = None
+    try:
+        a = Engine(name, model, "tp_a", tp=2, cpu_bytes=2 * CPU)
+        a.until("workers")
+        assert a.until("started")["manager"] == "SharedTierManager"
+        seqs = [full(s) for s in (4, 5, 6)]
+        a.run(seqs)
+        b = Engine(name, model, "tp_b", tp=2, cpu_bytes=2 * CPU, dp_index=1)
+        b.until("workers")
+        b.until("started")
+        ran = b.run(seqs)
+        assert ran["first_step_hits"] == {str(s[0]): 4 * BLOCK for s in seqs}, ran
+        # Both ranks' halves of every block: each rank read what the same rank of A wrote.
+        assert ran["good"] == 12 * 2, ran
+        status = keeper.status()
+        assert [len(t["ranks"]) for t in status["tenants"]] == [2, 2], status["tenants"]
+    finally:
+        for e in (a, b):
+            if e is not None:
+                e.close()
+        keeper.stop()
+
+
+def test_an_engine_beyond_the_limit_and_another_identity_are_refused_naming_why(name, model):
+    keeper = Keeper(name, size=CPU, tenants=2)
+    a = b = None
+    try:
+        a = Engine(name, model, "first")
+        a.until("started")
+        a.run([full(3)])
+        # Another identity (another dtype) while A holds the tier: refused, naming it.
+        other = Engine(name, model, "other", dtype="bfloat16")
+        refused = other.until("refused", "started")
+        assert refused["event"] == "refused", refused
+        assert "dtype" in refused["error"] and "float16" in refused["error"] and "bfloat16" in refused["error"], refused
+        assert "first" in refused["error"], refused
+        other.close()
+        # A's blocks are intact.
+        b = Engine(name, model, "second", dp_index=1)
+        b.until("started")
+        assert b.run([full(3)])["good"] == 4
+        # A third engine of the same identity is beyond --tenants 2: refused at once.
+        t0 = time.monotonic()
+        third = Engine(name, model, "third")
+        refused = third.until("refused", "started")
+        assert refused["event"] == "refused" and "--tenants 2" in refused["error"], refused
+        assert time.monotonic() - t0 < 60
+        third.close()
+        # Once no engine holds it, the other identity starts cold (as a kept tier does).
+        a.close()
+        b.close()
+        a = b = None
+        wait_tenants(name, 0)
+        other = Engine(name, model, "other", dtype="bfloat16")
+        assert other.until("started", "refused")["event"] == "started"
+        assert other.run([full(3)])["first_step_hits"] == {"3": 0}
+        log = other.close()
+        assert "dtype" in log and "starts cold" in log, log[-3000:]
+    finally:
+        for e in (a, b):
+            if e is not None:
+                e.close()
+        keeper.stop()
+
+
+KINDS = ["held", "loading", "granted", "copying", "copied", "completed"]
+
+
+@pytest.mark.newest_only  # 100 tenants killed: the slow fault test runs on the newest vLLM alone
+def test_a_tenant_sigkilled_at_random_points_100_times_leaves_no_torn_block_and_no_lost_chunk(name, model):
+    """A tenant forked 100 times, each SIGKILLed at a random event of its rounds (a hold
+    taken, a load prepared, chunks granted, a worker copying or done, a store
+    completed), while another engine keeps storing and loading, every hit checked
+    byte for byte."""
+    rng = random.Random(int(os.environ.get("HOSTPOOL_KILL_SEED", "41")))
+    keeper = Keeper(name, size=CPU, tenants=2)
+    survivor = server = None
+    seen: list[int] = []
+    try:
+        survivor = Engine(name, model, "survivor")
+        chunks = survivor.until("started")["chunks"]
+        server = Engine(name, model, "victim", fork_server=True)
+        server.until("started")
+        killed, loaded = 0, 0
+        for i in range(100):
+            fresh = [2000 + 3 * i + j for j in range(3)]
+            old = rng.sample(seen, min(3, len(seen)))
+            rounds = [[full(s, rng.choice([1, 2, 3])) for s in old + fresh[:1]], [full(s) for s in fresh]]
+            kill_at = f"{rng.choice(KINDS)}:{rng.randint(1, 4)}"
+            server.proc.stdin.write(json.dumps({"op": "spawn", "args": {
+                "engine": "victim", "model": model, "cpu_bytes": CPU, "prefix_caching": False,
+                "table": {"lease": {"keeper": name}, "threads": 1}, "rounds": rounds,
+            }, "kill_at": kill_at}) + "\n")
+            server.proc.stdin.flush()
+            reaped = server.until("reaped", timeout=120)
+            torn = [e for e in server.events if e["event"] in ("torn", "child_error")]
+            assert not torn, (i, kill_at, torn)
+            killed += reaped["signal"] == 9
+            # The keeper sees the victim gone and drops what it wrote or held.
+            wait_tenants(name, 1)
+            ran = survivor.run([full(s, rng.choice([2, 4])) for s in rng.sample(seen + fresh, 2)] + [full(5000 + i)])
+            loaded += ran["good"]
+            seen.extend(fresh)
+        assert killed >= 60, f"only {killed} of 100 tenants died at their event"
+        assert loaded > 50, "the survivor hardly ever hit: the test proves nothing"
+        survivor.close()
+        server.close()
+        survivor = server = None
+        s = wait_tenants(name, 0)
+        assert s["index"]["records"] <= chunks
+        # No chunk lost: a new tenant is granted every chunk of the tier (none is
+        # left written or held by the dead).
+        with hostpool.Pool(keeper=name) as pool:
+            puts = pool.tier_store([b"fresh-%d" % k for k in range(chunks)])
+            assert [p[0] for p in puts] == ["granted"] * chunks, puts
+            assert sorted(p[1] for p in puts) == list(range(chunks))
+            pool.tier_abort([p[1] for p in puts])
+    finally:
+        for e in (survivor, server):
+            if e is not None:
+                e.kill()
+        keeper.stop()
