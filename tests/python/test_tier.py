@@ -245,3 +245,27 @@ def test_keep_status_counts_each_engines_stores_and_hits(keeper, hostpool_bin):
         ).stdout
         assert "tier: 3 stored, 2 hit(s) (1 stored by others)" in text, text
         assert "tier: 1 stored, 3 hit(s) (2 stored by others)" in text, text
+
+
+def test_a_hold_takes_the_prefix_stored_after_a_key_in_one_call(keeper):
+    name = _kept(keeper, "hold")
+    with hostpool.Pool(keeper=name) as a, hostpool.Pool(keeper=name) as b:
+        index = a.tier_open(SLOTS, FP)
+        slots = _granted(a.tier_store([b"c0", b"c1", b"c2"]))
+        a.tier_stored(slots)
+        assert b.tier_hold(b"missing", 8) == []
+        held = b.tier_hold(b"c0", 8)
+        assert held == [(b"c0", slots[0]), (b"c1", slots[1]), (b"c2", slots[2])]
+        assert b.tier_hold(b"c1") == [(b"c1", slots[1])], "ahead = 0: the key alone"
+        # Held: a flood of stores never takes them.
+        for i in range(SLOTS * 2):
+            [p] = a.tier_store([b"f%d" % i])
+            if p[0] == "granted":
+                assert p[1] not in slots, p
+                a.tier_stored([p[1]])
+        assert [index.find(k) for k in (b"c0", b"c1", b"c2")] == slots
+        # Read: counted as b's hits from another's blocks; released unread: not.
+        assert b.tier_loaded([slots[0]]) == 1
+        assert b.tier_release([slots[1], slots[1], slots[2]]) == 3
+        [mine] = [t for t in hostpool.keeper_status(name)["tenants"] if b.report["keeper"]["generation"] == t["generation"]]
+        assert (mine["hits"], mine["hits_from_others"]) == (1, 1), mine

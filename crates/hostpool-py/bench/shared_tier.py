@@ -7,10 +7,11 @@
    ``hostpool keep --tenants K``), K engines with private tiers of X chunks
    each (vLLM's ``CPUOffloadingManager``, LRU), and one engine with a tier of
    K x X serving the whole trace (the same). For K = 2, 4, 8.
-2. **Cost per operation** (a lookup of 16 blocks, a store of 16, a load of
-   16) of one tenant of a shared tier while 1 and 3 other tenants (each its
-   own process) are busy with the same operations, against the tenant alone,
-   in the same run.
+2. **Cost per operation** (a prefix lookup of 16 stored blocks, their load,
+   a store of 16 new blocks) of one tenant of a shared tier while 1 and 3
+   other tenants (each its own process) are busy with the same operations,
+   one round every ``--pace`` seconds, against the tenant alone, in the
+   same run. Medians of the rounds whose lookup found all 16.
 
 Each request of the trace: the blocks of its prompt are looked up in order
 until the first miss (vLLM's prefix lookup), the hits loaded (prepare_load,
@@ -117,6 +118,7 @@ def trace(seed: int, conversations: int, turns: int) -> list[list[bytes]]:
 
 def serve(manager, keys: list[bytes], ctx: ReqContext) -> int:
     """One request through a manager: the prefix looked up, its hits loaded, the rest stored."""
+    manager.on_new_request(ctx)
     hits = 0
     for key in keys:
         if manager.lookup(key, ctx) is not LookupResult.HIT:
@@ -127,12 +129,13 @@ def serve(manager, keys: list[bytes], ctx: ReqContext) -> int:
         manager.complete_load(keys[:hits], ctx)
     rest = keys[hits:]
     if rest:
-        manager.on_new_request(ctx)
         out = manager.prepare_store(rest, ctx)
         if out is not None:
             manager.complete_store(out.keys_to_store, ctx)
-    if hasattr(manager, "on_schedule_end"):
-        manager.on_schedule_end(None)
+    # As vLLM's scheduler: the request's end (vLLM 0.34's LRU learns recency
+    # here), then the step's.
+    manager.on_request_finished(ctx)
+    manager.on_schedule_end(None)
     return hits
 
 
@@ -169,41 +172,45 @@ def hit_rates(k: int, per_engine: int, requests: list[list[bytes]]) -> dict:
 
 
 def tenant_loop(name: str, chunks: int, seed: int, n: int, pace: float, out: mp.Queue | None) -> None:
-    """A tenant's rounds: look up 16 blocks, store 16 new ones, load 16 stored ones;
-    per round the seconds each took (reported when ``out`` is given)."""
+    """A tenant's rounds, each one request's worth of a scheduler step: a prefix
+    lookup of 16 blocks another round stored (vLLM's lookup, key after key, to
+    the first miss; the holds a step did not load released), a load of those
+    16 (prepare_load, complete_load), and a store of 16 new blocks
+    (prepare_store, complete_store); the seconds each took, per round
+    (reported when ``out`` is given, else for ``n`` seconds)."""
     pool = hostpool.Pool(keeper=name)
     manager = SharedTierManager(tier=SharedTier(pool, chunks, CHUNK, FP))
     rng = random.Random(seed)
-    stored: list[bytes] = []
+    stored: list[list[bytes]] = []
     times: dict[str, list[float]] = {"lookup": [], "store": [], "load": []}
-    ctx = ReqContext(req_id=f"t{seed}")
     i = 0
     deadline = None if out is not None else time.monotonic() + n
-    while True:
-        if out is not None and i == n:
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            break
+    while (i < n) if out is not None else (time.monotonic() < deadline):
         i += 1
-        keys = [hashlib.sha256(b"%d.%d.%d" % (seed, i, b)).digest() for b in range(16)]
+        ctx = ReqContext(req_id=f"t{seed}.{i}")
+        prefix = rng.choice(stored) if stored else []
         t0 = time.perf_counter()
-        for key in (rng.sample(stored, 16) if len(stored) >= 16 else keys):
-            manager.lookup(key, ctx)
-        manager.on_schedule_end(None)
+        hits = 0
+        for key in prefix:
+            if manager.lookup(key, ctx) is not LookupResult.HIT:
+                break
+            hits += 1
         t1 = time.perf_counter()
+        if hits:
+            manager.prepare_load(prefix[:hits], ctx)
+            manager.complete_load(prefix[:hits], ctx)
+        manager.on_schedule_end(None)
+        t2 = time.perf_counter()
+        keys = [hashlib.sha256(b"%d.%d.%d" % (seed, i, b)).digest() for b in range(16)]
         got = manager.prepare_store(keys, ctx)
         manager.complete_store(got.keys_to_store, ctx)
-        t2 = time.perf_counter()
-        stored.extend(got.keys_to_store)
-        stored = stored[-chunks // 4 :]
-        load = [k for k in rng.sample(stored, 16) if manager.lookup(k, ctx) is LookupResult.HIT]
-        manager.prepare_load(load, ctx)
-        manager.complete_load(load, ctx)
-        manager.on_schedule_end(None)
         t3 = time.perf_counter()
-        times["lookup"].append(t1 - t0)
-        times["store"].append(t2 - t1)
-        times["load"].append(t3 - t2)
+        stored.append(got.keys_to_store)
+        stored = stored[-chunks // 64 :]  # what is likely still in the tier
+        if hits == 16:
+            times["lookup"].append(t1 - t0)
+            times["load"].append(t2 - t1)
+        times["store"].append(t3 - t2)
         if pace:
             time.sleep(pace)
     manager.shutdown()
@@ -230,7 +237,7 @@ def op_costs(tenants: int, chunks: int, rounds: int, pace: float) -> dict:
         for p in busy:
             p.terminate()
             p.join()
-        return {op: statistics.median(v[rounds // 10 :]) for op, v in times.items()}
+        return {op: statistics.median(v[len(v) // 10 :]) for op, v in times.items()}
     finally:
         keeper.stop()
 
