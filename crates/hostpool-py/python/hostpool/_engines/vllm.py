@@ -49,6 +49,7 @@ _WORKER = "vllm.v1.kv_offload.cpu.gpu_worker"
 _MANAGER = "vllm.v1.kv_offload.cpu.manager"
 _POLICIES = "vllm.v1.kv_offload.cpu.policies.base"
 _BASE = "vllm.v1.kv_offload.base"
+_COMMON = "vllm.v1.kv_offload.cpu.common"
 _UTILS = "vllm.v1.core.kv_cache_utils"
 
 # Members of an instance that its class's __init__ (or a base's) assigns.
@@ -97,7 +98,17 @@ REQUIRED: tuple[str, ...] = (
     f"{_BASE}.OffloadKey",
     f"{_BASE}.ReqContext",
     f"{_BASE}.OffloadingManager",
+    f"{_BASE}.OffloadingManager.on_schedule_end",
     f"{_BASE}.OffloadingSpec",
+    # The manager of a tier shared by the engines of a node (hostpool._vllm_tier).
+    f"{_BASE}.LookupResult",
+    f"{_BASE}.Medium",
+    f"{_BASE}.OffloadingEvent",
+    f"{_BASE}.PrepareStoreOutput",
+    f"{_BASE}.RequestOffloadingContext",
+    f"{_COMMON}.CPULoadStoreSpec",
+    f"{_COMMON}.CPUOffloadingInfo.from_config",
+    "vllm.v1.metrics.cache_hit_source.CacheHitSource",
 )
 """Every name the adapter needs, whatever the release."""
 
