@@ -17,6 +17,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -90,20 +91,28 @@ def model(tmp_path):
 
 
 class Generation:
-    """One engine process: its events as they come, its log on stderr."""
+    """One engine process (``script``, ``kept_engine.py`` by default): its events
+    as they come, its log in a file (a long run's log would fill a pipe nobody
+    reads until the end, and stop the engine mid-write)."""
 
-    def __init__(self, args: dict, env: dict | None = None) -> None:
+    def __init__(self, args: dict, env: dict | None = None, script: str = ENGINE) -> None:
         full_env = {**os.environ, **(env or {})}
         for key in [k for k, v in full_env.items() if v is None]:
             del full_env[key]
+        self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            [sys.executable, ENGINE, json.dumps(args)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+            [sys.executable, script, json.dumps(args)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=full_env,
         )
         self.events: list[dict] = []
 
-    def until(self, event: str, timeout: float = 240) -> dict:
-        """The next event named ``event`` (each line is read when it comes)."""
+    def stderr(self) -> str:
+        """The log so far."""
+        self.log.seek(0)
+        return self.log.read()
+
+    def until(self, *events: str, timeout: float = 240) -> dict:
+        """The next event named one of ``events`` (each line is read when it comes)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
@@ -113,21 +122,24 @@ class Generation:
                 continue
             e = json.loads(line)
             self.events.append(e)
-            if e["event"] == event:
+            if e["event"] in events:
                 return e
         self.proc.kill()
-        raise AssertionError(f"no `{event}` from the engine: {self.events}\n{self.proc.stderr.read()[-6000:]}")
+        self.proc.wait(timeout=30)
+        raise AssertionError(f"no {events} from the engine: {self.events}\n{self.stderr()[-6000:]}")
 
     def kill(self) -> str:
         self.proc.kill()
         self.proc.wait(timeout=30)
-        return self.proc.stderr.read()
+        return self.stderr()
 
-    def close(self) -> str:
-        """A clean exit: stdin closed, the process ends."""
+    def close(self, codes: tuple[int, ...] = (0,)) -> str:
+        """A clean exit: stdin closed, the process ends (with one of ``codes``)."""
         self.proc.stdin.close()
-        assert self.proc.wait(timeout=60) == 0, self.proc.stderr.read()[-6000:]
-        return self.proc.stderr.read()
+        rc = self.proc.wait(timeout=60)
+        log = self.stderr()
+        assert rc in codes, log[-6000:]
+        return log
 
 
 def args_for(name: str, model: str, **kw) -> dict:

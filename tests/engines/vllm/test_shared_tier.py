@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -30,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINE = os.path.join(HERE, "tier_engine.py")
 sys.path.insert(0, HERE)
 
-from test_kept_tier import BLOCK, Keeper  # noqa: E402
+from test_kept_tier import BLOCK, Generation, Keeper  # noqa: E402
 
 CHUNK = 4096  # a block's bytes per rank: 2 layers of (K, V) x 16 tokens x 2 heads x 16 x fp16
 CPU = 96 * CHUNK  # cpu_bytes_to_use, and the keeper's size
@@ -48,8 +46,8 @@ def model(tmp_path):
     return vllm_engine.model_dir(str(tmp_path))
 
 
-class Engine:
-    """One engine process, driven by commands, each answered by one event."""
+class Engine(Generation):
+    """One engine process (``tier_engine.py``), driven by commands, each answered by one event."""
 
     def __init__(self, name: str, model: str, engine: str, **kw) -> None:
         table = {"lease": {"keeper": name}, "threads": 1}
@@ -61,34 +59,7 @@ class Engine:
             "prefix_caching": False,
             **kw,
         }
-        # The log goes to a file: a long run's log would fill a pipe nobody
-        # reads until the end, and stop the engine mid-write.
-        self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, ENGINE, json.dumps(args)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-        )
-        self.events: list[dict] = []
-
-    def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def until(self, *events: str, timeout: float = 240) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if not line.startswith("{"):
-                continue
-            e = json.loads(line)
-            self.events.append(e)
-            if e["event"] in events:
-                return e
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-        raise AssertionError(f"no {events} from the engine: {self.events}\n{self.stderr()[-6000:]}")
+        super().__init__(args, script=ENGINE)
 
     def ask(self, op: str, reply: str, **kw) -> dict:
         self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
@@ -101,15 +72,8 @@ class Engine:
         return out
 
     def close(self) -> str:
-        self.proc.stdin.close()
-        rc = self.proc.wait(timeout=60)
-        err = self.stderr()
-        assert rc in (0, 3), err[-6000:]
-        return err
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
+        """A clean exit, or the exit of an engine that was refused (3)."""
+        return super().close(codes=(0, 3))
 
 
 def full(seed: int, blocks: int = 4) -> list[int]:
