@@ -58,10 +58,12 @@ use serde_json::Value;
 use pool_core::PoolConfig;
 use pool_core::{Error, Result};
 
+pub mod metrics;
+pub mod notify;
 mod server;
 
 pub use hostpool_handoff::lease::{
-    LeaseEnd, LeaseInfo, PreviousLease, SOCKET_PREFIX, list, socket_name, status,
+    LeaseEnd, LeaseInfo, PreviousLease, SOCKET_PREFIX, list, socket_name, status, status_and_pid,
 };
 pub use server::{Keeper, StopRequests};
 
@@ -249,6 +251,23 @@ impl KeptPoolConfig {
 /// # Errors
 /// [`Error::Config`] naming the file and what is wrong.
 pub fn read_config(path: &Path) -> Result<Vec<KeptPoolConfig>> {
+    read_settings(path).map(|s| s.pools)
+}
+
+/// A keeper's config: its kept pools, and where it serves its metrics.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// One per `[[pool]]` table.
+    pub pools: Vec<KeptPoolConfig>,
+    /// `metrics = "ADDR"` (`--metrics`): where `/metrics` is served.
+    pub metrics: Option<metrics::Endpoint>,
+}
+
+/// Read a keeper's config file: its `[[pool]]` tables and its `metrics`.
+///
+/// # Errors
+/// As [`read_config`].
+pub fn read_settings(path: &Path) -> Result<Settings> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         Error::on_input_path(
             "read",
@@ -258,7 +277,7 @@ pub fn read_config(path: &Path) -> Result<Vec<KeptPoolConfig>> {
             "check the path given to --config (a TOML file of [[pool]] tables)",
         )
     })?;
-    parse_config(&text).map_err(|e| match e {
+    parse_settings(&text).map_err(|e| match e {
         Error::Config { message } => Error::config(format!("in {}: {message}", path.display())),
         other => other,
     })
@@ -270,6 +289,15 @@ pub fn read_config(path: &Path) -> Result<Vec<KeptPoolConfig>> {
 /// [`Error::Config`] for syntax errors, unknown keys and pools a keeper
 /// cannot keep.
 pub fn parse_config(text: &str) -> Result<Vec<KeptPoolConfig>> {
+    parse_settings(text).map(|s| s.pools)
+}
+
+/// Parse a keeper's config text (TOML): its pools and its `metrics`.
+///
+/// # Errors
+/// As [`parse_config`]; a `metrics` that is not a loopback address or a
+/// unix socket.
+pub fn parse_settings(text: &str) -> Result<Settings> {
     let value: Value =
         toml::from_str(text).map_err(|e| Error::config(format!("TOML syntax error: {e}")))?;
     let Value::Object(mut map) = value else {
@@ -284,9 +312,20 @@ pub fn parse_config(text: &str) -> Result<Vec<KeptPoolConfig>> {
             ));
         }
     };
+    let metrics = match map.remove("metrics") {
+        None => None,
+        Some(Value::String(addr)) => Some(metrics::Endpoint::parse(&addr)?),
+        Some(other) => {
+            return Err(Error::config(format!(
+                "`metrics` in a keeper's config is an address such as \"127.0.0.1:9464\" or \
+                 \"unix:/run/hostpool/metrics.sock\", not {other}"
+            )));
+        }
+    };
     if let Some(key) = map.keys().next() {
         return Err(Error::config(format!(
-            "unknown key `{key}` in a keeper's config: every setting goes in a [[pool]] table"
+            "unknown key `{key}` in a keeper's config: every setting but `metrics` goes in a \
+             [[pool]] table"
         )));
     }
     let pools = pools
@@ -301,12 +340,24 @@ pub fn parse_config(text: &str) -> Result<Vec<KeptPoolConfig>> {
             )));
         }
     }
-    Ok(pools)
+    Ok(Settings { pools, metrics })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keepers_config_says_where_its_metrics_are_served() {
+        let s = parse_settings("metrics = \"unix:/run/m.sock\"\n[[pool]]\nname = \"a\"\n").unwrap();
+        assert_eq!(
+            s.metrics,
+            Some(metrics::Endpoint::Unix("/run/m.sock".into()))
+        );
+        assert_eq!(s.pools.len(), 1);
+        let s = parse_settings("[[pool]]\nname = \"a\"\n").unwrap();
+        assert_eq!(s.metrics, None);
+    }
 
     #[test]
     fn a_keepers_config_has_named_pools_and_refuses_what_it_cannot_keep() {
@@ -377,6 +428,18 @@ mod tests {
             (
                 "[[pool]]\nname = \"a\"\ntenants = \"2\"\n",
                 "`tenants` must be a whole number",
+            ),
+            (
+                "metrics = \"0.0.0.0:9464\"\n[[pool]]\nname = \"a\"\n",
+                "is not a loopback address",
+            ),
+            (
+                "metrics = 9464\n[[pool]]\nname = \"a\"\n",
+                "`metrics` in a keeper's config",
+            ),
+            (
+                "other = 1\n[[pool]]\nname = \"a\"\n",
+                "every setting but `metrics`",
             ),
         ] {
             let e = parse_config(text).unwrap_err();

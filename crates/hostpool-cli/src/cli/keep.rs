@@ -1,11 +1,12 @@
 //! `hostpool keep`: build pools once and keep them, serving leases to
 //! engines that restart (see `hostpool_keeper`); `hostpool keep status`.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use hostpool_keeper::{Content, Keeper, KeptPoolConfig, StopRequests};
+use hostpool_keeper::metrics::{Endpoint, Metrics};
+use hostpool_keeper::{Content, Keeper, KeptPoolConfig, StopRequests, notify};
 use pool_core::{Error, format_bytes};
 use serde_json::Value;
 
@@ -40,6 +41,11 @@ pub struct KeepArgs {
     /// Print one JSON line per pool when it is ready (and when it is released).
     #[arg(long)]
     pub json: bool,
+    /// Serve Prometheus metrics at /metrics on this loopback HOST:PORT
+    /// (127.0.0.1:9464) or unix:PATH (`metrics = "..."` in a keeper's
+    /// config).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
     /// Seconds a stop request (SIGTERM) waits for leases to end before the
     /// keeper tears down anyway (a second SIGTERM ends it at once).
     #[arg(
@@ -88,7 +94,9 @@ pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
         )));
     }
     let cancel = forward_signals("keep", count_stop)?;
-    let configs = configs(&args)?;
+    let (configs, endpoint) = configs(&args)?;
+    // Bound before anything is built: a taken address fails at once.
+    let metrics = endpoint.map(Metrics::bind).transpose()?;
     let observer = progress::Bars::new(false);
     let mut keepers: Vec<(Keeper, f64)> = Vec::new();
     for c in configs {
@@ -102,12 +110,35 @@ pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
         ready(keeper, *seconds, args.json)?;
     }
     let mut keepers: Vec<Keeper> = keepers.into_iter().map(|(k, _)| k).collect();
+    let names: Vec<String> = keepers.iter().map(|k| k.name().to_string()).collect();
+    if let Some(m) = &metrics {
+        say(format_args!("hostpool: metrics at {}", m.endpoint()));
+    }
     let drain = Duration::from_secs_f64(args.drain_timeout);
+    let served = AtomicBool::new(false);
     std::thread::scope(|s| {
-        for k in keepers.iter_mut() {
-            s.spawn(|| k.serve(&STOPS, drain));
+        let serving: Vec<_> = keepers
+            .iter_mut()
+            .map(|k| s.spawn(|| k.serve(&STOPS, drain)))
+            .collect();
+        if let Some(m) = &metrics {
+            s.spawn(|| m.serve(&names, &served));
         }
+        // Under systemd (Type=notify): every pool is built and served.
+        notify::tell(&format!(
+            "READY=1\nSTATUS=keeping {}",
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        for h in serving {
+            let _ = h.join();
+        }
+        served.store(true, Ordering::SeqCst);
     });
+    drop(metrics);
     let mut code = 0;
     for k in keepers {
         let name = k.name().to_string();
@@ -135,9 +166,17 @@ pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
     Ok(code)
 }
 
-/// The kept pools asked for: one from the pool flags (`--name`), or each
-/// [[pool]] of the keeper's config.
-fn configs(args: &KeepArgs) -> Result<Vec<KeptPoolConfig>, Error> {
+/// The kept pools asked for (one from the pool flags, `--name`, or each
+/// [[pool]] of the keeper's config), and where to serve the metrics
+/// (`--metrics`, else the config's `metrics`).
+fn configs(args: &KeepArgs) -> Result<(Vec<KeptPoolConfig>, Option<Endpoint>), Error> {
+    let flag = args.metrics.as_deref().map(Endpoint::parse).transpose()?;
+    let (pools, from_config) = pools(args)?;
+    Ok((pools, flag.or(from_config)))
+}
+
+/// The kept pools asked for, and the config's `metrics`.
+fn pools(args: &KeepArgs) -> Result<(Vec<KeptPoolConfig>, Option<Endpoint>), Error> {
     if let Some(name) = &args.name {
         let pool = resolve_config(&args.pool)?;
         let kept = KeptPoolConfig {
@@ -148,7 +187,7 @@ fn configs(args: &KeepArgs) -> Result<Vec<KeptPoolConfig>, Error> {
             pool,
         };
         kept.validate()?;
-        return Ok(vec![kept]);
+        return Ok((vec![kept], None));
     }
     let Some(path) = &args.pool.config else {
         return Err(Error::config(
@@ -162,7 +201,8 @@ fn configs(args: &KeepArgs) -> Result<Vec<KeptPoolConfig>, Error> {
             path.display()
         )));
     }
-    hostpool_keeper::read_config(path)
+    let settings = hostpool_keeper::read_settings(path)?;
+    Ok((settings.pools, settings.metrics))
 }
 
 /// Say that a kept pool is ready.
@@ -347,6 +387,10 @@ fn human_tenant(l: &Value) -> String {
 /// ends the keeper at once).
 fn count_stop(sig: i32) {
     if STOPS.fetch_add(1, Ordering::SeqCst) == 0 {
+        // Under systemd: the drain starts.
+        notify::tell(
+            "STOPPING=1\nSTATUS=draining: taking no new leases, waiting for leases to end",
+        );
         say(format_args!(
             "hostpool: signal {sig}: taking no new leases, waiting for leases to end (again to \
              stop at once)"

@@ -217,12 +217,31 @@ pub(super) struct Serving {
     failed: Vec<FailedLease>,
     state: State,
     last_clear_seconds: Option<f64>,
+    /// What happened since the keeper started, for its metrics: counters
+    /// that only grow.
+    totals: Totals,
     stopping: bool,
     /// When a draining keeper stops anyway, lease or not.
     drain_until: Option<Instant>,
     uid: u32,
     /// The kept pool's figures, for leases and status.
     figures: Figures,
+}
+
+/// A keeper's counters since it started (`keep status`'s `lease_ends`,
+/// `clears`, `clear_seconds_total` and `tier`; the metrics' `_total`s).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(in crate::server) struct Totals {
+    /// Leases that ended with every process released.
+    pub(in crate::server) closed: u64,
+    /// Leases that ended with a process dead.
+    pub(in crate::server) died: u64,
+    /// Clearings between leases that finished.
+    pub(in crate::server) clears: u64,
+    /// Their seconds, summed.
+    pub(in crate::server) clear_seconds: f64,
+    /// What every tenant did in the CPU tier, those gone included.
+    pub(in crate::server) tier: TierFigures,
 }
 
 /// A client's timeout as a duration: a tenth of a second to a day, and the
@@ -267,6 +286,7 @@ impl Serving {
             failed: Vec::new(),
             state: State::Idle,
             last_clear_seconds: None,
+            totals: Totals::default(),
             stopping: false,
             drain_until: None,
             uid: rustix::process::geteuid().as_raw(),
@@ -450,6 +470,14 @@ impl Serving {
             "previous": self.previous,
             "tag": self.tag,
             "last_clear_seconds": self.last_clear_seconds,
+            "lease_ends": {"closed": self.totals.closed, "died": self.totals.died},
+            "clears": self.totals.clears,
+            "clear_seconds_total": self.totals.clear_seconds,
+            "tier": {
+                "stored": self.totals.tier.stored,
+                "hits": self.totals.tier.hits,
+                "hits_from_others": self.totals.tier.hits_from_others,
+            },
             "index": index,
         })
     }

@@ -181,6 +181,10 @@ impl Serving {
             LeaseEnd::Closed
         };
         let pid = lease.died.or(lease.holder()).unwrap_or(0);
+        match how {
+            LeaseEnd::Died => self.totals.died += 1,
+            LeaseEnd::Closed => self.totals.closed += 1,
+        }
         tracing::info!(
             "kept pool `{}`: lease {} of pid {pid} ended ({}){}",
             self.config.name,
@@ -215,6 +219,8 @@ impl Serving {
         match done {
             Some(Ok(Ok(secs))) => {
                 self.last_clear_seconds = Some(secs);
+                self.totals.clears += 1;
+                self.totals.clear_seconds += secs;
                 self.state = State::Idle;
             }
             Some(Ok(Err(e))) => {

@@ -235,9 +235,18 @@ impl Serving {
     /// (after each of its requests); nothing for a tenant no longer in
     /// force.
     pub(in crate::server) fn tier_figures(&mut self, id: TenantId, figures: TierFigures) {
-        if let Some(lease) = self.tenant_mut(id) {
-            lease.tier = figures;
-        }
+        let Some(lease) = self.tenant_mut(id) else {
+            return;
+        };
+        // The tier's counts of a tenant only grow: what they grew by is
+        // the keeper's too.
+        let was = std::mem::replace(&mut lease.tier, figures);
+        let total = &mut self.totals.tier;
+        total.stored += figures.stored.saturating_sub(was.stored);
+        total.hits += figures.hits.saturating_sub(was.hits);
+        total.hits_from_others += figures
+            .hits_from_others
+            .saturating_sub(was.hits_from_others);
     }
 
     /// The tenants whose processes are all gone (every rank's connection
