@@ -10,6 +10,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use support::cgroup::own_group;
 use support::procs::root_or_skip;
 
 const MIB: u64 = 1 << 20;
@@ -58,22 +59,6 @@ impl Drop for Group {
         }
         eprintln!("could not remove {}", self.dir.display());
     }
-}
-
-/// This process's group in the hierarchy with controller `name` (v1), or
-/// in the unified one (`0::`, v2).
-fn own_group(v2: bool, name: &str) -> Option<String> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines().find_map(|l| {
-        let mut parts = l.splitn(3, ':');
-        let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let hit = if v2 {
-            id == "0" && controllers.is_empty()
-        } else {
-            controllers.split(',').any(|c| c == name)
-        };
-        hit.then(|| path.to_string())
-    })
 }
 
 fn text(o: &Output) -> String {

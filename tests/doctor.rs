@@ -1149,3 +1149,99 @@ fn without_a_python_the_engines_area_is_info_and_doctor_exits_0() {
         assert!(text(&f["remedy"]).contains("HOSTPOOL_PYTHON"), "{f:#}");
     }
 }
+
+/// The group of process `pid` in the hierarchy that has the memory
+/// controller, as `/proc/PID/cgroup` writes it: the v1 `memory` line, else
+/// the v2 (`0::`) one.
+fn memory_line(pid: u32) -> (u8, String) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let field = |l: &str, i: usize| l.splitn(3, ':').nth(i).unwrap_or("").to_string();
+    text.lines()
+        .find(|l| field(l, 1).split(',').any(|c| c == "memory"))
+        .map(|l| (1, field(l, 2)))
+        .or_else(|| {
+            text.lines()
+                .find(|l| l.starts_with("0::"))
+                .map(|l| (2, field(l, 2)))
+        })
+        .unwrap_or_else(|| panic!("no memory group in /proc/{pid}/cgroup: {text}"))
+}
+
+/// `doctor` says which cgroup a running keeper's memory is charged to: its
+/// `keepers` finding names the keeper's memory group as its
+/// `/proc/PID/cgroup` does (under v2, that group or the nearest ancestor
+/// with the controller), with the group's directory and the bytes charged
+/// to it, the pool included. As root, where a memory controller is, the
+/// keeper runs in a child group of its own, so the group named is the
+/// keeper's and not doctor's.
+#[test]
+fn doctor_names_the_cgroup_a_keepers_memory_is_charged_to() {
+    use support::cgroup::Parent;
+    use support::procs::{Children, bin, name, read_json_line, terminate};
+
+    let parent = if support::procs::is_root() {
+        Parent::find("memory")
+            .map_err(|why| eprintln!("the keeper runs in this test's group: {why}"))
+            .ok()
+    } else {
+        None
+    };
+    let group = parent.as_ref().map(|p| p.child("doctor-keeper"));
+    let pool = name("doctor-cgroup");
+    let mut cmd = bin();
+    cmd.args(["keep", "--name", &pool, "--json", "--size", "64MiB"])
+        .args(["--backing", "shm-segmented"]);
+    let mut cmd = match &group {
+        Some(g) => g.run_in(&cmd),
+        None => cmd,
+    };
+    let mut keeper = Children(vec![
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ]);
+    let ready = read_json_line(&mut keeper[0]);
+    assert_eq!(ready["name"], pool.as_str(), "{ready}");
+    let pid = keeper[0].id();
+
+    let r = json(&doctor(&["--json"]));
+    let found = findings(&r, "keepers")
+        .into_iter()
+        .find(|f| f["item"] == pool.as_str())
+        .unwrap_or_else(|| panic!("no keepers finding of {pool}: {r:#}"))
+        .clone();
+    let d = &found["details"];
+    let (version, line) = memory_line(pid);
+    let said = text(&d["cgroup"]).to_string();
+    assert_eq!(d["cgroup_version"], u64::from(version), "{found:#}");
+    if version == 1 {
+        assert_eq!(said, line, "{found:#}");
+    } else {
+        // A v2 group without the controller is charged to an ancestor.
+        assert!(
+            line == said || said == "/" || line.starts_with(&format!("{said}/")),
+            "{said} is {line} or an ancestor of it: {found:#}"
+        );
+    }
+    assert!(text(&d["cgroup_dir"]).ends_with(&said), "{found:#}");
+    assert!(d["cgroup_hugetlb"].is_null(), "4 KiB pages: {found:#}");
+    assert!(
+        text(&found["value"]).contains(&format!("charged to cgroup {said} (v{version}")),
+        "{found:#}"
+    );
+    if let Some(g) = &group {
+        assert_eq!(
+            Path::new(text(&d["cgroup_dir"])),
+            g.dir.as_path(),
+            "{found:#}"
+        );
+        // The group holds the keeper alone: charged the pool, and little more.
+        let bytes = d["cgroup_memory_bytes"].as_u64().unwrap();
+        assert!(
+            (64 << 20..96 << 20).contains(&bytes),
+            "{bytes} bytes: {found:#}"
+        );
+    }
+    terminate(&mut keeper[0], std::time::Duration::from_secs(10));
+}

@@ -2,6 +2,7 @@
 //! binary uses a part of them).
 #![allow(dead_code)]
 
+pub mod cgroup;
 pub mod procs;
 
 use std::path::{Path, PathBuf};

@@ -183,6 +183,110 @@ pub fn group_and_ancestors(mount: &Path, path: &str) -> Vec<PathBuf> {
     dirs
 }
 
+/// The group a process's pages are charged to by one controller: where
+/// the kernel counts the memory it faults (`hostpool doctor` says it of a
+/// keeper, whose group is charged for the pool its engines lease).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChargedGroup {
+    /// The group as `/proc/PID/cgroup` writes it, e.g. `/system.slice/x`:
+    /// under cgroup v2, the nearest of the process's group and its
+    /// ancestors that has the controller (a group without it is charged to
+    /// that ancestor).
+    pub path: String,
+    /// Its directory where this process sees it; `None` when it does not
+    /// (another cgroup namespace, a container that sees its own group as
+    /// the root).
+    pub dir: Option<PathBuf>,
+    /// The cgroup version of the hierarchy: 1 or 2.
+    pub version: u8,
+    /// Bytes charged to it now, from the controller's first usage file
+    /// (`memory.usage_in_bytes`, `memory.current`); `None` when unreadable
+    /// (cgroup v2's root has no `memory.current`) or the controller has none.
+    pub usage: Option<u64>,
+}
+
+/// The group process `pid` is charged to by `controller`
+/// ([`charged_group_in`] over `/proc/PID/cgroup` and [`ROOT`]). `None` when
+/// the process is gone or no hierarchy has the controller.
+pub fn charged_group(pid: u32, controller: &Controller) -> Option<ChargedGroup> {
+    let own = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    charged_group_in(&own, Path::new(ROOT), controller)
+}
+
+/// The group the process whose `/proc/PID/cgroup` text is `own` is charged
+/// to by `controller`, with its hierarchies mounted under `root`.
+///
+/// A v1 line naming the controller (`4:memory:/path`) is that group, under
+/// `root/<name>`. Otherwise the v2 line (`0::/path`) is looked up under
+/// `root` and `root/unified` (the hybrid layout), in the first whose
+/// `cgroup.controllers` lists the controller: the group is the nearest of
+/// the process's group and its ancestors that has it (the hierarchy's root
+/// always does). A group this process cannot see keeps its path, without a
+/// directory or usage.
+pub fn charged_group_in(own: &str, root: &Path, controller: &Controller) -> Option<ChargedGroup> {
+    let lines = || {
+        own.lines().filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            Some((controllers, path))
+        })
+    };
+    let usage = |dir: &Path, files: &[LimitFile]| {
+        let f = files.first()?;
+        fs::read_to_string(dir.join(&f.usage))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    if let Some((_, path)) = lines().find(|(c, _)| c.split(',').any(|c| c == controller.name)) {
+        let dir = visible(&root.join(&controller.name), path);
+        return Some(ChargedGroup {
+            path: path.to_string(),
+            usage: dir.as_deref().and_then(|d| usage(d, &controller.v1)),
+            dir,
+            version: 1,
+        });
+    }
+    let (_, path) = lines().find(|(c, _)| c.is_empty())?;
+    let has = |dir: &Path| {
+        fs::read_to_string(dir.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == controller.name))
+    };
+    let mount = [root.to_path_buf(), root.join("unified")]
+        .into_iter()
+        .find(|m| has(m))?;
+    let Some(own_dir) = visible(&mount, path) else {
+        return Some(ChargedGroup {
+            path: path.to_string(),
+            dir: None,
+            version: 2,
+            usage: None,
+        });
+    };
+    // The nearest group with the controller; the mount (the root) has it.
+    let dir = group_and_ancestors(&mount, path)
+        .into_iter()
+        .find(|d| d == &mount || has(d))
+        .unwrap_or(own_dir);
+    let rel = dir.strip_prefix(&mount).unwrap_or(Path::new(""));
+    Some(ChargedGroup {
+        path: format!("/{}", rel.display()),
+        usage: usage(&dir, &controller.v2),
+        dir: Some(dir),
+        version: 2,
+    })
+}
+
+/// The directory of `path` (as `/proc/PID/cgroup` writes it) under the
+/// hierarchy mounted at `mount`, when this process sees it.
+fn visible(mount: &Path, path: &str) -> Option<PathBuf> {
+    let rel = Path::new(path.trim_start_matches('/'));
+    let plain = rel.components().all(|c| matches!(c, Component::Normal(_)));
+    let dir = mount.join(rel);
+    (plain && dir.is_dir()).then_some(dir)
+}
+
 /// The limit file `limit` in `dir` when it holds a finite limit, with its
 /// usage file. `None` for `max`, for v1's `PAGE_COUNTER_MAX`, and for
 /// unreadable files.
@@ -350,6 +454,44 @@ mod tests {
         assert_eq!(all.len(), 3, "{all:?}");
         let l = tightest_in("0::/a/b\n", &t.0, &c).unwrap();
         assert_eq!(l.path, t.0.join("a/b/hugetlb.2MB.max"));
+    }
+
+    /// The group a process is charged to: its v1 group with the usage
+    /// read; under v2 the nearest group with the controller (an own group
+    /// without it is charged to its parent), found under `unified/` in the
+    /// hybrid layout; a group not visible here keeps its path alone.
+    #[test]
+    fn the_charged_group_is_the_v1_group_or_the_nearest_v2_group_with_the_controller() {
+        let t = Tree::new("charged");
+        let c = memory();
+        t.set("memory/pod/ctr", &c.v1[0], "9223372036854771712", 5 * M);
+        let v1 = charged_group_in("4:memory:/pod/ctr\n0::/\n", &t.0, &c).unwrap();
+        assert_eq!(v1.path, "/pod/ctr");
+        assert_eq!(v1.dir, Some(t.0.join("memory/pod/ctr")));
+        assert_eq!((v1.version, v1.usage), (1, Some(5 * M)));
+        // v2 at unified/: the own group lacks the controller, its parent has it.
+        let u = t.0.join("unified");
+        fs::create_dir_all(u.join("svc/inner")).unwrap();
+        fs::write(u.join("cgroup.controllers"), "cpu memory hugetlb\n").unwrap();
+        fs::write(u.join("svc/cgroup.controllers"), "memory\n").unwrap();
+        fs::write(u.join("svc/inner/cgroup.controllers"), "cpu\n").unwrap();
+        fs::write(u.join("svc/memory.current"), format!("{}\n", 3 * M)).unwrap();
+        let v2 = charged_group_in("1:cpu:/\n0::/svc/inner\n", &t.0, &c).unwrap();
+        assert_eq!(v2.path, "/svc");
+        assert_eq!(v2.dir, Some(u.join("svc")));
+        assert_eq!((v2.version, v2.usage), (2, Some(3 * M)));
+        // Nothing below the root has it: the root, without a usage file.
+        fs::write(u.join("svc/cgroup.controllers"), "\n").unwrap();
+        let root = charged_group_in("0::/svc/inner\n", &t.0, &c).unwrap();
+        assert_eq!((root.path.as_str(), root.usage), ("/", None));
+        // Another namespace: the path alone.
+        let far = charged_group_in("0::/../elsewhere\n", &t.0, &c).unwrap();
+        assert_eq!(
+            (far.path.as_str(), far.dir.clone()),
+            ("/../elsewhere", None)
+        );
+        // No hierarchy with the controller.
+        assert_eq!(charged_group_in("3:cpu:/x\n", &t.0, &c), None);
     }
 
     /// This process's own groups, read for real: the limits found are

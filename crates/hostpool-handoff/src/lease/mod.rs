@@ -35,5 +35,16 @@ pub fn list() -> Vec<String> {
 /// # Errors
 /// [`pool_core::Error::Keeper`] when no keeper answers or it refuses.
 pub fn status(name: &str) -> Result<Value> {
+    status::status(name).map(|(v, _)| v)
+}
+
+/// [`status`], with the keeper's pid as this process sees it
+/// (`SO_PEERCRED`): the status's own `pid` is the keeper's in its PID
+/// namespace, this one is in ours (0 when the keeper's namespace is not
+/// visible from ours), for reading its `/proc/PID` entries.
+///
+/// # Errors
+/// As [`status`].
+pub fn status_and_pid(name: &str) -> Result<(Value, u32)> {
     status::status(name)
 }

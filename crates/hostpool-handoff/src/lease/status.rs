@@ -11,8 +11,9 @@ use crate::message::Message;
 use crate::wire::{self, Received};
 use pool_core::Result;
 
-/// The status of the keeper of `name`.
-pub(super) fn status(name: &str) -> Result<Value> {
+/// The status of the keeper of `name`, and the keeper's pid as this
+/// process sees it (`SO_PEERCRED`).
+pub(super) fn status(name: &str) -> Result<(Value, u32)> {
     let sock = connect(name)?;
     let pid = join::holder_pid(&sock, &keeper(name, 0.0, 0.0))?;
     wire::send(&sock, &Message::Status, &[])
@@ -23,7 +24,7 @@ pub(super) fn status(name: &str) -> Result<Value> {
         &mut Vec::new(),
         None,
     )? {
-        Received::Msg(Message::StatusOf(v)) => Ok(v),
+        Received::Msg(Message::StatusOf(v)) => Ok((v, pid)),
         Received::Msg(Message::Refused { message, .. }) => {
             Err(keeper_error(name, message, Some(pid), false))
         }

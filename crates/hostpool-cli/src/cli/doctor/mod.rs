@@ -10,7 +10,8 @@
 //! `hugepages`, `hugetlbfs` and the hugetlb `cgroup` limits; `shm`; `cuda`;
 //! `rdma`; `nixl`; the adapter's `mooncake`); then `engines` (the serving
 //! engines installed in the engine's Python, their versions, and whether
-//! hostpool was tested with them), `plugins`, `keepers`, `leftovers`
+//! hostpool was tested with them), `plugins`, `keepers` (each kept pool, and
+//! the cgroup its keeper's memory is charged to), `leftovers`
 //! (what `hostpool gc` would remove) and, when a pool is given (`--config`
 //! or any pool flag), `pool`: the plan's capacity checks and verdict, and
 //! whether its pinning and registration can work here (the plugins say for
