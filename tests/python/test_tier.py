@@ -217,6 +217,9 @@ def test_the_keeper_opens_the_tier_for_one_identity_and_refuses_another_until_it
         assert ic.cold_reason == "`model` differs: stored m, now other"
         assert ic.find(b"k1") is None and len(ic) == 0
         assert c.tier_load([b"k1"]) == [None]
+        # The keeper counts the opens: a's and c's cold, b's warm (a restore);
+        # the refused ones are none.
+        assert hostpool.keeper_status(name)["tier"]["opens"] == {"warm": 1, "cold": 2}
     finally:
         c.close()
 

@@ -426,6 +426,12 @@ pub fn render(statuses: &[Value]) -> Result<String> {
         "Of those, blocks a tenant read that another tenant (or an earlier lease) stored.",
         pool,
     )?;
+    let opens = counter(
+        "hostpool_tier_opens_total",
+        "Opens of the CPU tier by a tenant, by how it started: warm (its blocks found: a restore) \
+         or cold.",
+        &["pool", "start"],
+    )?;
     let t_stored = counter(
         "hostpool_tier_tenant_stored_blocks_total",
         "Blocks a tenant stored in the CPU tier during its lease.",
@@ -529,6 +535,11 @@ pub fn render(statuses: &[Value]) -> Result<String> {
         from_others
             .with_label_values(&[name])
             .inc_by(u(&s["tier"]["hits_from_others"]));
+        for start in ["warm", "cold"] {
+            opens
+                .with_label_values(&[name, start])
+                .inc_by(u(&s["tier"]["opens"][start]));
+        }
     }
     let mut out = Vec::new();
     TextEncoder::new()
@@ -592,7 +603,7 @@ mod tests {
                           "stored": 3, "hits": 2, "hits_from_others": 1}],
             "lease_ends": {"closed": 3, "died": 1}, "clears": 2, "clear_seconds_total": 0.5,
             "last_clear_seconds": 0.25, "index": {"slots": 8, "records": 3},
-            "tier": {"stored": 7, "hits": 4, "hits_from_others": 2},
+            "tier": {"stored": 7, "hits": 4, "hits_from_others": 2, "opens": {"warm": 3, "cold": 1}},
         });
         let page = render(&[status]).unwrap();
         for line in [
@@ -611,6 +622,7 @@ mod tests {
             "hostpool_tier_hits_from_others_total{pool=\"kv0\"} 2",
             "hostpool_tier_tenant_stored_blocks_total{engine=\"a\",generation=\"5\",pool=\"kv0\"} 3",
             "# TYPE hostpool_keeper_clears_total counter",
+            "hostpool_tier_opens_total{pool=\"kv0\",start=\"warm\"} 3",
         ] {
             assert!(page.lines().any(|l| l == line), "missing {line}:\n{page}");
         }

@@ -225,6 +225,9 @@ impl Sockets {
                     Some(t) => {
                         let reply = t.serve(tenant, op, &|other| s.tenant_named(other));
                         s.tier_figures(tenant, t.figures(tenant));
+                        if let TierReply::Opened { warm, .. } = reply {
+                            s.tier_opened(warm);
+                        }
                         reply
                     }
                     None => TierReply::Refused {

@@ -242,6 +242,10 @@ pub(in crate::server) struct Totals {
     pub(in crate::server) clear_seconds: f64,
     /// What every tenant did in the CPU tier, those gone included.
     pub(in crate::server) tier: TierFigures,
+    /// Opens of the CPU tier that found its blocks (its identity's index:
+    /// a restore) and that started it cold.
+    pub(in crate::server) opens_warm: u64,
+    pub(in crate::server) opens_cold: u64,
 }
 
 /// A client's timeout as a duration: a tenth of a second to a day, and the
@@ -477,6 +481,7 @@ impl Serving {
                 "stored": self.totals.tier.stored,
                 "hits": self.totals.tier.hits,
                 "hits_from_others": self.totals.tier.hits_from_others,
+                "opens": {"warm": self.totals.opens_warm, "cold": self.totals.opens_cold},
             },
             "index": index,
         })

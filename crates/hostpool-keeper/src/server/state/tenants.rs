@@ -249,6 +249,16 @@ impl Serving {
             .saturating_sub(was.hits_from_others);
     }
 
+    /// A tenant opened the CPU tier: `warm`, its blocks found (a restore),
+    /// or cold.
+    pub(in crate::server) fn tier_opened(&mut self, warm: bool) {
+        if warm {
+            self.totals.opens_warm += 1;
+        } else {
+            self.totals.opens_cold += 1;
+        }
+    }
+
     /// The tenants whose processes are all gone (every rank's connection
     /// and every companion's): their leases are to end
     /// ([`Serving::end_lease`]), each on its own.
