@@ -147,8 +147,10 @@ impl<'a> TierServer<'a> {
             return refused("the kept pool's tier could not be made".into());
         };
         let figures = figures.entry(tenant).or_default();
-        let count =
-            |done: Vec<bool>| TierReply::Done(done.into_iter().filter(|d| *d).count() as u64);
+        // How many of a batch were this tenant's to complete, abort or release.
+        let count = |done: &mut dyn Iterator<Item = bool>| {
+            TierReply::Done(done.filter(|d| *d).count() as u64)
+        };
         match op {
             TierOp::Open { .. } => refused("the tier was opened above".into()),
             TierOp::Store { keys } => {
@@ -181,24 +183,18 @@ impl<'a> TierServer<'a> {
                 }
                 TierReply::Puts(puts)
             }
-            TierOp::Stored { slots } => count(
-                slots
-                    .into_iter()
-                    .map(|s| {
-                        let done = tier.complete_store(place, s).unwrap_or(false);
-                        if done {
-                            storers.insert(s, tenant);
-                            figures.stored += 1;
-                        }
-                        done
-                    })
-                    .collect(),
-            ),
+            TierOp::Stored { slots } => count(&mut slots.into_iter().map(|s| {
+                let done = tier.complete_store(place, s).unwrap_or(false);
+                if done {
+                    storers.insert(s, tenant);
+                    figures.stored += 1;
+                }
+                done
+            })),
             TierOp::Abort { slots } => count(
-                slots
+                &mut slots
                     .into_iter()
-                    .map(|s| tier.abort_store(place, s).unwrap_or(false))
-                    .collect(),
+                    .map(|s| tier.abort_store(place, s).unwrap_or(false)),
             ),
             TierOp::Load { keys } => {
                 TierReply::Loads(keys.iter().map(|k| tier.prepare_load(place, k)).collect())
@@ -230,26 +226,20 @@ impl<'a> TierServer<'a> {
             }
             // A hold released after its read is a hit, counted here: a hold
             // taken ahead and never read is not.
-            TierOp::Loaded { slots } => count(
-                slots
-                    .into_iter()
-                    .map(|s| {
-                        let done = tier.complete_load(place, s).unwrap_or(false);
-                        if done {
-                            figures.hits += 1;
-                            if storers.get(&s) != Some(&tenant) {
-                                figures.hits_from_others += 1;
-                            }
-                        }
-                        done
-                    })
-                    .collect(),
-            ),
+            TierOp::Loaded { slots } => count(&mut slots.into_iter().map(|s| {
+                let done = tier.complete_load(place, s).unwrap_or(false);
+                if done {
+                    figures.hits += 1;
+                    if storers.get(&s) != Some(&tenant) {
+                        figures.hits_from_others += 1;
+                    }
+                }
+                done
+            })),
             TierOp::Release { slots } => count(
-                slots
+                &mut slots
                     .into_iter()
-                    .map(|s| tier.complete_load(place, s).unwrap_or(false))
-                    .collect(),
+                    .map(|s| tier.complete_load(place, s).unwrap_or(false)),
             ),
             TierOp::Touch { keys } => {
                 for k in &keys {
