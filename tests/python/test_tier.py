@@ -272,3 +272,117 @@ def test_a_hold_takes_the_prefix_stored_after_a_key_in_one_call(keeper):
         assert b.tier_release([slots[1], slots[1], slots[2]]) == 3
         [mine] = [t for t in hostpool.keeper_status(name)["tenants"] if b.report["keeper"]["generation"] == t["generation"]]
         assert (mine["hits"], mine["hits_from_others"]) == (1, 1), mine
+
+
+# --- a keeper that stops, or dies, never fails or stalls its engines (issue 48) ---
+
+BOUND = 0.010
+"""The bound the engines' manager waits for the keeper (`_vllm_tier.WAIT`)."""
+
+SLACK = 0.5
+"""What a loaded two-core machine may add to a bounded call (it is still far
+below the 30 s a request waited before)."""
+
+
+def _timed(call):
+    t = time.monotonic()
+    try:
+        return call(), time.monotonic() - t
+    except hostpool.KeeperError as e:
+        return e, time.monotonic() - t
+
+
+def _stopped(pid):
+    """Whether every thread of process `pid` is stopped (a SIGSTOP took)."""
+    tasks = os.listdir(f"/proc/{pid}/task")
+    states = []
+    for t in tasks:
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return all(s == "T" for s in states)
+
+
+def _until(check, what, deadline=30.0):
+    end = time.monotonic() + deadline
+    while not check():
+        assert time.monotonic() < end, what
+        time.sleep(0.01)
+
+
+def test_a_stopped_keeper_costs_a_tenant_its_bound_and_a_late_grant_is_given_back(keeper):
+    name = _kept(keeper, "stopped")
+    with hostpool.Pool(keeper=name) as a, hostpool.Pool(keeper=name) as b:
+        a.index(SLOTS, FP)
+        assert a.tier_link == ("none", None)
+        [kept] = _granted(a.tier_store([b"kept"]))
+        a.tier_stored([kept])
+        assert a.tier_link == ("up", None)
+        pid = a.report["keeper"]["keeper_pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            _until(lambda: _stopped(pid), "the keeper stops")
+            # An ask waits its bound and no more, and says the keeper is away.
+            got, took = _timed(lambda: a.tier_store([b"late"], timeout=BOUND))
+            assert isinstance(got, hostpool.KeeperError) and not got.absent, got
+            assert "did not answer within 10.0 ms" in str(got), got
+            assert BOUND <= took < BOUND + SLACK, took
+            assert a.tier_link[0] == "away", a.tier_link
+            # While away, asks fail at once and tells are kept, never waited for.
+            for call in (
+                lambda: a.tier_hold(b"kept", 4, timeout=5.0),
+                lambda: a.tier_stored([kept], wait=False),
+                lambda: a.tier_release([kept], wait=False),
+                lambda: a.tier_touch([b"kept"], wait=False),
+            ):
+                got, took = _timed(call)
+                assert took < SLACK, (call, took)
+            # Another tenant's process is not held up by a's link either.
+            got, took = _timed(lambda: b.tier_store([b"other"], timeout=BOUND))
+            assert isinstance(got, hostpool.KeeperError) and took < BOUND + SLACK, (got, took)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # The keeper answers the asks it had: the link is back by itself, and
+        # the chunk it granted `late` after a had stopped waiting was given
+        # back (not left in flight, which would refuse every store of it).
+        _until(lambda: a.tier_link == ("up", None), "a's link comes back once the keeper answers")
+        _until(lambda: b.tier_link == ("up", None), "b's link comes back once the keeper answers")
+        for pool in (a, b):
+            puts = pool.tier_store([b"late" if pool is a else b"other"])
+            assert puts[0][0] == "granted", puts
+            pool.tier_abort([puts[0][1]])
+        assert a.tier_load([b"kept"]) == [kept]
+        assert a.tier_loaded([kept]) == 1
+
+
+def test_a_keeper_that_dies_loses_the_link_at_once_and_its_engine_goes_on(hostpool_bin):
+    name = f"py-tier-dies-{os.getpid()}"
+    size = SLOTS * BLOCK + hostpool.index_bytes(SLOTS)
+    proc = subprocess.Popen(
+        [str(hostpool_bin), "keep", "--name", name, "--json", "--backing", "shm-segmented", "--size", str(size),
+         "--content", "keep", "--tenants", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline(), proc.stderr.read()
+        with hostpool.Pool(keeper=name) as a:
+            index = a.index(SLOTS, FP)
+            [kept] = _granted(a.tier_store([b"kept"]))
+            a.view(kept * BLOCK, 4)[:] = b"kept"
+            a.tier_stored([kept])
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(timeout=30) == -signal.SIGKILL
+            got, took = _timed(lambda: a.tier_hold(b"kept", 0, timeout=5.0))
+            assert isinstance(got, hostpool.KeeperError) and got.absent, got
+            assert took < SLACK, took
+            assert a.tier_link[0] == "lost", a.tier_link
+            got, took = _timed(lambda: a.tier_stored([kept], wait=False))
+            assert isinstance(got, hostpool.KeeperError) and got.absent and took < SLACK, got
+            # The memory and the index stay, read in place.
+            assert index.find(b"kept") == kept
+            assert bytes(a.view(kept * BLOCK, 4)) == b"kept"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -110,8 +110,17 @@ pub enum Message {
     /// A lease ends cleanly (an end of file without it is a death).
     Release,
     /// A tenant asks its keeper's CPU tier (one message a batch of
-    /// blocks); `id` comes back in the [`Message::TierReply`].
-    Tier { id: u64, op: TierOp },
+    /// blocks); `id` comes back in the [`Message::TierReply`], unless
+    /// `quiet`: then the keeper answers nothing (a completion, an abort, a
+    /// release or a touch, which the tenant need not wait for). A keeper
+    /// that predates `quiet` answers anyway, and the tenant drops the
+    /// answer.
+    Tier {
+        id: u64,
+        op: TierOp,
+        #[serde(default)]
+        quiet: bool,
+    },
     /// The keeper's answer to [`Message::Tier`].
     TierReply { id: u64, reply: TierReply },
     /// How is the kept pool? (`hostpool keep status`)

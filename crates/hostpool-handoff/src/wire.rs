@@ -68,6 +68,14 @@ pub fn send<M: Serialize>(fd: impl AsFd, msg: &M, files: &[BorrowedFd<'_>]) -> s
     Ok(())
 }
 
+/// Send `msg` without waiting: [`std::io::ErrorKind::WouldBlock`] when the
+/// peer's socket is full (a peer that does not read: stopped, or stuck).
+pub fn send_now<M: Serialize>(fd: impl AsFd, msg: &M) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    rustix::net::send(fd, &bytes, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)?;
+    Ok(())
+}
+
 /// What [`recv`] got.
 #[derive(Debug)]
 pub enum Received<M> {

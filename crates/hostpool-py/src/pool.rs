@@ -22,6 +22,8 @@ use crate::convert::{json_dict, opt_size};
 use crate::shared::PyShared;
 use crate::sys::Exports;
 use crate::{build, errors, logs};
+use hostpool::hostpool_handoff::lease::{LinkState, TierLink, Unanswered};
+use hostpool::hostpool_handoff::{TierOp, TierPut, TierReply};
 
 /// `Pool.files()`'s row: `(fd, offset, nbytes, path)`.
 type PoolFileRow = (i32, u64, u64, Option<String>);
@@ -68,6 +70,10 @@ struct State {
 pub struct PyPool {
     state: Mutex<State>,
     info: Info,
+    /// The link to the keeper's CPU tier (a leased pool's), made on first
+    /// use. Locked only with the GIL released, so an ask that waits never
+    /// holds the GIL or the pool's lock; dropped by `close()`.
+    tier: Mutex<Option<TierLink>>,
 }
 
 impl PyPool {
@@ -140,6 +146,7 @@ impl PyPool {
                 before_close: Vec::new(),
             }),
             info,
+            tier: Mutex::new(None),
         }))
     }
 
@@ -171,19 +178,90 @@ fn fingerprint_fields(fingerprint: &Bound<'_, PyAny>) -> PyResult<Vec<(String, S
         .collect()
 }
 
-/// A tier request's id: unique in this process.
-static TIER_ASKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// How long a tier request waits for the keeper's answer unless told: the
+/// Python methods' default (an engine's manager passes its own bound).
+const TIER_WAIT_DEFAULT: f64 = 30.0;
 
 impl PyPool {
-    /// Ask this leased pool's keeper's CPU tier: `op`'s answer, or the
-    /// error saying why there is none (a refusal is a `hostpool.Error`).
-    fn ask_tier(
+    /// Run `f` on the link to this leased pool's keeper's tier, made on
+    /// first use from a duplicate of the lease's connection, with the GIL
+    /// released (the pool's lock is not held while it waits).
+    fn with_link<T: Send>(
         &self,
         py: Python<'_>,
-        op: hostpool::hostpool_handoff::TierOp,
-    ) -> PyResult<hostpool::hostpool_handoff::TierReply> {
-        use hostpool::hostpool_handoff::TierReply;
-        match self.ask_tier_as_told(py, op)? {
+        f: impl FnOnce(&mut TierLink) -> T + Send,
+    ) -> PyResult<T> {
+        let made = self
+            .tier
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if !made {
+            let conn = {
+                let state = self.lock();
+                let conn = state.pool.as_ref().and_then(Pool::keeper_conn);
+                let conn = conn.ok_or_else(|| {
+                    errors::raise(
+                        py,
+                        errors::Kind::Config,
+                        "the tier is a keeper's: this pool is not leased from one \
+                         (keeper=\"NAME\"), or is closed"
+                            .into(),
+                    )
+                })?;
+                conn.try_clone_to_owned().map_err(|e| {
+                    errors::raise(
+                        py,
+                        errors::Kind::Error,
+                        format!("dup of the lease's connection: {e}"),
+                    )
+                })?
+            };
+            let mut tier = self.tier.lock().unwrap_or_else(|p| p.into_inner());
+            tier.get_or_insert_with(|| TierLink::new(conn));
+        }
+        let tier = &self.tier;
+        py.detach(|| {
+            let mut tier = tier.lock().unwrap_or_else(|p| p.into_inner());
+            tier.as_mut().map(f)
+        })
+        .ok_or_else(|| errors::raise(py, errors::Kind::Error, "the pool is closed".into()))
+    }
+
+    /// Why the keeper's tier did not answer, as a `KeeperError`.
+    fn unanswered(&self, py: Python<'_>, u: &Unanswered) -> PyErr {
+        let e = Error::Keeper {
+            name: self.keeper_name(),
+            message: u.message.clone(),
+            pid: None,
+            absent: u.lost,
+        };
+        errors::to_py(py, &e, None)
+    }
+
+    /// Ask this leased pool's keeper's CPU tier, waiting up to `timeout`
+    /// seconds: its reply as it came, refusals included.
+    fn ask_tier_as_told(
+        &self,
+        py: Python<'_>,
+        op: TierOp,
+        timeout: Option<f64>,
+    ) -> PyResult<TierReply> {
+        let wait = timeout.unwrap_or(TIER_WAIT_DEFAULT);
+        let wait = std::time::Duration::try_from_secs_f64(wait).map_err(|_| {
+            errors::raise(
+                py,
+                errors::Kind::Config,
+                format!("timeout={wait} must be a number of seconds, 0 or more"),
+            )
+        })?;
+        self.with_link(py, |link| link.ask(op, wait))?
+            .map_err(|u| self.unanswered(py, &u))
+    }
+
+    /// [`Self::ask_tier_as_told`], a refusal raised as a `hostpool.Error`.
+    fn ask_tier(&self, py: Python<'_>, op: TierOp, timeout: Option<f64>) -> PyResult<TierReply> {
+        match self.ask_tier_as_told(py, op, timeout)? {
             TierReply::Refused { message } => Err(errors::raise(py, errors::Kind::Error, message)),
             reply => Ok(reply),
         }
@@ -200,49 +278,35 @@ impl PyPool {
             .unwrap_or_default()
     }
 
-    /// Ask this leased pool's keeper's CPU tier: its reply as it came,
-    /// refusals included.
-    fn ask_tier_as_told(
+    /// A completion, abort, release or touch: with `wait`, asked (how many
+    /// of the slots or keys were this pool's); else told, not waited for
+    /// (`None`).
+    fn tier_done(
         &self,
         py: Python<'_>,
-        op: hostpool::hostpool_handoff::TierOp,
-    ) -> PyResult<hostpool::hostpool_handoff::TierReply> {
-        let state = self.lock();
-        let conn = state
-            .pool
-            .as_ref()
-            .and_then(Pool::keeper_conn)
-            .ok_or_else(|| {
-                errors::raise(
-                    py,
-                    errors::Kind::Config,
-                    "the tier is a keeper's: this pool is not leased from one (keeper=\"NAME\"), \
-                 or is closed"
-                        .into(),
-                )
-            })?;
-        let id = TIER_ASKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let reply = hostpool::hostpool_handoff::lease::ask_tier(
-            conn,
-            id,
-            op,
-            std::time::Duration::from_secs(30),
-        )
-        .map_err(|e| errors::to_py(py, &e, None))?;
-        Ok(reply)
-    }
-
-    /// How many of the slots or keys a done reply counted.
-    fn tier_done(&self, py: Python<'_>, op: hostpool::hostpool_handoff::TierOp) -> PyResult<u64> {
-        match self.ask_tier(py, op)? {
-            hostpool::hostpool_handoff::TierReply::Done(n) => Ok(n),
-            other => Err(errors::raise(
-                py,
-                errors::Kind::Error,
-                format!("the keeper's tier answered {other:?}"),
-            )),
+        op: TierOp,
+        wait: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<u64>> {
+        if !wait {
+            self.with_link(py, |link| link.tell(op))?
+                .map_err(|u| self.unanswered(py, &u))?;
+            return Ok(None);
+        }
+        match self.ask_tier(py, op, timeout)? {
+            TierReply::Done(n) => Ok(Some(n)),
+            other => Err(unexpected(py, &other)),
         }
     }
+}
+
+/// A tier reply of the wrong kind.
+fn unexpected(py: Python<'_>, reply: &TierReply) -> PyErr {
+    errors::raise(
+        py,
+        errors::Kind::Error,
+        format!("the keeper's tier answered {reply:?}"),
+    )
 }
 
 #[pymethods]
@@ -548,6 +612,10 @@ impl PyPool {
             }
             state.pool.take()
         };
+        // The tier's link holds a duplicate of the lease's connection: it
+        // goes with the pool, or the keeper would see this engine live on.
+        let tier = &this.tier;
+        py.detach(|| tier.lock().unwrap_or_else(|p| p.into_inner()).take());
         let Some(pool) = pool else {
             return Ok(PyList::empty(py));
         };
@@ -764,14 +832,21 @@ impl PyPool {
     /// `("stored", slot, None)`, `("in_flight", None, None)` (another store
     /// of it is being written) or `("no_room", None, None)`. Write a
     /// granted slot's bytes, then `tier_stored`.
+    ///
+    /// Every `tier_*` request waits at most `timeout` seconds (30 unless
+    /// given) for the keeper, with the GIL released; `KeeperError` when it
+    /// did not answer in time (slots it grants later are given back by
+    /// themselves), is away (asked again at most once a second) or is gone
+    /// (`absent` true). `tier_link` says which.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (keys, *, timeout = None))]
     fn tier_store(
         &self,
         py: Python<'_>,
         keys: Vec<Vec<u8>>,
+        timeout: Option<f64>,
     ) -> PyResult<Vec<(&'static str, Option<u64>, Option<Vec<u8>>)>> {
-        use hostpool::hostpool_handoff::{TierOp, TierPut, TierReply};
-        match self.ask_tier(py, TierOp::Store { keys })? {
+        match self.ask_tier(py, TierOp::Store { keys }, timeout)? {
             TierReply::Puts(puts) => Ok(puts
                 .into_iter()
                 .map(|p| match p {
@@ -781,36 +856,48 @@ impl PyPool {
                     TierPut::NoRoom => ("no_room", None, None),
                 })
                 .collect()),
-            other => Err(errors::raise(
-                py,
-                errors::Kind::Error,
-                format!("the keeper's tier answered {other:?}"),
-            )),
+            other => Err(unexpected(py, &other)),
         }
     }
 
     /// The granted `slots` are written completely: the tier records them
-    /// (a hit for every tenant from now on). How many were this pool's.
-    fn tier_stored(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<u64> {
-        self.tier_done(py, hostpool::hostpool_handoff::TierOp::Stored { slots })
+    /// (a hit for every tenant from now on). How many were this pool's;
+    /// with `wait=False`, sent without waiting for the keeper (`None`).
+    #[pyo3(signature = (slots, *, wait = true, timeout = None))]
+    fn tier_stored(
+        &self,
+        py: Python<'_>,
+        slots: Vec<u64>,
+        wait: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<u64>> {
+        self.tier_done(py, TierOp::Stored { slots }, wait, timeout)
     }
 
     /// The granted `slots` will not be written: free again.
-    fn tier_abort(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<u64> {
-        self.tier_done(py, hostpool::hostpool_handoff::TierOp::Abort { slots })
+    #[pyo3(signature = (slots, *, wait = true, timeout = None))]
+    fn tier_abort(
+        &self,
+        py: Python<'_>,
+        slots: Vec<u64>,
+        wait: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<u64>> {
+        self.tier_done(py, TierOp::Abort { slots }, wait, timeout)
     }
 
     /// Hold each of `keys`' slot for a load (never evicted or overwritten
     /// until `tier_loaded`): the slot, or None for a miss.
-    fn tier_load(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<Vec<Option<u64>>> {
-        use hostpool::hostpool_handoff::{TierOp, TierReply};
-        match self.ask_tier(py, TierOp::Load { keys })? {
+    #[pyo3(signature = (keys, *, timeout = None))]
+    fn tier_load(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Vec<u8>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<Option<u64>>> {
+        match self.ask_tier(py, TierOp::Load { keys }, timeout)? {
             TierReply::Loads(slots) => Ok(slots),
-            other => Err(errors::raise(
-                py,
-                errors::Kind::Error,
-                format!("the keeper's tier answered {other:?}"),
-            )),
+            other => Err(unexpected(py, &other)),
         }
     }
 
@@ -819,34 +906,79 @@ impl PyPool {
     /// before: a request's next blocks), while they are recorded: the
     /// `(key, slot)` pairs held, `key`'s first; empty for a miss. Release
     /// each with `tier_loaded` once read, or `tier_release` unread.
-    #[pyo3(signature = (key, ahead = 0))]
-    fn tier_hold(&self, py: Python<'_>, key: Vec<u8>, ahead: u32) -> PyResult<Vec<(Vec<u8>, u64)>> {
-        use hostpool::hostpool_handoff::{TierOp, TierReply};
-        match self.ask_tier(py, TierOp::Hold { key, ahead })? {
+    #[pyo3(signature = (key, ahead = 0, *, timeout = None))]
+    fn tier_hold(
+        &self,
+        py: Python<'_>,
+        key: Vec<u8>,
+        ahead: u32,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<(Vec<u8>, u64)>> {
+        match self.ask_tier(py, TierOp::Hold { key, ahead }, timeout)? {
             TierReply::Held(held) => Ok(held),
-            other => Err(errors::raise(
-                py,
-                errors::Kind::Error,
-                format!("the keeper's tier answered {other:?}"),
-            )),
+            other => Err(unexpected(py, &other)),
         }
     }
 
     /// The held `slots` were read: their holds released (counted as this
     /// engine's hits in `keep status`).
-    fn tier_loaded(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<u64> {
-        self.tier_done(py, hostpool::hostpool_handoff::TierOp::Loaded { slots })
+    #[pyo3(signature = (slots, *, wait = true, timeout = None))]
+    fn tier_loaded(
+        &self,
+        py: Python<'_>,
+        slots: Vec<u64>,
+        wait: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<u64>> {
+        self.tier_done(py, TierOp::Loaded { slots }, wait, timeout)
     }
 
     /// The held `slots` were not read after all: their holds released, not
     /// counted as hits.
-    fn tier_release(&self, py: Python<'_>, slots: Vec<u64>) -> PyResult<u64> {
-        self.tier_done(py, hostpool::hostpool_handoff::TierOp::Release { slots })
+    #[pyo3(signature = (slots, *, wait = true, timeout = None))]
+    fn tier_release(
+        &self,
+        py: Python<'_>,
+        slots: Vec<u64>,
+        wait: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<u64>> {
+        self.tier_done(py, TierOp::Release { slots }, wait, timeout)
     }
 
     /// `keys` were used: the newest in the tier's one order of last use.
-    fn tier_touch(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<u64> {
-        self.tier_done(py, hostpool::hostpool_handoff::TierOp::Touch { keys })
+    #[pyo3(signature = (keys, *, wait = true, timeout = None))]
+    fn tier_touch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Vec<u8>>,
+        wait: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<u64>> {
+        self.tier_done(py, TierOp::Touch { keys }, wait, timeout)
+    }
+
+    /// How the link to this leased pool's keeper's tier is: `("up", None)`,
+    /// `("away", why)` (it did not answer within a request's timeout, or
+    /// does not read), `("lost", why)` (it ended), or `("none", None)`
+    /// before the first tier request.
+    #[getter]
+    fn tier_link(&self, py: Python<'_>) -> (&'static str, Option<String>) {
+        let tier = &self.tier;
+        py.detach(|| {
+            let mut tier = tier.lock().unwrap_or_else(|p| p.into_inner());
+            match tier.as_mut() {
+                None => ("none", None),
+                Some(link) => {
+                    link.take_answers();
+                    match link.state() {
+                        LinkState::Up => ("up", None),
+                        LinkState::Away { why, .. } => ("away", Some(why.clone())),
+                        LinkState::Lost(why) => ("lost", Some(why.clone())),
+                    }
+                }
+            }
+        })
     }
 
     /// Open the CPU tier of this pool's keeper for this engine's identity:
@@ -860,12 +992,13 @@ impl PyPool {
     /// in the tier opened it for another identity (the keeper's message
     /// names the field, both values and that engine) or the pool cannot
     /// hold the index.
+    #[pyo3(signature = (slots, fingerprint, *, timeout = None))]
     fn tier_open(
         slf: &Bound<'_, Self>,
         slots: u64,
         fingerprint: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
     ) -> PyResult<crate::index::PyKvIndex> {
-        use hostpool::hostpool_handoff::{TierOp, TierReply};
         let py = slf.py();
         let fields = fingerprint_fields(fingerprint)?;
         hostpool_index::Fingerprint::new(fields.clone())
@@ -875,7 +1008,7 @@ impl PyPool {
             slots,
             fingerprint: fields.clone(),
         };
-        let cold = match this.ask_tier_as_told(py, open)? {
+        let cold = match this.ask_tier_as_told(py, open, timeout)? {
             TierReply::Opened { warm: true, .. } => None,
             TierReply::Opened { reason, field, .. } => Some(crate::index::ColdStart {
                 reason: reason.unwrap_or_else(|| "the keeper formatted the index afresh".into()),

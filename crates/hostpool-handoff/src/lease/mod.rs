@@ -9,11 +9,13 @@ use pool_core::Result;
 
 mod client;
 mod status;
+pub mod tier;
 
 pub use crate::message::{LeaseEnd, LeaseInfo, PreviousLease};
 
 pub use crate::kept::{SOCKET_PREFIX, address, how_to_start, keeper_error, socket_name};
-pub use client::{ask_tier, attach};
+pub use client::attach;
+pub use tier::{LinkState, TierLink, Unanswered};
 
 /// The names of the kept pools this network namespace serves, from
 /// `/proc/net/unix` (every keeper, whoever runs it).

@@ -23,6 +23,16 @@ use pool_core::{Error, Result};
 /// How long a new connection has to say what it wants.
 const HELLO_WITHIN: Duration = Duration::from_secs(5);
 
+/// The most messages read from one connection in one turn of the loop
+/// (the loop turns again at once while any connection has more).
+const READ_AT_ONCE: usize = 64;
+
+/// The longest the loop sleeps with nothing to read: what it watches
+/// without a descriptor (the stop requests, counted by the signal thread,
+/// and the clearing thread's end) is seen within it. Every connection the
+/// keeper serves wakes it at once.
+pub(super) const IDLE: Duration = TICK;
+
 /// A keeper's socket and connections.
 #[derive(Debug)]
 pub(super) struct Sockets {
@@ -59,15 +69,23 @@ impl Sockets {
         self.conns.get(&conn)
     }
 
-    /// Wait up to a tick for anything to read: a connection, a hello, a
-    /// rank's message or hang-up, a waiting attach's hang-up. Then take new
-    /// connections: each has [`HELLO_WITHIN`] to say what it wants.
+    /// Wait until anything comes on any connection the keeper serves (a
+    /// connection, a hello, a rank's or a companion's message or hang-up,
+    /// a tier request, a waiting attach's hang-up), or the next deadline
+    /// (a hello's or a waiting attach's, at most [`IDLE`] away). Then take
+    /// new connections: each has [`HELLO_WITHIN`] to say what it wants.
     pub(super) fn accept(&mut self, s: &Serving) {
         let mut fds = vec![self.listener.as_fd()];
         fds.extend(self.hellos.iter().map(|(_, fd, _)| fd.as_fd()));
         let watched = s.watched();
         fds.extend(watched.iter().filter_map(|c| self.fd(*c)).map(AsFd::as_fd));
-        wire::wait_any(&fds, TICK);
+        let now = Instant::now();
+        let next = self.hellos.iter().map(|(_, _, until)| *until);
+        let wait = next
+            .chain(s.next_deadline())
+            .map(|d| d.saturating_duration_since(now))
+            .fold(IDLE, Duration::min);
+        wire::wait_any(&fds, wait);
         while let Ok(fd) = rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC) {
             let conn = self.id();
             self.hellos.push((conn, fd, Instant::now() + HELLO_WITHIN));
@@ -177,31 +195,41 @@ impl Sockets {
     fn read_events(
         &mut self,
         conns: &[Option<ConnId>],
-        asks: &mut Vec<(ConnId, u64, TierOp)>,
+        asks: &mut Vec<(ConnId, u64, TierOp, bool)>,
     ) -> Vec<(usize, RankEvent)> {
         let mut events = Vec::new();
         for (i, conn) in conns.iter().enumerate() {
-            let Some((conn, fd)) = conn.and_then(|c| Some((c, self.fd(c)?))) else {
+            let Some(conn) = *conn else {
                 continue;
             };
-            if !wire::ready(fd) {
-                continue;
-            }
-            let event =
-                match wire::recv::<Message>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
-                    Ok(Received::Msg(Message::Arrived { error })) => RankEvent::Arrived(error),
-                    Ok(Received::Msg(Message::Release)) => RankEvent::Released,
-                    Ok(Received::Msg(Message::Tier { id, op })) => {
-                        asks.push((conn, id, op));
-                        continue;
-                    }
-                    Ok(Received::Msg(_) | Received::TimedOut) => continue,
-                    Ok(Received::Gone) | Err(_) => RankEvent::Gone,
+            // What came since, a few at a time: a tenant's quiet tells and
+            // its next ask may wait together.
+            for _ in 0..READ_AT_ONCE {
+                let Some(fd) = self.fd(conn) else {
+                    break;
                 };
-            if event == RankEvent::Gone {
-                self.conns.remove(&conn);
+                if !wire::ready(fd) {
+                    break;
+                }
+                let event =
+                    match wire::recv::<Message>(fd, Instant::now() + TICK, &mut Vec::new(), None) {
+                        Ok(Received::Msg(Message::Arrived { error })) => RankEvent::Arrived(error),
+                        Ok(Received::Msg(Message::Release)) => RankEvent::Released,
+                        Ok(Received::Msg(Message::Tier { id, op, quiet })) => {
+                            asks.push((conn, id, op, quiet));
+                            continue;
+                        }
+                        Ok(Received::Msg(_)) => continue,
+                        Ok(Received::TimedOut) => break,
+                        Ok(Received::Gone) | Err(_) => RankEvent::Gone,
+                    };
+                let gone = event == RankEvent::Gone;
+                events.push((i, event));
+                if gone {
+                    self.conns.remove(&conn);
+                    break;
+                }
             }
-            events.push((i, event));
         }
         events
     }
@@ -220,7 +248,7 @@ impl Sockets {
             let companions = self.read_events(&companions, &mut asks);
             // The tier's requests, answered on the connection they came by;
             // the tenant's figures handed to the state after each.
-            for (conn, id, op) in asks {
+            for (conn, id, op, quiet) in asks {
                 let reply = match tier.as_deref_mut() {
                     Some(t) => {
                         let reply = t.serve(tenant, op, &|other| s.tenant_named(other));
@@ -234,8 +262,27 @@ impl Sockets {
                         message: "the keeper cannot read its pool's words".into(),
                     },
                 };
-                if let Some(fd) = self.fd(conn) {
-                    let _ = wire::send(fd, &Message::TierReply { id, reply }, &[]);
+                if quiet {
+                    if let TierReply::Refused { message } = &reply {
+                        tracing::warn!(
+                            "kept pool `{}`: a tenant's quiet tier request was refused: {message}",
+                            s.name()
+                        );
+                    }
+                    continue;
+                }
+                // Never blocks: a tenant that does not read its answers
+                // (its socket full) is not waited for; it sees its ask
+                // unanswered and gives back what a late answer would grant.
+                let sent = self
+                    .fd(conn)
+                    .map(|fd| wire::send_now(fd, &Message::TierReply { id, reply }));
+                if let Some(Err(e)) = sent {
+                    tracing::warn!(
+                        "kept pool `{}`: a tier answer could not be sent ({e}); the tenant that \
+                         asked does not read its connection",
+                        s.name()
+                    );
                 }
             }
             if let Some(tell) = s.on_lease_events(tenant, ranks, companions, Instant::now()) {
@@ -496,7 +543,16 @@ mod tests {
         let op = TierOp::Store {
             keys: vec![b"k".to_vec()],
         };
-        wire::send(&peer, &Message::Tier { id: 7, op }, &[]).unwrap();
+        wire::send(
+            &peer,
+            &Message::Tier {
+                id: 7,
+                op,
+                quiet: false,
+            },
+            &[],
+        )
+        .unwrap();
         io.watch_lease(&mut s, Some(&mut tier));
         let slot = match recv(&peer) {
             Message::TierReply {
@@ -511,7 +567,16 @@ mod tests {
         assert!(s.ended().is_empty(), "the lease goes on");
         // What the tenant did reaches the state, for the status.
         let op = TierOp::Stored { slots: vec![slot] };
-        wire::send(&peer, &Message::Tier { id: 8, op }, &[]).unwrap();
+        wire::send(
+            &peer,
+            &Message::Tier {
+                id: 8,
+                op,
+                quiet: false,
+            },
+            &[],
+        )
+        .unwrap();
         io.watch_lease(&mut s, Some(&mut tier));
         assert!(matches!(
             recv(&peer),

@@ -404,10 +404,23 @@ impl Serving {
         }
     }
 
+    /// The next time the state has something to do without a message: a
+    /// waiting attach's timeout, a failed lease forgotten, the drain's end.
+    /// (A lease's barrier deadline is seen within the loop's idle wait.)
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        let waiting = self.waiting.iter().map(|w| w.until);
+        let failed = self.failed.iter().map(|f| f.until);
+        waiting.chain(failed).chain(self.drain_until).min()
+    }
+
     /// The connections to wait on for a message or a hang-up: every
-    /// tenant's ranks and the waiting attaches.
+    /// tenant's ranks and companions (a companion asks the tier), and the
+    /// waiting attaches.
     pub(super) fn watched(&self) -> Vec<ConnId> {
-        let ranks = self.tenants.iter().flat_map(|l| &l.ranks);
+        let ranks = self
+            .tenants
+            .iter()
+            .flat_map(|l| l.ranks.iter().chain(&l.companions));
         ranks
             .filter_map(|r| r.conn)
             .chain(self.waiting.iter().map(|w| w.conn))

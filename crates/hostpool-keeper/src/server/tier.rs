@@ -147,9 +147,30 @@ impl<'a> TierServer<'a> {
             return refused("the kept pool's tier could not be made".into());
         };
         let figures = figures.entry(tenant).or_default();
-        // How many of a batch were this tenant's to complete, abort or release.
-        let count = |done: &mut dyn Iterator<Item = bool>| {
-            TierReply::Done(done.filter(|d| *d).count() as u64)
+        // How many of a batch were this tenant's to complete, abort or
+        // release; a slot the tier could not take (out of range, or its
+        // index record not written) is a refusal the tenant sees, naming it.
+        let name = &self.name;
+        let count = |done: &mut dyn Iterator<Item = Result<bool, hostpool_index::Error>>| {
+            let (mut n, mut failed) = (0u64, None);
+            for d in done {
+                match d {
+                    Ok(true) => n += 1,
+                    Ok(false) => {}
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            match failed {
+                None => TierReply::Done(n),
+                Some(e) => TierReply::Refused {
+                    message: format!(
+                        "kept pool `{name}`'s CPU tier could not take a slot of the batch: {e} \
+                         ({n} of the batch taken)"
+                    ),
+                },
+            }
         };
         match op {
             TierOp::Open { .. } => refused("the tier was opened above".into()),
@@ -184,18 +205,16 @@ impl<'a> TierServer<'a> {
                 TierReply::Puts(puts)
             }
             TierOp::Stored { slots } => count(&mut slots.into_iter().map(|s| {
-                let done = tier.complete_store(place, s).unwrap_or(false);
-                if done {
+                let done = tier.complete_store(place, s);
+                if let Ok(true) = done {
                     storers.insert(s, tenant);
                     figures.stored += 1;
                 }
                 done
             })),
-            TierOp::Abort { slots } => count(
-                &mut slots
-                    .into_iter()
-                    .map(|s| tier.abort_store(place, s).unwrap_or(false)),
-            ),
+            TierOp::Abort { slots } => {
+                count(&mut slots.into_iter().map(|s| tier.abort_store(place, s)))
+            }
             TierOp::Load { keys } => {
                 TierReply::Loads(keys.iter().map(|k| tier.prepare_load(place, k)).collect())
             }
@@ -227,8 +246,8 @@ impl<'a> TierServer<'a> {
             // A hold released after its read is a hit, counted here: a hold
             // taken ahead and never read is not.
             TierOp::Loaded { slots } => count(&mut slots.into_iter().map(|s| {
-                let done = tier.complete_load(place, s).unwrap_or(false);
-                if done {
+                let done = tier.complete_load(place, s);
+                if let Ok(true) = done {
                     figures.hits += 1;
                     if storers.get(&s) != Some(&tenant) {
                         figures.hits_from_others += 1;
@@ -236,11 +255,9 @@ impl<'a> TierServer<'a> {
                 }
                 done
             })),
-            TierOp::Release { slots } => count(
-                &mut slots
-                    .into_iter()
-                    .map(|s| tier.complete_load(place, s).unwrap_or(false)),
-            ),
+            TierOp::Release { slots } => {
+                count(&mut slots.into_iter().map(|s| tier.complete_load(place, s)))
+            }
             TierOp::Touch { keys } => {
                 for k in &keys {
                     tier.touch(k);

@@ -222,7 +222,7 @@ class Pool:
     def _forget_before_close(self, callback: Callable[[], object]) -> bool: ...
     def view(self, offset: int, nbytes: int) -> memoryview:
         """A writable memoryview of `nbytes` bytes at `offset` (zero copy); `ValueError` outside the pool."""
-    def tier_open(self, slots: int, fingerprint: dict[str, Any]) -> KvIndex:
+    def tier_open(self, slots: int, fingerprint: dict[str, Any], *, timeout: float | None = None) -> KvIndex:
         """Open the keeper's CPU tier for this engine's identity: `slots` slots and `fingerprint`
         (ordered fields, as for `index`). The keeper attaches the index at the pool's tail itself:
         warm with its records when it holds this identity, else formatted afresh (`cold_reason`,
@@ -231,25 +231,31 @@ class Pool:
         `KeeperError` when another engine in the tier opened it for another identity or number of
         slots (the message names the field, both values and the engines holding it): nothing is
         touched; or when the pool cannot hold the index."""
-    def tier_store(self, keys: list[bytes]) -> list[tuple[str, int | None, bytes | None]]:
+    def tier_store(self, keys: list[bytes], *, timeout: float | None = None) -> list[tuple[str, int | None, bytes | None]]:
         """Ask the keeper's CPU tier (shared by its tenants) for a slot per key:
         ("granted", slot, evicted), ("stored", slot, None), ("in_flight", None, None)
-        or ("no_room", None, None)."""
-    def tier_stored(self, slots: list[int]) -> int:
+        or ("no_room", None, None). Every tier_* request waits at most `timeout` seconds (30 unless
+        given), the GIL released: KeeperError when the keeper did not answer (what it grants later is
+        given back by itself), is away or is gone (`absent`); `tier_link` says which."""
+    def tier_stored(self, slots: list[int], *, wait: bool = True, timeout: float | None = None) -> int | None:
         """The granted slots are written completely: recorded for every tenant."""
-    def tier_abort(self, slots: list[int]) -> int:
+    def tier_abort(self, slots: list[int], *, wait: bool = True, timeout: float | None = None) -> int | None:
         """The granted slots will not be written."""
-    def tier_load(self, keys: list[bytes]) -> list[int | None]:
+    def tier_load(self, keys: list[bytes], *, timeout: float | None = None) -> list[int | None]:
         """Hold each key's slot for a load (None: a miss) until tier_loaded."""
-    def tier_hold(self, key: bytes, ahead: int = 0) -> list[tuple[bytes, int]]:
+    def tier_hold(self, key: bytes, ahead: int = 0, *, timeout: float | None = None) -> list[tuple[bytes, int]]:
         """Hold key's slot and up to `ahead` blocks stored after it, in one message: (key, slot) pairs
         held, key's first; empty for a miss. Release each with tier_loaded (read) or tier_release."""
-    def tier_loaded(self, slots: list[int]) -> int:
+    def tier_loaded(self, slots: list[int], *, wait: bool = True, timeout: float | None = None) -> int | None:
         """The held slots were read."""
-    def tier_release(self, slots: list[int]) -> int:
+    def tier_release(self, slots: list[int], *, wait: bool = True, timeout: float | None = None) -> int | None:
         """The held slots were not read: released, not counted as hits."""
-    def tier_touch(self, keys: list[bytes]) -> int:
-        """The keys were used (the newest in the tier's order of last use)."""
+    def tier_touch(self, keys: list[bytes], *, wait: bool = True, timeout: float | None = None) -> int | None:
+        """The keys were used (the newest in the tier's order of last use). With wait=False, this and
+        tier_stored, tier_abort, tier_loaded and tier_release are sent without waiting (None)."""
+    @property
+    def tier_link(self) -> tuple[str, str | None]:
+        """("up", None), ("away", why), ("lost", why), or ("none", None) before the first tier request."""
     def index(self, slots: int, fingerprint: dict[str, Any], *, offset: int | None = None) -> KvIndex:
         """The crash-consistent index of what `slots` slots hold, at `offset` (default: the pool's
         last `index_bytes(slots, page_size)` bytes), for the identity `fingerprint` (ordered

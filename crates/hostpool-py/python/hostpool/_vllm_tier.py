@@ -25,6 +25,18 @@ The workers write and read the chunks where vLLM's own manager would put
 them (chunk ``i`` at ``i * kv_bytes_per_chunk`` of the pool), so a block one
 engine stored is read in place by every other: no copy between engines.
 
+The keeper never fails or stalls an engine. Every request waits at most
+:data:`WAIT` for the keeper's answer, with the GIL released; completions,
+releases and touches are sent without waiting at all. A keeper that does
+not answer in time is *away*: stores are declined (``prepare_store``
+answers ``None``), lookups of blocks this engine does not hold already are
+misses, and one request a second looks for it again. A keeper that ended
+is *lost*: stores are declined, and lookups go on from the index in place,
+held by this engine alone (no keeper is left to grant a chunk to a writer,
+so a block found stays as it is). Blocks held before either keep their
+bytes until they are loaded. The engine's log says once that the tier is
+away or lost, naming the keeper and why, and once that it is back.
+
 Engines share when everything in the tier's fingerprint (:func:`identity`)
 is the same: an engine of another model, dtype, layout, block size or
 parallelism is refused by the keeper while engines of the current one hold
@@ -57,6 +69,12 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 __all__ = ["SharedTier", "SharedTierManager", "identity"]
 
 _log = logging.getLogger("hostpool.vllm")
+
+WAIT = 0.010
+"""The longest (seconds) a manager call waits for the keeper's answer on the
+scheduler's thread (a store's chunks, a lookup's hold); an answer that comes
+later gives back what it granted by itself. A round trip to a keeper that is
+running is tens of microseconds."""
 
 AHEAD = 256
 """Blocks a lookup's hold takes beyond the one asked for, in the same message:
@@ -126,17 +144,20 @@ class SharedTier:
 @dataclass
 class _Hold:
     """A block this engine holds in the tier: its chunk, and the loads of it
-    in flight (0: held by a lookup of this step alone)."""
+    in flight (0: held by a lookup of this step alone). ``local``: held here
+    alone, found while the keeper was lost (nothing to release to it)."""
 
     slot: int
     loads: int = 0
+    local: bool = False
 
 
 class SharedTierManager(OffloadingManager):
     """vLLM's offloading manager over one CPU tier shared by the engines of a
     node (see the module's doc). One keeper message a batch (a store's keys,
     a completion, a step's unread holds) and one per run of stored blocks a
-    lookup finds (their holds); none for a miss."""
+    lookup finds (their holds); none for a miss. Only a store's chunks and a
+    lookup's holds wait for an answer, at most :data:`WAIT`."""
 
     def __init__(self, *, tier: SharedTier, enable_events: bool = False, info: Any = None) -> None:
         self.tier = tier
@@ -148,9 +169,63 @@ class SharedTierManager(OffloadingManager):
         """This engine's stores in flight: key -> the chunk granted."""
         self._holds: dict[OffloadKey, _Hold] = {}
         self._num_write_pending_chunks = 0
-        self.stats = {"lookups": 0, "hits": 0, "stored": 0, "loaded": 0, "evicted": 0, "busy": 0}
-        """What this engine asked of the tier (hits: lookups that found a block)."""
+        self._down: tuple[str, str] | None = None
+        """How the keeper is, when not answering: ("away" or "lost", why)."""
+        self.stats = {"lookups": 0, "hits": 0, "stored": 0, "loaded": 0, "evicted": 0, "busy": 0, "declined": 0}
+        """What this engine asked of the tier (hits: lookups that found a block;
+        declined: stores declined while the keeper was away or lost)."""
         weakref.finalize(self, tier.close).atexit = True
+
+    # --- the keeper: asked within WAIT, told without waiting ------------------
+
+    def _ask(self, method: Any, *args: Any) -> Any:
+        """``method``'s answer within :data:`WAIT`, or ``None`` when the keeper
+        did not give one (away, lost, or refused: said once in the log)."""
+        if self._down is not None and self._down[0] == "lost":
+            return None
+        try:
+            answer = method(*args, timeout=WAIT)
+        except hostpool.KeeperError as e:
+            self._went("lost" if e.absent else "away", str(e))
+            return None
+        except hostpool.Error as e:
+            _log.warning("CPU offload tier of kept pool `%s`: a request was refused: %s", self._name(), e)
+            return None
+        if self._down is not None:
+            _log.info(
+                "CPU offload tier of kept pool `%s` is back (it was %s): sharing again", self._name(), self._down[0]
+            )
+            self._down = None
+        return answer
+
+    def _tell(self, method: Any, items: list[Any]) -> None:
+        """``method`` told ``items`` without waiting (queued while the keeper
+        does not read; dropped once it is lost, which dropped them too)."""
+        if not items or (self._down is not None and self._down[0] == "lost"):
+            return
+        try:
+            method(items, wait=False)
+        except hostpool.KeeperError as e:
+            self._went("lost" if e.absent else "away", str(e))
+
+    def _went(self, how: str, why: str) -> None:
+        if self._down is None or self._down[0] != how:
+            _log.warning(
+                "CPU offload tier of kept pool `%s` is %s: %s. The engine goes on: stores are declined%s",
+                self._name(),
+                how,
+                why,
+                " and lookups read what is stored in place" if how == "lost" else ", lookups miss until it answers",
+            )
+        self._down = (how, why)
+        if how == "lost":
+            # What the keeper held for this engine went with it: the holds of
+            # loads in flight stay here, until they are loaded.
+            for hold in self._holds.values():
+                hold.local = True
+
+    def _name(self) -> Any:
+        return self.tier.lease.get("name")
 
     # --- lookups: the index in place, then a hold ----------------------------
 
@@ -161,19 +236,28 @@ class SharedTierManager(OffloadingManager):
         if key in self._holds:
             self.stats["hits"] += 1
             return LookupResult.HIT
-        if self.tier.index.find(bytes(key)) is None:
+        slot = self.tier.index.find(bytes(key))
+        if slot is None:
             return LookupResult.MISS
+        if self._down is not None and self._down[0] == "lost":
+            # No keeper is left to grant this chunk to a writer: it stays as
+            # found, held here alone.
+            self._holds[key] = _Hold(slot, local=True)
+            self.stats["hits"] += 1
+            return LookupResult.HIT
         # Found: held before it is said to be, so no store of another engine
         # evicts it before vLLM loads it; with it, in the same message, the
         # blocks stored after it (the rest of the prefix vLLM goes on to ask for).
+        held = self._ask(self.tier.pool.tier_hold, bytes(key), AHEAD)
+        if held is None:
+            return LookupResult.MISS  # the keeper is away: nothing is held
         again = []
-        for k, slot in self.tier.pool.tier_hold(bytes(key), AHEAD):
+        for k, slot in held:
             if k in self._holds:
                 again.append(slot)  # held already: one hold a block
             else:
                 self._holds[OffloadKey(k)] = _Hold(slot)
-        if again:
-            self.tier.pool.tier_release(again)
+        self._tell(self.tier.pool.tier_release, again)
         if key not in self._holds:
             return LookupResult.MISS  # evicted in between
         self.stats["hits"] += 1
@@ -188,14 +272,18 @@ class SharedTierManager(OffloadingManager):
         keys = list(keys)
         missing = [k for k in keys if k not in self._holds]
         if missing:
-            slots = self.tier.pool.tier_load([bytes(k) for k in missing])
-            for key, slot in zip(missing, slots):
+            slots = self._ask(self.tier.pool.tier_load, [bytes(k) for k in missing])
+            local = slots is None and self._down is not None and self._down[0] == "lost"
+            if local:
+                # No keeper is left to grant a chunk to a writer: as found.
+                slots = [self.tier.index.find(bytes(k)) for k in missing]
+            for key, slot in zip(missing, slots or [None] * len(missing)):
                 if slot is None:
                     raise RuntimeError(
                         f"CPU offload tier: block {bytes(key).hex()} was evicted between vLLM's lookup "
                         "and its load (a lookup holds what it finds: this is a bug, please report it)"
                     )
-                self._holds[key] = _Hold(slot)
+                self._holds[key] = _Hold(slot, local=local)
         chunks = []
         for key in keys:
             hold = self._holds[key]
@@ -213,21 +301,19 @@ class SharedTierManager(OffloadingManager):
             hold.loads -= 1
             if hold.loads == 0:
                 del self._holds[key]
-                done.append(hold.slot)
-        if done:
-            self.tier.pool.tier_loaded(done)
+                if not hold.local:
+                    done.append(hold.slot)
+        self._tell(self.tier.pool.tier_loaded, done)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
         """vLLM 0.33's recency: the newest in the tier's one order of last use."""
-        keys = [bytes(k) for k in keys]
-        if keys:
-            self.tier.pool.tier_touch(keys)
+        self._tell(self.tier.pool.tier_touch, [bytes(k) for k in keys])
 
     def on_schedule_end(self, context: Any) -> None:
         """Release the holds of this step's lookups that no load took."""
         idle = [k for k, h in self._holds.items() if h.loads == 0]
-        if idle:
-            self.tier.pool.tier_release([self._holds.pop(k).slot for k in idle])
+        released = [self._holds.pop(k) for k in idle]
+        self._tell(self.tier.pool.tier_release, [h.slot for h in released if not h.local])
 
     # --- stores: chunks granted by the keeper ---------------------------------
 
@@ -242,7 +328,12 @@ class SharedTierManager(OffloadingManager):
         slots: list[int] = []
         evicted: list[OffloadKey] = []
         if ask:
-            for key, (what, slot, gone) in zip(ask, self.tier.pool.tier_store([bytes(k) for k in ask])):
+            puts = self._ask(self.tier.pool.tier_store, [bytes(k) for k in ask])
+            if puts is None:
+                # The keeper is away or lost: no chunk can be granted.
+                self.stats["declined"] += len(ask)
+                return None
+            for key, (what, slot, gone) in zip(ask, puts):
                 if what == "granted":
                     assert slot is not None
                     to_store.append(key)
@@ -265,14 +356,13 @@ class SharedTierManager(OffloadingManager):
         self._num_write_pending_chunks -= len(mine)
         slots = [s for _, s in mine]
         if success:
-            self.tier.pool.tier_stored(slots)
+            self._tell(self.tier.pool.tier_stored, slots)
             self.stats["stored"] += len(mine)
             if self.events is not None:
-                self.events.append(
-                    OffloadingEvent(keys=[k for k, _ in mine], medium=self.medium, removed=False, req_context=req_context)
-                )
+                # The release's own event, as vLLM's CPU manager makes it.
+                self.events.append(OffloadingEvent(keys=[k for k, _ in mine], medium=self.medium, removed=False))
         else:
-            self.tier.pool.tier_abort(slots)
+            self._tell(self.tier.pool.tier_abort, slots)
 
     # --- the rest of vLLM's manager ---------------------------------------------
 
@@ -285,13 +375,11 @@ class SharedTierManager(OffloadingManager):
     def reset_cache(self) -> None:
         """This engine's part only: its stores in flight given back, its holds
         released. The blocks stay, for the other engines."""
-        if self._writing:
-            self.tier.pool.tier_abort(list(self._writing.values()))
-            self._writing.clear()
-        if self._holds:
-            # One keeper hold per block, however many loads of it.
-            self.tier.pool.tier_release([h.slot for h in self._holds.values()])
-            self._holds.clear()
+        self._tell(self.tier.pool.tier_abort, list(self._writing.values()))
+        self._writing.clear()
+        # One keeper hold per block, however many loads of it.
+        self._tell(self.tier.pool.tier_release, [h.slot for h in self._holds.values() if not h.local])
+        self._holds.clear()
         self._num_write_pending_chunks = 0
 
     def config_info(self) -> Sequence[Any]:

@@ -433,7 +433,12 @@ mod tests {
         // and stands in no barrier: the ranks alone make it go.
         let c = granted(&mut s, &companion("eng"), 602, now);
         assert_eq!(s.generation, 1);
-        assert!(!s.watched().contains(&c), "a companion is in no barrier");
+        // It is watched (its tier requests wake the keeper at once), though
+        // in no barrier.
+        assert!(
+            s.watched().contains(&c),
+            "a companion's requests wake the keeper"
+        );
         let told = s.on_lease_events(
             T1,
             vec![(0, RankEvent::Arrived(None)), (1, RankEvent::Arrived(None))],
