@@ -58,14 +58,16 @@ use serde_json::Value;
 use pool_core::PoolConfig;
 use pool_core::{Error, Result};
 
+pub mod fdstore;
 pub mod metrics;
 pub mod notify;
 mod server;
+mod sys;
 
 pub use hostpool_handoff::lease::{
     LeaseEnd, LeaseInfo, PreviousLease, SOCKET_PREFIX, list, socket_name, status, status_and_pid,
 };
-pub use server::{Keeper, StopRequests};
+pub use server::{CameBack, Keeper, StopRequests};
 
 /// Whether a lease's memory is cleared before the next lease.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

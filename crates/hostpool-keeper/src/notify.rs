@@ -23,9 +23,12 @@ pub fn notify(state: &str) -> std::io::Result<bool> {
     }
 }
 
-/// Send `state` to the notify socket `target` (a path, or `@name`).
-fn send(target: &str, state: &str) -> std::io::Result<()> {
-    let addr = match target.strip_prefix('@') {
+/// The address of the notify socket `target` (a path, or `@name`).
+///
+/// # Errors
+/// `target` is neither, or too long.
+pub(crate) fn address(target: &str) -> std::io::Result<SocketAddrUnix> {
+    Ok(match target.strip_prefix('@') {
         Some(name) => SocketAddrUnix::new_abstract_name(name.as_bytes())?,
         None if target.starts_with('/') => SocketAddrUnix::new(std::path::Path::new(target))?,
         None => {
@@ -34,7 +37,12 @@ fn send(target: &str, state: &str) -> std::io::Result<()> {
                 format!("NOTIFY_SOCKET={target} is neither a path nor @name"),
             ));
         }
-    };
+    })
+}
+
+/// Send `state` to the notify socket `target` (a path, or `@name`).
+fn send(target: &str, state: &str) -> std::io::Result<()> {
+    let addr = address(target)?;
     let fd = rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::DGRAM,

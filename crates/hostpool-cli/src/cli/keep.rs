@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use hostpool_keeper::metrics::{Endpoint, Metrics};
-use hostpool_keeper::{Content, Keeper, KeptPoolConfig, StopRequests, notify};
+use hostpool_keeper::{CameBack, Content, Keeper, KeptPoolConfig, StopRequests, fdstore, notify};
 use pool_core::{Error, format_bytes};
 use serde_json::Value;
 
@@ -98,15 +98,46 @@ pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
     // Bound before anything is built: a taken address fails at once.
     let metrics = endpoint.map(Metrics::bind).transpose()?;
     let observer = progress::Bars::new(false);
+    // What systemd's file descriptor store handed back: the pools of the
+    // keeper that ran before, adopted rather than built.
+    let mut passed = fdstore::Passed::take();
     let mut keepers: Vec<(Keeper, f64)> = Vec::new();
     for c in configs {
         let t = Instant::now();
+        let adopt = match passed.files(&c.name) {
+            Some(Ok(files)) => Some((files, CameBack::FdStore)),
+            Some(Err(why)) => {
+                tracing::warn!(
+                    "kept pool `{}`: the files systemd handed back cannot be adopted ({why}); \
+                     building it afresh",
+                    c.name
+                );
+                None
+            }
+            None => None,
+        };
         // An error drops the keepers built so far, which tears them down:
         // none was said to be ready, since none served yet.
-        let keeper = Keeper::start(c, &observer, &cancel)?;
+        let keeper = Keeper::start_from(c, &observer, &cancel, adopt)?;
         keepers.push((keeper, t.elapsed().as_secs_f64()));
     }
+    for name in passed.names() {
+        tracing::warn!(
+            "systemd handed back the files of kept pool `{name}`, which this keeper's config \
+             does not name: they are closed (their memory is freed once nothing maps it)"
+        );
+    }
+    drop(passed);
     for (keeper, seconds) in &keepers {
+        // Under systemd with FileDescriptorStoreMax=: the pool's files are
+        // kept there, so that a keeper started again adopts them.
+        if let Err(e) = fdstore::store(keeper.name(), &keeper.files()) {
+            tracing::warn!(
+                "kept pool `{}`: its files could not be stored with systemd ({e}): a restart \
+                 builds it afresh (is FileDescriptorStoreMax= set in the unit?)",
+                keeper.name()
+            );
+        }
         ready(keeper, *seconds, args.json)?;
     }
     let mut keepers: Vec<Keeper> = keepers.into_iter().map(|(k, _)| k).collect();
@@ -218,8 +249,12 @@ fn ready(keeper: &Keeper, seconds: f64, json: bool) -> Result<(), Error> {
     if json {
         return write_stdout(&serde_json::to_string(&status).unwrap_or_default());
     }
+    let came = match keeper.came_back() {
+        CameBack::Built => String::new(),
+        from => format!(", adopted from {} with its bytes", from.name()),
+    };
     say(format_args!(
-        "hostpool: keeping `{}`: {} ({} pages, {}) on {}, content {}; ready in {seconds:.2} s; \
+        "hostpool: keeping `{}`: {} ({} pages, {}) on {}, content {}{came}; ready in {seconds:.2} s; \
          serving until SIGTERM",
         keeper.name(),
         format_bytes(report.logical_bytes),

@@ -36,8 +36,11 @@ use pool_core::{Extent, format_bytes};
 use pool_core::{Observer, Pool, PoolPlan, PoolReport};
 use state::{Figures, Serving, Stops};
 
+pub use state::CameBack;
+
 mod clear;
 mod io;
+mod mappers;
 mod state;
 mod status;
 mod tier;
@@ -54,7 +57,14 @@ struct Memory {
     /// what a lease is handed.
     files: Vec<(OwnedFd, Extent)>,
     prefault: PrefaultPlan,
+    /// An adopted pool's files while processes that mapped them before the
+    /// restart may still map them (checked every [`FROM_BEFORE_EVERY`]).
+    from_before: Option<Vec<pool_core::file::FileId>>,
 }
+
+/// How often an adopted pool's keeper looks for the processes that mapped
+/// the pool before its restart.
+const FROM_BEFORE_EVERY: Duration = Duration::from_millis(250);
 
 impl Memory {
     /// Why the pool's memory is gone, if a holder of one of its files (an
@@ -102,11 +112,47 @@ impl Keeper {
         observer: &dyn Observer,
         cancel: &pool_core::interrupt::Cancel,
     ) -> Result<Keeper> {
+        Keeper::start_from(config, observer, cancel, None)
+    }
+
+    /// [`Keeper::start`], adopting the pool's `files` when given (handed
+    /// back by systemd's file descriptor store): checked against the plan,
+    /// then mapped as they are, bytes and index, instead of built. A
+    /// keeper of `content = "zero"` builds anyway (its bytes would be
+    /// cleared), and the files are closed.
+    ///
+    /// # Errors
+    /// As [`Keeper::start`]; [`Error::Conflict`] for files that are not the
+    /// pool the config plans (nothing is mapped, and nothing built).
+    ///
+    /// [`Error::Conflict`]: pool_core::Error::Conflict
+    pub fn start_from(
+        config: KeptPoolConfig,
+        observer: &dyn Observer,
+        cancel: &pool_core::interrupt::Cancel,
+        adopt: Option<(Vec<OwnedFd>, CameBack)>,
+    ) -> Result<Keeper> {
         config.validate()?;
         let plan = PoolPlan::kept(config.pool.clone())?;
         let listener = io::bind(&config.name)?;
         pool_core::failpoint::stall("keeper-before-build");
-        let (pool, files) = Pool::build_kept(&plan, observer, cancel)?;
+        let adopt = adopt.filter(|_| config.content == crate::Content::Keep);
+        let (pool, files, came_back) = match adopt {
+            Some((files, from)) => {
+                let (pool, files) = Pool::adopt_kept(&plan, files, observer)?;
+                (pool, files, from)
+            }
+            None => {
+                let (pool, files) = Pool::build_kept(&plan, observer, cancel)?;
+                (pool, files, CameBack::Built)
+            }
+        };
+        let from_before = (came_back != CameBack::Built).then(|| {
+            files
+                .iter()
+                .filter_map(|(fd, _)| pool_core::file::file_id(fd).ok())
+                .collect()
+        });
         let report = pool.report();
         let serving = Serving::new(
             config,
@@ -116,6 +162,7 @@ impl Keeper {
                 page: report.page_size,
                 backing: report.backing.clone(),
                 numa_node: plan.numa().as_ref().and_then(|n| n.node),
+                came_back,
             },
         );
         Ok(Keeper {
@@ -123,10 +170,22 @@ impl Keeper {
                 pool,
                 files,
                 prefault: plan.prefault().clone(),
+                from_before,
             },
             serving,
             sockets: Sockets::new(listener),
         })
+    }
+
+    /// How its pool came to this keeper.
+    pub fn came_back(&self) -> CameBack {
+        self.serving.figures().came_back
+    }
+
+    /// A descriptor of each of the pool's files, in pool order: what
+    /// systemd's file descriptor store is handed ([`crate::fdstore::store`]).
+    pub fn files(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        self.memory.files.iter().map(|(fd, _)| fd.as_fd()).collect()
     }
 
     /// The kept pool's name.
@@ -168,10 +227,38 @@ impl Keeper {
         let mut tier = words
             .ok()
             .map(|w| tier::TierServer::new(name, w, region.page().get()));
+        let mut from_before = memory.from_before.clone();
+        let mut looked = None::<Instant>;
         std::thread::scope(|scope| {
             let mut clearing: Option<std::thread::ScopedJoinHandle<'_, Result<f64>>> = None;
             loop {
                 let now = Instant::now();
+                // An adopted pool: no chunk is granted to a writer while a
+                // process that mapped the pool before the restart, and is no
+                // tenant of this keeper, maps it still.
+                if let Some(ids) = &from_before
+                    && looked.is_none_or(|t| now.duration_since(t) >= FROM_BEFORE_EVERY)
+                {
+                    looked = Some(now);
+                    let tenants = s.tenant_pids();
+                    let before: Vec<u32> = mappers::mapping(ids)
+                        .into_iter()
+                        .filter(|p| !tenants.contains(p))
+                        .collect();
+                    let why = (!before.is_empty()).then(|| {
+                        format!(
+                            "pid(s) {before:?} mapped the pool before the keeper's restart and \
+                             may still write chunks granted to them; chunks are granted again \
+                             once they are gone"
+                        )
+                    });
+                    if why.is_none() {
+                        from_before = None;
+                    }
+                    if let Some(t) = tier.as_mut() {
+                        t.close_grants(why);
+                    }
+                }
                 match s.on_stops(stops.load(Ordering::SeqCst), drain, clearing.is_some(), now) {
                     Stops::Serve => {}
                     Stops::Drain(refused) => {

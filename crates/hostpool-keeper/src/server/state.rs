@@ -197,6 +197,29 @@ pub(super) struct Figures {
     pub(super) page: u64,
     pub(super) backing: String,
     pub(super) numa_node: Option<u32>,
+    /// How the pool came to this keeper.
+    pub(super) came_back: CameBack,
+}
+
+/// How a keeper's pool came to it: built, or adopted from a keeper that ran
+/// before (its memory, bytes and index as they were).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CameBack {
+    /// Built afresh.
+    #[default]
+    Built,
+    /// Handed back by systemd's file descriptor store (`LISTEN_FDS`).
+    FdStore,
+}
+
+impl CameBack {
+    /// Its name in the status and the metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            CameBack::Built => "built",
+            CameBack::FdStore => "fdstore",
+        }
+    }
 }
 
 /// Everything of a keeper but its memory and its sockets.
@@ -413,6 +436,15 @@ impl Serving {
         waiting.chain(failed).chain(self.drain_until).min()
     }
 
+    /// The pids of every tenant's ranks and companions still attached.
+    pub(super) fn tenant_pids(&self) -> Vec<u32> {
+        let all = self
+            .tenants
+            .iter()
+            .flat_map(|l| l.ranks.iter().chain(&l.companions));
+        all.filter(|r| r.conn.is_some()).map(|r| r.pid).collect()
+    }
+
     /// The connections to wait on for a message or a hang-up: every
     /// tenant's ranks and companions (a companion asks the tier), and the
     /// waiting attaches.
@@ -478,6 +510,7 @@ impl Serving {
             "numa_node": f.numa_node,
             "numa": numa,
             "content": self.config.content.name(),
+            "came_back": f.came_back.name(),
             "allow_uids": self.config.allow_uids,
             "generation": self.generation,
             "lease": lease,
@@ -531,6 +564,7 @@ pub(super) mod testing {
                 page: 4096,
                 backing: "shm-segmented".into(),
                 numa_node: None,
+                came_back: CameBack::Built,
             },
         )
     }

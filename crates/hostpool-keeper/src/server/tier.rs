@@ -62,6 +62,10 @@ pub(super) struct TierServer<'a> {
     /// the slot it names may hold another key since, which is held as
     /// found.
     after: HashMap<u64, u64>,
+    /// Why no chunk is granted to a writer now (the processes that mapped
+    /// an adopted pool before the keeper's restart, which may still write
+    /// chunks the keeper before granted them): stores are told `NoRoom`.
+    closed: Option<String>,
 }
 
 impl<'a> TierServer<'a> {
@@ -77,7 +81,25 @@ impl<'a> TierServer<'a> {
             storers: HashMap::new(),
             figures: HashMap::new(),
             after: HashMap::new(),
+            closed: None,
         }
+    }
+
+    /// Grant no chunk to a writer while `why` holds (`None`: grant again).
+    pub(super) fn close_grants(&mut self, why: Option<String>) {
+        if why.is_some() != self.closed.is_some() {
+            match &why {
+                Some(why) => tracing::warn!(
+                    "kept pool `{}`: its CPU tier grants no chunk to a writer: {why}",
+                    self.name
+                ),
+                None => tracing::info!(
+                    "kept pool `{}`: its CPU tier grants chunks again",
+                    self.name
+                ),
+            }
+        }
+        self.closed = why;
     }
 
     /// The tier over the index at the pool's tail as it is now: made on
@@ -174,6 +196,17 @@ impl<'a> TierServer<'a> {
         };
         match op {
             TierOp::Open { .. } => refused("the tier was opened above".into()),
+            TierOp::Store { keys } if self.closed.is_some() => {
+                // Stored already is still said, so no engine writes it again.
+                TierReply::Puts(
+                    keys.iter()
+                        .map(|k| match tier.index().find(k) {
+                            Some(slot) => TierPut::Stored { slot },
+                            None => TierPut::NoRoom,
+                        })
+                        .collect(),
+                )
+            }
             TierOp::Store { keys } => {
                 let mut puts = Vec::with_capacity(keys.len());
                 // The slot of the batch's key before, to chain the next to.

@@ -250,6 +250,124 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// A keeper's pool again from its files, as a keeper that ran before
+    /// kept them (handed back by systemd's file descriptor store, by the
+    /// engines that map them, or found in a persist directory): each file
+    /// checked against the plan (one per extent, in pool order, exactly the
+    /// extent's length, of the plan's page size) before anything is mapped,
+    /// then mapped. Nothing is created, prefaulted or cleared: the pages and
+    /// their bytes are the ones the keeper before served. With the pool, a
+    /// second descriptor of each file and its extent, as
+    /// [`Pool::build_kept`] gives.
+    ///
+    /// # Errors
+    /// [`crate::Error::Conflict`] naming the first file that is not the
+    /// plan's (count, length or page size) and what it is instead; the map's
+    /// errors.
+    pub fn adopt_kept(
+        plan: &PoolPlan,
+        files: Vec<std::os::fd::OwnedFd>,
+        observer: &dyn Observer,
+    ) -> Result<(Pool, Vec<(std::os::fd::OwnedFd, Extent)>)> {
+        let (bp, fp) = match &plan.source {
+            Source::Kept(memory) => match &memory.plan.source {
+                MemorySource::Files(fp) => (&memory.plan, fp),
+                _ => return Err(crate::Error::config("a kept pool's plan maps files")),
+            },
+            _ => {
+                return Err(crate::Error::config(
+                    "a keeper adopts the plan of a kept pool",
+                ));
+            }
+        };
+        let page = bp.size.page();
+        let refuse = |message: String| crate::Error::Conflict {
+            path: std::path::PathBuf::from("(adopted files)"),
+            message: format!(
+                "the files handed to this keeper are not the pool its config plans: {message}; \
+                 they were left as they are and nothing was mapped (start the keeper with the \
+                 config it ran with, or remove what kept them to build the pool afresh)"
+            ),
+        };
+        if files.len() != fp.extents.len() {
+            return Err(refuse(format!(
+                "{} file(s) for {} extent(s) of {}",
+                files.len(),
+                fp.extents.len(),
+                crate::format_bytes(bp.size.mapped())
+            )));
+        }
+        let mut pool_files = Vec::with_capacity(files.len());
+        for (i, (fd, extent)) in files
+            .into_iter()
+            .zip(fp.extents.iter().copied())
+            .enumerate()
+        {
+            let (id, len) = crate::file::id_and_len(&fd).map_err(|e| {
+                crate::Error::os(
+                    "fstat",
+                    e,
+                    Context::new(extent.len, page).remedy("an adopted pool file could not be read"),
+                )
+            })?;
+            if len != extent.len {
+                return Err(refuse(format!(
+                    "file {i} is {} long, its extent {}",
+                    crate::format_bytes(len),
+                    crate::format_bytes(extent.len)
+                )));
+            }
+            let theirs = rustix::fs::fstatfs(&fd)
+                .map(|st| st.f_bsize as u64)
+                .map_err(|e| {
+                    crate::Error::os(
+                        "fstatfs",
+                        e,
+                        Context::new(extent.len, page)
+                            .remedy("an adopted pool file could not be read"),
+                    )
+                })?;
+            if theirs != page.get() {
+                return Err(refuse(format!(
+                    "file {i} is of {} pages, the plan's of {}",
+                    crate::format_bytes(theirs),
+                    crate::format_bytes(page.get())
+                )));
+            }
+            pool_files.push(crate::file::PoolFile {
+                fd,
+                path: None,
+                id,
+                extent,
+            });
+        }
+        let ctx = crate::file::MapContext {
+            enomem_remedy: fp.enomem_remedy.clone(),
+            truncated_remedy: String::new(),
+        };
+        let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
+            crate::file::map_files(pool_files, bp.size, &ctx)
+        });
+        let mapping = mapping?;
+        let fds = mapping
+            .pool_files()
+            .iter()
+            .map(|f| Ok((f.fd.try_clone()?, f.extent)))
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| {
+                crate::Error::os(
+                    "fcntl(F_DUPFD_CLOEXEC)",
+                    e,
+                    Context::new(bp.size.mapped(), page)
+                        .remedy("raise the open-file limit (ulimit -n)"),
+                )
+            })?;
+        let report = first_report(plan, mapping.region(), &Attached::Own, map_secs);
+        Ok((Pool::of(Box::new(mapping), Attached::Own, report), fds))
+    }
+}
+
 /// How much of the pool transparent huge pages back, from smaps.
 fn thp_backed(pool: &Pool) -> Option<super::report::ThpReport> {
     let region = pool.region()?;
