@@ -7,11 +7,14 @@
    ``hostpool keep --tenants K``), K engines with private tiers of X chunks
    each (vLLM's ``CPUOffloadingManager``, LRU), and one engine with a tier of
    K x X serving the whole trace (the same). For K = 2, 4, 8.
-2. **Cost per operation** (a prefix lookup of 16 stored blocks, their load,
-   a store of 16 new blocks) of one tenant of a shared tier while 1 and 3
-   other tenants (each its own process) are busy with the same operations,
-   one round every ``--pace`` seconds, against the tenant alone, in the
-   same run. Medians of the rounds whose lookup found all 16.
+2. **Cost per call** of the shared tier's manager against vLLM's own
+   ``CPUOffloadingManager`` doing the same work in the same run (issue 48):
+   rounds of ``prepare_store`` + ``complete_store`` of 16 new blocks, the 16
+   ``lookup``s of them and ``prepare_load`` + ``complete_load`` of the hits,
+   vLLM's manager's round and the shared tier's interleaved, one every
+   ``--pace`` seconds, with 0, 1 and 3 other tenants (each its own process)
+   busy with the same rounds at the same pace. Medians per call kind of the
+   rounds whose lookups found all 16, and their ratio.
 
 Each request of the trace: the blocks of its prompt are looked up in order
 until the first miss (vLLM's prefix lookup), the hits loaded (prepare_load,
@@ -168,77 +171,81 @@ def hit_rates(k: int, per_engine: int, requests: list[list[bytes]]) -> dict:
         keeper.stop()
 
 
-# --- cost per operation ----------------------------------------------------------
+# --- cost per call, against vLLM's own manager ---------------------------------
+
+CALLS = ("prepare_store", "complete_store", "lookup", "prepare_load", "complete_load")
 
 
-def tenant_loop(name: str, chunks: int, seed: int, n: int, pace: float, out: mp.Queue | None) -> None:
-    """A tenant's rounds, each one request's worth of a scheduler step: a prefix
-    lookup of 16 blocks another round stored (vLLM's lookup, key after key, to
-    the first miss; the holds a step did not load released), a load of those
-    16 (prepare_load, complete_load), and a store of 16 new blocks
-    (prepare_store, complete_store); the seconds each took, per round
-    (reported when ``out`` is given, else for ``n`` seconds)."""
+def round_of(manager, seed: int, i: int, times: dict[str, list[float]] | None) -> None:
+    """One round of a scheduler's calls for one request of 16 new blocks:
+    prepare_store + complete_store of them, the 16 lookups (the time of all
+    16), prepare_load + complete_load of the hits, the step's end; the seconds
+    of each call kind added to ``times``."""
+    ctx = ReqContext(req_id=f"t{seed}.{i}")
+    keys = [hashlib.sha256(b"%d.%d.%d" % (seed, i, b)).digest() for b in range(16)]
+    clock = time.perf_counter
+    t0 = clock()
+    got = manager.prepare_store(keys, ctx)
+    t1 = clock()
+    manager.complete_store(got.keys_to_store if got is not None else [], ctx)
+    t2 = clock()
+    hits = 0
+    for key in keys:
+        if manager.lookup(key, ctx) is not LookupResult.HIT:
+            break
+        hits += 1
+    t3 = clock()
+    manager.prepare_load(keys[:hits], ctx)
+    t4 = clock()
+    manager.complete_load(keys[:hits], ctx)
+    t5 = clock()
+    manager.on_schedule_end(None)
+    if times is not None and hits == 16:
+        for call, dt in zip(CALLS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+            times[call].append(dt)
+
+
+def busy_tenant(name: str, chunks: int, seed: int, pace: float) -> None:
+    """Another engine on the tier: rounds at an engine's pace until terminated."""
     pool = hostpool.Pool(keeper=name)
     manager = SharedTierManager(tier=SharedTier(pool, chunks, CHUNK, FP))
-    rng = random.Random(seed)
-    stored: list[list[bytes]] = []
-    times: dict[str, list[float]] = {"lookup": [], "store": [], "load": []}
     i = 0
-    deadline = None if out is not None else time.monotonic() + n
-    while (i < n) if out is not None else (time.monotonic() < deadline):
+    while True:
         i += 1
-        ctx = ReqContext(req_id=f"t{seed}.{i}")
-        prefix = rng.choice(stored) if stored else []
-        t0 = time.perf_counter()
-        hits = 0
-        for key in prefix:
-            if manager.lookup(key, ctx) is not LookupResult.HIT:
-                break
-            hits += 1
-        t1 = time.perf_counter()
-        if hits:
-            manager.prepare_load(prefix[:hits], ctx)
-            manager.complete_load(prefix[:hits], ctx)
-        manager.on_schedule_end(None)
-        t2 = time.perf_counter()
-        keys = [hashlib.sha256(b"%d.%d.%d" % (seed, i, b)).digest() for b in range(16)]
-        got = manager.prepare_store(keys, ctx)
-        manager.complete_store(got.keys_to_store, ctx)
-        t3 = time.perf_counter()
-        stored.append(got.keys_to_store)
-        stored = stored[-chunks // 64 :]  # what is likely still in the tier
-        if hits == 16:
-            times["lookup"].append(t1 - t0)
-            times["load"].append(t2 - t1)
-        times["store"].append(t3 - t2)
-        if pace:
-            time.sleep(pace)
-    manager.shutdown()
-    if out is not None:
-        out.put(times)
+        round_of(manager, seed, i, None)
+        time.sleep(pace)
 
 
-def op_costs(tenants: int, chunks: int, rounds: int, pace: float) -> dict:
+def call_costs(tenants: int, chunks: int, rounds: int, pace: float) -> dict:
+    """Per call kind, the median seconds of vLLM's own ``CPUOffloadingManager``
+    (in this process) and of this engine's shared tier manager (over a real
+    keeper, with ``tenants - 1`` other engines, each its own process, busy at
+    an engine's pace), their rounds interleaved so both see the same machine."""
     keeper = Keeper(chunks, tenants)
     ctx = mp.get_context("spawn")
+    busy = [ctx.Process(target=busy_tenant, args=(keeper.name, chunks, 100 + t, pace), daemon=True)
+            for t in range(tenants - 1)]
     try:
-        busy = [ctx.Process(target=tenant_loop, args=(keeper.name, chunks, 100 + t, 3600, pace, None), daemon=True)
-                for t in range(tenants - 1)]
         for p in busy:
             p.start()
-        q: mp.Queue = ctx.Queue()
-        # Let the busy tenants start (each leases and opens the tier).
         while len(hostpool.keeper_status(keeper.name)["tenants"]) < tenants - 1:
             time.sleep(0.01)
-        me = ctx.Process(target=tenant_loop, args=(keeper.name, chunks, 1, rounds, 0.0, q))
-        me.start()
-        times = q.get(timeout=600)
-        me.join()
+        shared = SharedTierManager(tier=SharedTier(hostpool.Pool(keeper=keeper.name), chunks, CHUNK, FP))
+        own = CPUOffloadingManager(num_chunks=chunks)
+        times = {m: {c: [] for c in CALLS} for m in ("vllm", "hostpool")}
+        for i in range(rounds):
+            round_of(own, 1, i, times["vllm"] if i >= rounds // 10 else None)
+            round_of(shared, 1, i, times["hostpool"] if i >= rounds // 10 else None)
+            time.sleep(pace)
+        shared.shutdown()
+        med = {m: {c: statistics.median(v) for c, v in t.items()} for m, t in times.items()}
+        med["ratio"] = {c: med["hostpool"][c] / med["vllm"][c] for c in CALLS}
+        med["rounds"] = len(times["hostpool"]["lookup"])
+        return med
+    finally:
         for p in busy:
             p.terminate()
             p.join()
-        return {op: statistics.median(v[len(v) // 10 :]) for op, v in times.items()}
-    finally:
         keeper.stop()
 
 
@@ -248,19 +255,17 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--per-engine", type=int, default=256, help="X: chunks of one engine's tier")
     ap.add_argument("--rounds", type=int, default=2000)
-    ap.add_argument("--pace", type=float, default=0.002, help="seconds a busy tenant waits between rounds")
+    ap.add_argument("--pace", type=float, default=0.002, help="seconds between an engine's rounds")
+    ap.add_argument("--costs-only", action="store_true", help="the cost per call alone (no hit rates)")
     a = ap.parse_args()
-    requests = trace(41, a.conversations, a.turns)
-    out: dict = {"requests": len(requests), "blocks": sum(len(r) for r in requests), "hit_rate": []}
-    for k in (2, 4, 8):
-        out["hit_rate"].append(hit_rates(k, a.per_engine, requests))
+    out: dict = {}
+    if not a.costs_only:
+        requests = trace(41, a.conversations, a.turns)
+        out.update({"requests": len(requests), "blocks": sum(len(r) for r in requests), "hit_rate": []})
+        for k in (2, 4, 8):
+            out["hit_rate"].append(hit_rates(k, a.per_engine, requests))
     chunks = 4096
-    alone = op_costs(1, chunks, a.rounds, a.pace)
-    out["cost_seconds"] = {"1": alone}
-    for t in (2, 4):
-        busy = op_costs(t, chunks, a.rounds, a.pace)
-        out["cost_seconds"][str(t)] = busy
-        out.setdefault("cost_ratio", {})[str(t)] = {op: busy[op] / alone[op] for op in alone}
+    out["calls"] = {str(t): call_costs(t, chunks, a.rounds, a.pace) for t in (1, 2, 4)}
     out["pace_seconds"] = a.pace
     out["cpus"] = os.cpu_count()
     print(json.dumps(out, indent=1))

@@ -65,6 +65,28 @@ class Tenant:
         self.pending: tuple[Any, Any] | None = None
         self.batch: list[str] = []
         self.n = 0
+        self.published: dict[str, int] = {"stored": 0, "removed": 0}
+        """With KV cache events on: the blocks the scheduler published as stored
+        and removed (what a KV-aware router reads)."""
+        if args.get("events"):
+            self.watch_events()
+
+    def watch_events(self) -> None:
+        """Count what vLLM's scheduler publishes (its own publisher, wrapped)."""
+        from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+        publisher = self.sched.sched.kv_event_publisher
+        inner = publisher.publish
+
+        def publish(batch: Any) -> Any:
+            for e in batch.events:
+                if isinstance(e, BlockStored):
+                    self.published["stored"] += len(e.block_hashes)
+                elif isinstance(e, BlockRemoved):
+                    self.published["removed"] += len(e.block_hashes)
+            return inner(batch)
+
+        publisher.publish = publish
 
     def schedule(self, seqs: list[list[int]]) -> dict[str, int]:
         self.batch = []
@@ -119,6 +141,35 @@ def hook_manager(manager: Any) -> None:
     wrap("prepare_load", "loading", lambda out: True)
 
 
+MANAGER_CALLS = ("lookup", "prepare_store", "complete_store", "prepare_load", "complete_load", "touch", "on_schedule_end")
+
+
+def time_manager(manager: Any) -> dict[str, float]:
+    """The longest each of the manager's calls took so far (seconds), as vLLM's
+    scheduler makes them: the slowest of each kind, kept in the dict returned."""
+    import time
+
+    slowest: dict[str, float] = {}
+
+    def wrap(name: str) -> None:
+        inner = getattr(manager, name)
+
+        def call(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                dt = time.perf_counter() - t
+                if dt > slowest.get(name, 0.0):
+                    slowest[name] = dt
+
+        setattr(manager, name, call)
+
+    for name in MANAGER_CALLS:
+        wrap(name)
+    return slowest
+
+
 def serve(tenant: Tenant) -> None:
     say(
         event="started",
@@ -126,10 +177,14 @@ def serve(tenant: Tenant) -> None:
         chunks=tenant.manager._num_chunks,
         pid=os.getpid(),
     )
+    slowest = time_manager(tenant.manager)
     for line in sys.stdin:
         cmd = json.loads(line)
         op = cmd["op"]
-        if op == "run":
+        if op == "slowest":
+            say(event="slowest", **slowest)
+            slowest.clear()
+        elif op == "run":
             first = tenant.schedule(cmd["seqs"])
             good, bad = tenant.finish()
             say(event="ran", first_step_hits=first, good=good, bad=bad)
@@ -143,6 +198,8 @@ def serve(tenant: Tenant) -> None:
             say(event="entries", entries=[[slot, key.hex()] for slot, key in entries])
         elif op == "stats":
             say(event="stats", **getattr(tenant.manager, "stats", {}))
+        elif op == "events":
+            say(event="events", **tenant.published)
 
 
 def child(args: dict[str, Any], kill_at: str) -> None:

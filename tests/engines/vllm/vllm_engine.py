@@ -149,6 +149,16 @@ def model_dir(root: str, name: str = "tiny-llama") -> str:
     return path
 
 
+def _events(args: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's KV cache events on (``--kv-events-config``, published nowhere: the
+    engine's tests read what would be) when ``args["events"]``."""
+    if not args.get("events"):
+        return {}
+    from vllm.config import KVEventsConfig
+
+    return {"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null")}
+
+
 def vllm_config(args: dict[str, Any]) -> Any:
     from vllm.config import (
         CacheConfig,
@@ -187,6 +197,7 @@ def vllm_config(args: dict[str, Any]) -> Any:
         kv_transfer_config=KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=args["engine"], kv_connector_extra_config=extra
         ),
+        **_events(args),
     )
     config.parallel_config.rank = args.get("rank", 0)
     # A replica of a data-parallel deployment (vLLM's engine core sets it

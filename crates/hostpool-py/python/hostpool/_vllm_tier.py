@@ -45,6 +45,7 @@ the tier, naming the field and both values.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import Collection, Iterable, Sequence
@@ -83,6 +84,18 @@ the blocks stored after it in one batch (those of one request, in order)."""
 # What differs between the replicas of one model by design: not part of
 # what the tier's chunks mean.
 _PER_REPLICA = ("dp_index",)
+
+
+_EVENT_FIELDS = frozenset(f.name for f in dataclasses.fields(OffloadingEvent))
+
+
+def _event(keys: list[OffloadKey], medium: Medium, removed: bool, **extra: Any) -> OffloadingEvent:
+    """An ``OffloadingEvent`` in this release's own shape, as vLLM's CPU manager
+    makes it: ``extra`` fields this release's dataclass lacks are left out
+    (``req_context``, ``removal_expected`` and ``metadata_only`` are not in
+    every release)."""
+    kept = {k: v for k, v in extra.items() if k in _EVENT_FIELDS}
+    return OffloadingEvent(keys=keys, medium=medium, removed=removed, **kept)
 
 
 def identity(spec: Any, vllm_config: Any = None) -> dict[str, str]:
@@ -181,7 +194,7 @@ class SharedTierManager(OffloadingManager):
     def _ask(self, method: Any, *args: Any) -> Any:
         """``method``'s answer within :data:`WAIT`, or ``None`` when the keeper
         did not give one (away, lost, or refused: said once in the log)."""
-        if self._down is not None and self._down[0] == "lost":
+        if self._lost():
             return None
         try:
             answer = method(*args, timeout=WAIT)
@@ -201,7 +214,7 @@ class SharedTierManager(OffloadingManager):
     def _tell(self, method: Any, items: list[Any]) -> None:
         """``method`` told ``items`` without waiting (queued while the keeper
         does not read; dropped once it is lost, which dropped them too)."""
-        if not items or (self._down is not None and self._down[0] == "lost"):
+        if not items or self._lost():
             return
         try:
             method(items, wait=False)
@@ -210,11 +223,12 @@ class SharedTierManager(OffloadingManager):
 
     def _went(self, how: str, why: str) -> None:
         if self._down is None or self._down[0] != how:
+            link = self.tier.pool.tier_link
             _log.warning(
-                "CPU offload tier of kept pool `%s` is %s: %s. The engine goes on: stores are declined%s",
+                "CPU offload tier of kept pool `%s` is %s (%s). The engine goes on: stores are declined%s",
                 self._name(),
                 how,
-                why,
+                link[1] if link[0] == how and link[1] else why,
                 " and lookups read what is stored in place" if how == "lost" else ", lookups miss until it answers",
             )
         self._down = (how, why)
@@ -223,6 +237,9 @@ class SharedTierManager(OffloadingManager):
             # loads in flight stay here, until they are loaded.
             for hold in self._holds.values():
                 hold.local = True
+
+    def _lost(self) -> bool:
+        return self._down is not None and self._down[0] == "lost"
 
     def _name(self) -> Any:
         return self.tier.lease.get("name")
@@ -239,16 +256,16 @@ class SharedTierManager(OffloadingManager):
         slot = self.tier.index.find(bytes(key))
         if slot is None:
             return LookupResult.MISS
-        if self._down is not None and self._down[0] == "lost":
+        # Found: held before it is said to be, so no store of another engine
+        # evicts it before vLLM loads it; with it, in the same message, the
+        # blocks stored after it (the rest of the prefix vLLM goes on to ask for).
+        held = self._ask(self.tier.pool.tier_hold, bytes(key), AHEAD)
+        if held is None and self._lost():
             # No keeper is left to grant this chunk to a writer: it stays as
             # found, held here alone.
             self._holds[key] = _Hold(slot, local=True)
             self.stats["hits"] += 1
             return LookupResult.HIT
-        # Found: held before it is said to be, so no store of another engine
-        # evicts it before vLLM loads it; with it, in the same message, the
-        # blocks stored after it (the rest of the prefix vLLM goes on to ask for).
-        held = self._ask(self.tier.pool.tier_hold, bytes(key), AHEAD)
         if held is None:
             return LookupResult.MISS  # the keeper is away: nothing is held
         again = []
@@ -273,7 +290,7 @@ class SharedTierManager(OffloadingManager):
         missing = [k for k in keys if k not in self._holds]
         if missing:
             slots = self._ask(self.tier.pool.tier_load, [bytes(k) for k in missing])
-            local = slots is None and self._down is not None and self._down[0] == "lost"
+            local = slots is None and self._lost()
             if local:
                 # No keeper is left to grant a chunk to a writer: as found.
                 slots = [self.tier.index.find(bytes(k)) for k in missing]
@@ -346,7 +363,7 @@ class SharedTierManager(OffloadingManager):
         self._num_write_pending_chunks += len(to_store)
         self.stats["evicted"] += len(evicted)
         if evicted and self.events is not None:
-            self.events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
+            self.events.append(_event(evicted, self.medium, removed=True))
         return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(slots), evicted_keys=evicted)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
@@ -359,10 +376,16 @@ class SharedTierManager(OffloadingManager):
             self._tell(self.tier.pool.tier_stored, slots)
             self.stats["stored"] += len(mine)
             if self.events is not None:
-                # The release's own event, as vLLM's CPU manager makes it.
-                self.events.append(OffloadingEvent(keys=[k for k, _ in mine], medium=self.medium, removed=False))
+                # As vLLM's CPU manager says it, in the release's own shape.
+                keys = [k for k, _ in mine]
+                self.events.append(
+                    _event(keys, self.medium, removed=False, removal_expected=True, req_context=req_context)
+                )
         else:
             self._tell(self.tier.pool.tier_abort, slots)
+            if self.events is not None:
+                keys = [k for k, _ in mine]
+                self.events.append(_event(keys, self.medium, removed=True, metadata_only=True))
 
     # --- the rest of vLLM's manager ---------------------------------------------
 
