@@ -220,3 +220,92 @@ def test_files_that_are_not_the_configs_pool_are_refused_naming_what_differs(hos
                 p.kill()
                 p.wait()
         systemd.close()
+
+
+# --- a persist directory: the pool's files outlive every process ------------------
+
+from conftest import hugetlbfs_mount  # noqa: E402
+
+
+def _keep(hostpool_bin, name, mount, persist, *extra):
+    return subprocess.Popen(
+        [str(hostpool_bin), "keep", "--name", name, "--json", "--backing", "hugetlbfs", "--dir", mount,
+         "--size", "4MiB", "--content", "keep", "--tenants", "2", "--persist", persist, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_a_persisted_pool_on_2m_pages_is_found_again_after_every_process_is_gone(hostpool_bin):
+    mount = hugetlbfs_mount("2M")
+    name = f"py-persist-{os.getpid()}"
+    persist = os.path.join(mount, f"persist-{os.getpid()}")
+    os.mkdir(persist, 0o700)
+    slots = 16
+    try:
+        first = _keep(hostpool_bin, name, mount, persist)
+        assert _ready(first)["came_back"] == "built"
+        engine = subprocess.run(
+            [sys.executable, "-c", ENGINE, name, str(slots), str(BLOCK)],
+            input="", capture_output=True, text=True, timeout=120,
+        )
+        assert engine.returncode == 0, engine.stderr
+        slot = int(engine.stdout.split()[0])
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0, first.stderr.read()
+        # Every process that mapped the pool is gone; its files stay, 0600.
+        files = sorted(os.listdir(persist))
+        assert files and all(f.startswith(f"hostpool.kept.{name}.") for f in files), files
+        assert all(os.stat(os.path.join(persist, f)).st_mode & 0o777 == 0o600 for f in files)
+        second = _keep(hostpool_bin, name, mount, persist)
+        ready = _ready(second)
+        assert ready["came_back"] == "persist" and ready["index"]["records"] == 1, ready
+        with hostpool.Pool(keeper=name) as b:
+            assert b.page_size == 2 << 20
+            index = b.tier_open(slots, FP)
+            assert index.warm and index.find(b"kept") == slot, index.cold_reason
+            assert bytes(b.view(slot * BLOCK, 8)) == b"kept-set"
+            # No process from before maps it: chunks are granted at once.
+            puts = b.tier_store([b"new"])
+            assert puts[0][0] == "granted", puts
+            b.tier_abort([puts[0][1]])
+        # Forgetting it is refused while its keeper runs, then explicit.
+        out = subprocess.run([str(hostpool_bin), "keep", "forget", "--name", name, "--persist", persist],
+                             capture_output=True, text=True)
+        assert out.returncode == 1 and "stop it first" in out.stderr, out.stderr
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0, second.stderr.read()
+        out = subprocess.run([str(hostpool_bin), "keep", "forget", "--name", name, "--persist", persist, "--json"],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert len(json.loads(out.stdout)["removed"]) == len(files)
+        assert os.listdir(persist) == []
+    finally:
+        for f in os.listdir(persist):
+            os.unlink(os.path.join(persist, f))
+        os.rmdir(persist)
+
+
+def test_a_link_planted_in_the_persist_directory_is_refused_naming_it(hostpool_bin, tmp_path):
+    # tmpfs (hugetlbfs takes no symbolic links at all).
+    name = f"py-planted-{os.getpid()}"
+    persist = f"/dev/shm/planted-{os.getpid()}"
+    os.mkdir(persist, 0o700)
+    try:
+        target = tmp_path / "secret"
+        target.write_bytes(b"x" * 4096)
+        link = os.path.join(persist, f"hostpool.kept.{name}.0")
+        os.symlink(target, link)
+        proc = subprocess.Popen(
+            [str(hostpool_bin), "keep", "--name", name, "--json", "--backing", "shm-segmented", "--size", "4MiB",
+             "--content", "keep", "--persist", persist],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert proc.wait(timeout=60) == 1
+        err = proc.stderr.read()
+        assert link in err and "symbolic link, which is never followed" in err, err
+        assert target.read_bytes() == b"x" * 4096
+        assert os.listdir(persist) == [os.path.basename(link)], "nothing made beside it"
+    finally:
+        for f in os.listdir(persist):
+            os.unlink(os.path.join(persist, f))
+        os.rmdir(persist)

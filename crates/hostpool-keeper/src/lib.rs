@@ -61,6 +61,7 @@ use pool_core::{Error, Result};
 pub mod fdstore;
 pub mod metrics;
 pub mod notify;
+pub mod persist;
 mod server;
 mod sys;
 
@@ -97,12 +98,17 @@ pub struct KeptPoolConfig {
     /// `tenants`: how many engines may hold a lease of it at once, 1
     /// (the default: one lease at a time) to [`MAX_TENANTS`].
     pub tenants: u32,
+    /// `persist`: a directory that outlives processes (a hugetlbfs or tmpfs
+    /// mount, e.g. a Kubernetes hostPath) where the pool's files stay, so
+    /// that a keeper started again with the same config maps them: its
+    /// bytes and index (`content = "keep"` only).
+    pub persist: Option<std::path::PathBuf>,
     /// The pool (any pool config key).
     pub pool: PoolConfig,
 }
 
 /// The keys of a `[[pool]]` table that are the keeper's, not the pool's.
-pub const KEEPER_KEYS: [&str; 4] = ["name", "content", "allow_uids", "tenants"];
+pub const KEEPER_KEYS: [&str; 5] = ["name", "content", "allow_uids", "tenants", "persist"];
 
 /// The most engines one kept pool is leased to at once (`tenants`).
 pub const MAX_TENANTS: u32 = 64;
@@ -158,6 +164,23 @@ impl KeptPoolConfig {
                  (their leases skip the prefault), and its clearing would allocate pages it never \
                  faulted; drop it (or give auto, populate-write or touch)"
             )));
+        }
+        if let Some(dir) = &self.persist {
+            if !dir.is_absolute() {
+                return Err(Error::config(format!(
+                    "kept pool `{n}`: persist = {} must be an absolute path (a hugetlbfs or tmpfs \
+                     mount that outlives the keeper, e.g. /dev/hugepages/hostpool)",
+                    dir.display()
+                )));
+            }
+            if self.content != Content::Keep {
+                return Err(Error::config(format!(
+                    "kept pool `{n}`: persist = {} keeps the pool's bytes across the keeper's \
+                     restarts, and content = \"zero\" clears them: give content = \"keep\", or \
+                     drop persist",
+                    dir.display()
+                )));
+            }
         }
         if p.backing == "anon" {
             return Err(Error::config(format!(
@@ -229,6 +252,15 @@ impl KeptPoolConfig {
                 }
             },
         };
+        let persist = match map.remove("persist") {
+            None => None,
+            Some(Value::String(s)) => Some(std::path::PathBuf::from(s)),
+            Some(other) => {
+                return Err(Error::config(format!(
+                    "kept pool `{name}`: `persist` must be a directory's path, not {other}"
+                )));
+            }
+        };
         let pool = PoolConfig::from_value(Value::Object(map)).map_err(|e| {
             Error::config(format!(
                 "kept pool `{name}`: {e} (besides the pool's keys, a [[pool]] table has the \
@@ -241,6 +273,7 @@ impl KeptPoolConfig {
             content,
             allow_uids,
             tenants,
+            persist,
             pool,
         };
         kept.validate()?;

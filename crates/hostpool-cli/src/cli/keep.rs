@@ -38,6 +38,12 @@ pub struct KeepArgs {
     /// (default 1: one lease at a time); each tenant maps the whole pool.
     #[arg(long, value_name = "N", requires = "name")]
     pub tenants: Option<u32>,
+    /// With --name and --content keep: keep the pool's files in this
+    /// directory (a hugetlbfs or tmpfs mount that outlives the keeper), so
+    /// that a keeper started again maps them: bytes and index (`persist =
+    /// "DIR"` in a keeper's config). `hostpool keep forget` removes them.
+    #[arg(long, value_name = "DIR", requires = "name")]
+    pub persist: Option<std::path::PathBuf>,
     /// Print one JSON line per pool when it is ready (and when it is released).
     #[arg(long)]
     pub json: bool,
@@ -65,6 +71,23 @@ pub struct KeepArgs {
 pub enum KeepCommand {
     /// List kept pools: size, page size, backing, NUMA node, lease, generations.
     Status(StatusArgs),
+    /// Throw a persisted pool away: remove its files from its persist
+    /// directory (the one explicit way; `gc` never removes them).
+    Forget(ForgetArgs),
+}
+
+/// `hostpool keep forget`.
+#[derive(Debug, Args)]
+pub struct ForgetArgs {
+    /// The kept pool whose persisted files go.
+    #[arg(long, value_name = "NAME")]
+    pub name: String,
+    /// Its persist directory.
+    #[arg(long, value_name = "DIR")]
+    pub persist: std::path::PathBuf,
+    /// Print as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `hostpool keep status`.
@@ -83,8 +106,10 @@ static STOPS: StopRequests = StopRequests::new(0);
 
 /// Run `hostpool keep`.
 pub(super) fn run(args: KeepArgs) -> Result<i32, Error> {
-    if let Some(KeepCommand::Status(s)) = args.command {
-        return status(&s);
+    match args.command {
+        Some(KeepCommand::Status(s)) => return status(&s),
+        Some(KeepCommand::Forget(f)) => return forget(&f),
+        None => {}
     }
     let most = pool_core::MAX_ATTACH_TIMEOUT_SECS;
     if !(args.drain_timeout.is_finite() && (0.0..=most).contains(&args.drain_timeout)) {
@@ -215,6 +240,7 @@ fn pools(args: &KeepArgs) -> Result<(Vec<KeptPoolConfig>, Option<Endpoint>), Err
             content: args.content.unwrap_or_default(),
             allow_uids: args.allow_uids.clone(),
             tenants: args.tenants.unwrap_or(1),
+            persist: args.persist.clone(),
             pool,
         };
         kept.validate()?;
@@ -234,6 +260,34 @@ fn pools(args: &KeepArgs) -> Result<(Vec<KeptPoolConfig>, Option<Endpoint>), Err
     }
     let settings = hostpool_keeper::read_settings(path)?;
     Ok((settings.pools, settings.metrics))
+}
+
+/// `hostpool keep forget`: a persisted pool's files removed, unless a
+/// keeper of that name runs (it maps them).
+fn forget(args: &ForgetArgs) -> Result<i32, Error> {
+    if hostpool_keeper::list().contains(&args.name) {
+        return Err(Error::Conflict {
+            path: args.persist.clone(),
+            message: format!(
+                "a keeper of `{}` runs and maps its persisted files: stop it first (SIGTERM), \
+                 then forget them",
+                args.name
+            ),
+        });
+    }
+    let removed = hostpool_keeper::persist::forget(&args.persist, &args.name)?;
+    if args.json {
+        let paths: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();
+        return write_stdout(&serde_json::json!({"name": args.name, "removed": paths}).to_string())
+            .map(|()| 0);
+    }
+    say(format_args!(
+        "hostpool: kept pool `{}`: {} persisted file(s) removed from {}",
+        args.name,
+        removed.len(),
+        args.persist.display()
+    ));
+    Ok(0)
 }
 
 /// Say that a kept pool is ready.

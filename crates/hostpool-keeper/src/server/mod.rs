@@ -137,12 +137,37 @@ impl Keeper {
         let listener = io::bind(&config.name)?;
         pool_core::failpoint::stall("keeper-before-build");
         let adopt = adopt.filter(|_| config.content == crate::Content::Keep);
-        let (pool, files, came_back) = match adopt {
-            Some((files, from)) => {
+        let persisted = match (&config.persist, &adopt) {
+            // Handed back whole by systemd: the persisted files are the same
+            // memory (the store holds what this keeper made there).
+            (Some(dir), None) => Some(crate::persist::open_or_make(
+                dir,
+                &config.name,
+                &plan.kept_extents(),
+            )?),
+            _ => None,
+        };
+        let (pool, files, came_back) = match (adopt, persisted) {
+            (Some((files, from)), _) => {
                 let (pool, files) = Pool::adopt_kept(&plan, files, observer)?;
                 (pool, files, from)
             }
-            None => {
+            (None, Some(p)) if p.found => {
+                let (pool, files) = Pool::adopt_kept(&plan, p.fds, observer)?;
+                (pool, files, CameBack::Persist)
+            }
+            (None, Some(p)) => {
+                let paths = crate::persist::Files {
+                    fds: Vec::new(),
+                    paths: p.paths.clone(),
+                    found: false,
+                };
+                let built = Pool::build_kept_on(&plan, p.fds, observer, cancel);
+                // A build that failed leaves no file behind.
+                let (pool, files) = built.inspect_err(|_| paths.remove_made())?;
+                (pool, files, CameBack::Built)
+            }
+            (None, None) => {
                 let (pool, files) = Pool::build_kept(&plan, observer, cancel)?;
                 (pool, files, CameBack::Built)
             }

@@ -210,6 +210,8 @@ pub enum CameBack {
     Built,
     /// Handed back by systemd's file descriptor store (`LISTEN_FDS`).
     FdStore,
+    /// Found in its persist directory (`persist = "DIR"`).
+    Persist,
 }
 
 impl CameBack {
@@ -218,6 +220,7 @@ impl CameBack {
         match self {
             CameBack::Built => "built",
             CameBack::FdStore => "fdstore",
+            CameBack::Persist => "persist",
         }
     }
 }

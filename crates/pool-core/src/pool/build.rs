@@ -368,6 +368,32 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// A keeper's pool built on `files` it made itself (empty, one per
+    /// extent, each its extent's length: a persist directory's), as
+    /// [`Pool::build_kept`] builds on files it creates: capacity checks,
+    /// map, NUMA binding, prefault and placement.
+    ///
+    /// # Errors
+    /// As [`Pool::adopt_kept`] and [`Pool::build_kept`].
+    pub fn build_kept_on(
+        plan: &PoolPlan,
+        files: Vec<std::os::fd::OwnedFd>,
+        observer: &dyn Observer,
+        cancel: &Cancel,
+    ) -> Result<(Pool, Vec<(std::os::fd::OwnedFd, Extent)>)> {
+        if let Some(bp) = plan.backing_plan() {
+            capacity::require(&bp.capacity)?;
+        }
+        let (mut pool, fds) = Pool::adopt_kept(plan, files, observer)?;
+        bind(&mut pool, plan, None)?;
+        let faulted = prefault(&mut pool, plan, observer, cancel);
+        pool.report.prefault = Some(faulted?);
+        check_placement(&mut pool, plan)?;
+        Ok((pool, fds))
+    }
+}
+
 /// How much of the pool transparent huge pages back, from smaps.
 fn thp_backed(pool: &Pool) -> Option<super::report::ThpReport> {
     let region = pool.region()?;

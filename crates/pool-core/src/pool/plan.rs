@@ -199,6 +199,15 @@ impl PoolPlan {
         self.memory().map(|m| &m.plan)
     }
 
+    /// The extents of a kept pool's files, one file each, in pool order
+    /// (empty for a plan that maps no files).
+    pub fn kept_extents(&self) -> Vec<crate::Extent> {
+        match self.backing_plan().map(|bp| &bp.source) {
+            Some(crate::plugin::MemorySource::Files(fp)) => fp.extents.clone(),
+            _ => Vec::new(),
+        }
+    }
+
     /// How the pool will be prefaulted (this rank's shard of a shared pool;
     /// nothing for a lease, whose memory comes resident).
     pub fn prefault(&self) -> &PrefaultPlan {

@@ -98,6 +98,7 @@ impl Bench<'_> {
             content: Content::Zero,
             allow_uids: Vec::new(),
             tenants: 1,
+            persist: None,
             pool: config.clone(),
         };
         let mut keeper = Keeper::start(kept, &Quiet, &pool_core::interrupt::Cancel::new())?;
