@@ -137,6 +137,28 @@ fn assert_page_is_status(page: &BTreeMap<String, f64>, st: &Value, pool: &str) {
         value(page, "hostpool_keeper_pool_broken", &p),
         f64::from(u8::from(!st["broken"].is_null()))
     );
+    // A keeper never pins (each engine pins its own mapping): the status
+    // says so, and the page says the status.
+    assert_eq!(st["pinned"], false, "{st}");
+    assert_eq!(value(page, "hostpool_keeper_pool_pinned", &p), 0.0);
+    let came_back = st["came_back"].as_str().unwrap();
+    for from in ["built", "fdstore", "persist"] {
+        assert_eq!(
+            value(
+                page,
+                "hostpool_keeper_pool_came_back",
+                &[("pool", pool), ("from", from)]
+            ),
+            f64::from(u8::from(from == came_back)),
+            "{from}: {st}"
+        );
+    }
+    let blocks = page
+        .get(&format!(
+            "hostpool_keeper_pool_came_back_blocks{{pool={pool}}}"
+        ))
+        .copied();
+    assert_eq!(blocks, st["came_back_blocks"].as_f64(), "{st}");
     let tenants = st["tenants"].as_array().unwrap();
     assert_eq!(
         value(page, "hostpool_keeper_tenants", &p),
@@ -224,6 +246,8 @@ fn the_metrics_page_says_what_keep_status_says_through_leases_a_death_and_a_clea
         value(&page, "hostpool_keeper_tenants", &[("pool", &pool)]),
         0.0
     );
+    let built = [("pool", pool.as_str()), ("from", "built")];
+    assert_eq!(value(&page, "hostpool_keeper_pool_came_back", &built), 1.0);
 
     // Two tenants hold leases.
     let mut a = Children(vec![engine(&pool)]);

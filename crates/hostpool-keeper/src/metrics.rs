@@ -4,15 +4,16 @@
 //!
 //! One source for every figure: each scrape asks each kept pool's keeper
 //! for its status on the keeper's own socket, as `hostpool keep status`
-//! does ([`hostpool_handoff::lease::status`]), and renders that JSON
-//! ([`render`]) with the `prometheus` crate's encoder. So `/metrics` says
-//! what `keep status` says, from the same answer, and a scrape never
-//! touches the keeper's state from another thread.
+//! does ([`hostpool_handoff::lease::status_typed`]), and renders that
+//! [`KeeperStatus`] ([`render`]) with the `prometheus` crate's encoder. So
+//! `/metrics` says what `keep status` says, from the same answer, and a
+//! scrape never touches the keeper's state from another thread.
 //!
 //! Names follow Prometheus' conventions: the `hostpool_` prefix, base units
 //! (`_bytes`, `_seconds`), `_total` for counters, and one label `pool` on
 //! every series (plus `engine` and `generation` for a tenant's, `how` for lease ends,
-//! `state` for the keeper's state). `docs/operators.md` lists them.
+//! `state` for the keeper's state, `from` for how the pool came).
+//! `docs/operators.md` lists them.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
@@ -23,8 +24,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus::{Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
-use serde_json::Value;
 
+use hostpool_handoff::lease::{CameBack, KeeperState, KeeperStatus};
 use pool_core::{Error, Result};
 
 /// Where `/metrics` is served: `--metrics ADDR` (`metrics = "ADDR"` in a
@@ -243,7 +244,7 @@ fn answer(s: &mut (impl Read + Write), names: &[String]) {
     let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     let (status, kind, body) = match (method, path.split('?').next().unwrap_or("")) {
         ("GET" | "HEAD", "/metrics") => {
-            let statuses: Vec<Value> = names.iter().filter_map(|n| status_of(n)).collect();
+            let statuses: Vec<KeeperStatus> = names.iter().filter_map(|n| status_of(n)).collect();
             match render(&statuses) {
                 Ok(page) => ("200 OK", TextEncoder::new().format_type().to_string(), page),
                 Err(e) => (
@@ -275,18 +276,19 @@ fn answer(s: &mut (impl Read + Write), names: &[String]) {
     let _ = s.flush();
 }
 
-/// The status of kept pool `name` (`None` when its keeper does not answer:
-/// it is stopping, say; its series are left out of this scrape).
-fn status_of(name: &str) -> Option<Value> {
-    hostpool_handoff::lease::status(name).ok()
+/// The status of kept pool `name` (`None` when its keeper does not answer,
+/// it is stopping, say, or says a status this build cannot read; its series
+/// are left out of this scrape).
+fn status_of(name: &str) -> Option<KeeperStatus> {
+    hostpool_handoff::lease::status_typed(name).ok()
 }
 
-/// The metrics of the keepers' `statuses` (`keep status --json`'s objects),
-/// in the Prometheus text format.
+/// The metrics of the keepers' `statuses` (what `keep status --json`
+/// prints), in the Prometheus text format.
 ///
 /// # Errors
 /// An encoding failure of the `prometheus` crate (a bad label value).
-pub fn render(statuses: &[Value]) -> Result<String> {
+pub fn render(statuses: &[KeeperStatus]) -> Result<String> {
     let failed = |e: prometheus::Error| Error::Plugin {
         what: "keep --metrics".into(),
         message: "the metrics could not be encoded".into(),
@@ -337,6 +339,18 @@ pub fn render(statuses: &[Value]) -> Result<String> {
     let pinned = gauge(
         "hostpool_keeper_pool_pinned",
         "1 when the keeper pinned the pool (a keeper never does: each engine pins its mapping).",
+        pool,
+    )?;
+    let came_back = gauge(
+        "hostpool_keeper_pool_came_back",
+        "1 for how the kept pool came to its keeper (built; fdstore: from systemd's file \
+         descriptor store; persist: from its persist directory), 0 for the others.",
+        &["pool", "from"],
+    )?;
+    let came_back_blocks = gauge(
+        "hostpool_keeper_pool_came_back_blocks",
+        "The blocks the index at the pool's tail recorded when the keeper adopted the pool (a \
+         pool that came back with an index only).",
         pool,
     )?;
     let broken = gauge(
@@ -447,98 +461,78 @@ pub fn render(statuses: &[Value]) -> Result<String> {
         "Of those, blocks another tenant (or an earlier lease) stored.",
         per_engine,
     )?;
+    let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     for s in statuses {
-        let Some(name) = s["name"].as_str() else {
-            continue;
-        };
-        let u = |v: &Value| v.as_u64().unwrap_or(0);
-        let i = |v: &Value| i64::try_from(u(v)).unwrap_or(i64::MAX);
-        bytes.with_label_values(&[name]).set(i(&s["size"]));
-        mapped.with_label_values(&[name]).set(i(&s["mapped"]));
-        page.with_label_values(&[name]).set(i(&s["page_size"]));
-        let numa = s["numa_node"]
-            .as_u64()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
-        info.with_label_values(&[
-            name,
-            s["backing"].as_str().unwrap_or(""),
-            &numa,
-            s["content"].as_str().unwrap_or(""),
-            s["instance"].as_str().unwrap_or(""),
-        ])
-        .set(1);
-        pinned
-            .with_label_values(&[name])
-            .set(i64::from(s["pinned"].as_bool().unwrap_or(false)));
+        let name = s.name.as_str();
+        bytes.with_label_values(&[name]).set(int(s.size));
+        mapped.with_label_values(&[name]).set(int(s.mapped));
+        page.with_label_values(&[name]).set(int(s.page_size));
+        let numa = s.numa_node.map(|n| n.to_string()).unwrap_or_default();
+        info.with_label_values(&[name, &s.backing, &numa, &s.content, &s.instance])
+            .set(1);
+        pinned.with_label_values(&[name]).set(i64::from(s.pinned));
+        for from in CameBack::ALL {
+            came_back
+                .with_label_values(&[name, from.name()])
+                .set(i64::from(from == s.came_back));
+        }
+        if let Some(blocks) = s.came_back_blocks {
+            came_back_blocks.with_label_values(&[name]).set(int(blocks));
+        }
         broken
             .with_label_values(&[name])
-            .set(i64::from(!s["broken"].is_null()));
-        let now = s["state"].as_str().unwrap_or("");
-        for st in ["idle", "leased", "clearing", "broken", "stopping"] {
+            .set(i64::from(s.broken.is_some()));
+        for st in KeeperState::ALL {
             state
-                .with_label_values(&[name, st])
-                .set(i64::from(st == now));
+                .with_label_values(&[name, st.name()])
+                .set(i64::from(st == s.state));
         }
-        let list = s["tenants"].as_array().cloned().unwrap_or_default();
         tenants
             .with_label_values(&[name])
-            .set(i64::try_from(list.len()).unwrap_or(i64::MAX));
+            .set(int(s.tenants.len() as u64));
         max_tenants
             .with_label_values(&[name])
-            .set(i(&s["max_tenants"]).max(1));
-        waiting.with_label_values(&[name]).set(i(&s["waiting"]));
-        for t in &list {
-            let engine = t["engine"].as_str().unwrap_or("");
-            let count = |v: &Value| v.as_array().map_or(0, Vec::len);
-            let lease = t["generation"].as_u64().unwrap_or(0).to_string();
-            let l = [name, engine, lease.as_str()];
-            ranks
-                .with_label_values(&l)
-                .set(i64::try_from(count(&t["ranks"])).unwrap_or(0));
+            .set(i64::from(s.max_tenants.max(1)));
+        waiting.with_label_values(&[name]).set(int(s.waiting));
+        for t in &s.tenants {
+            let lease = t.generation.to_string();
+            let l = [name, t.engine.as_str(), lease.as_str()];
+            ranks.with_label_values(&l).set(int(t.ranks.len() as u64));
             companions
                 .with_label_values(&l)
-                .set(i64::try_from(count(&t["companions"])).unwrap_or(0));
-            t_stored.with_label_values(&l).inc_by(u(&t["stored"]));
-            t_hits.with_label_values(&l).inc_by(u(&t["hits"]));
+                .set(int(t.companions.len() as u64));
+            t_stored.with_label_values(&l).inc_by(t.stored);
+            t_hits.with_label_values(&l).inc_by(t.hits);
             t_from_others
                 .with_label_values(&l)
-                .inc_by(u(&t["hits_from_others"]));
+                .inc_by(t.hits_from_others);
         }
-        leases
-            .with_label_values(&[name])
-            .inc_by(u(&s["generation"]));
-        for how in ["closed", "died"] {
-            ends.with_label_values(&[name, how])
-                .inc_by(u(&s["lease_ends"][how]));
+        leases.with_label_values(&[name]).inc_by(s.generation);
+        for (how, n) in [("closed", s.lease_ends.closed), ("died", s.lease_ends.died)] {
+            ends.with_label_values(&[name, how]).inc_by(n);
         }
-        clears.with_label_values(&[name]).inc_by(u(&s["clears"]));
+        clears.with_label_values(&[name]).inc_by(s.clears);
         clear_seconds
             .with_label_values(&[name])
-            .inc_by(s["clear_seconds_total"].as_f64().unwrap_or(0.0).max(0.0));
-        if let Some(secs) = s["last_clear_seconds"].as_f64() {
+            .inc_by(if s.clear_seconds_total.is_finite() {
+                s.clear_seconds_total.max(0.0)
+            } else {
+                0.0
+            });
+        if let Some(secs) = s.last_clear_seconds {
             last_clear.with_label_values(&[name]).set(secs);
         }
-        if s["index"].is_object() {
-            slots
-                .with_label_values(&[name])
-                .set(i(&s["index"]["slots"]));
-            records
-                .with_label_values(&[name])
-                .set(i(&s["index"]["records"]));
+        if let Some(index) = &s.index {
+            slots.with_label_values(&[name]).set(int(index.slots));
+            records.with_label_values(&[name]).set(int(index.records));
         }
-        stored
-            .with_label_values(&[name])
-            .inc_by(u(&s["tier"]["stored"]));
-        hits.with_label_values(&[name])
-            .inc_by(u(&s["tier"]["hits"]));
+        stored.with_label_values(&[name]).inc_by(s.tier.stored);
+        hits.with_label_values(&[name]).inc_by(s.tier.hits);
         from_others
             .with_label_values(&[name])
-            .inc_by(u(&s["tier"]["hits_from_others"]));
-        for start in ["warm", "cold"] {
-            opens
-                .with_label_values(&[name, start])
-                .inc_by(u(&s["tier"]["opens"][start]));
+            .inc_by(s.tier.hits_from_others);
+        for (start, n) in [("warm", s.tier.opens.warm), ("cold", s.tier.opens.cold)] {
+            opens.with_label_values(&[name, start]).inc_by(n);
         }
     }
     let mut out = Vec::new();
@@ -591,33 +585,61 @@ mod tests {
         }
     }
 
+    /// A keeper's status, as it sends it, with `fields` set.
+    fn status(fields: serde_json::Value) -> KeeperStatus {
+        let mut v = json!({
+            "name": "kv0", "socket": "@hostpool-keep.kv0", "pid": 10, "uid": 0,
+            "instance": "abc", "protocol": hostpool_handoff::PROTOCOL,
+            "started_at": "2025-01-01T00:00:00Z", "state": "idle", "broken": null,
+            "backing": "anon", "size": 1024, "mapped": 4096, "page_size": 4096,
+            "numa_node": null, "numa": null, "content": "keep", "allow_uids": [],
+            "generation": 0, "lease": null, "tenants": [], "max_tenants": 1, "waiting": 0,
+            "previous": null, "tag": null, "last_clear_seconds": null, "index": null,
+        });
+        for (k, f) in fields.as_object().unwrap() {
+            v[k] = f.clone();
+        }
+        KeeperStatus::from_value("kv0", v, None).unwrap()
+    }
+
     /// Every figure of a status is a series, counters end in `_total`,
     /// and a pool without tenants or an index has none of theirs.
     #[test]
     fn a_status_renders_as_series_of_the_pool() {
-        let status = json!({
-            "name": "kv0", "size": 1024, "mapped": 4096, "page_size": 4096, "backing": "anon",
-            "numa_node": 1, "content": "keep", "instance": "abc", "broken": null, "state": "leased",
-            "max_tenants": 2, "waiting": 0, "generation": 5,
-            "tenants": [{"engine": "a", "ranks": [{}, {}], "companions": [{}], "generation": 5,
-                          "stored": 3, "hits": 2, "hits_from_others": 1}],
+        let rank = json!({"rank": 0, "pid": 1, "uid": 0});
+        let leased = status(json!({
+            "numa_node": 1, "state": "leased", "max_tenants": 2, "generation": 5,
+            "tenants": [{"engine": "a", "pids": [1, 2, 3], "ranks": [rank, rank],
+                          "companions": [{"pid": 3, "uid": 0}], "world": 2,
+                          "since": "2025-01-01T00:00:01Z", "generation": 5, "live": true,
+                          "tag": null, "stored": 3, "hits": 2, "hits_from_others": 1}],
             "lease_ends": {"closed": 3, "died": 1}, "clears": 2, "clear_seconds_total": 0.5,
-            "last_clear_seconds": 0.25, "index": {"slots": 8, "records": 3},
+            "last_clear_seconds": 0.25,
+            "index": {"slots": 8, "records": 3, "digest": "d", "model": null},
             "tier": {"stored": 7, "hits": 4, "hits_from_others": 2, "opens": {"warm": 3, "cold": 1}},
-        });
-        let page = render(&[status]).unwrap();
+            "came_back": "persist", "came_back_blocks": 3,
+        }));
+        let page = render(&[leased]).unwrap();
         for line in [
             "hostpool_keeper_pool_bytes{pool=\"kv0\"} 1024",
             "hostpool_keeper_page_size_bytes{pool=\"kv0\"} 4096",
             "hostpool_keeper_pool_info{backing=\"anon\",content=\"keep\",instance=\"abc\",numa_node=\"1\",pool=\"kv0\"} 1",
+            "hostpool_keeper_pool_pinned{pool=\"kv0\"} 0",
+            "hostpool_keeper_pool_came_back{from=\"persist\",pool=\"kv0\"} 1",
+            "hostpool_keeper_pool_came_back{from=\"built\",pool=\"kv0\"} 0",
+            "hostpool_keeper_pool_came_back{from=\"fdstore\",pool=\"kv0\"} 0",
+            "hostpool_keeper_pool_came_back_blocks{pool=\"kv0\"} 3",
             "hostpool_keeper_state{pool=\"kv0\",state=\"leased\"} 1",
             "hostpool_keeper_state{pool=\"kv0\",state=\"idle\"} 0",
             "hostpool_keeper_pool_broken{pool=\"kv0\"} 0",
             "hostpool_keeper_tenants{pool=\"kv0\"} 1",
+            "hostpool_keeper_max_tenants{pool=\"kv0\"} 2",
             "hostpool_keeper_lease_ranks{engine=\"a\",generation=\"5\",pool=\"kv0\"} 2",
+            "hostpool_keeper_lease_companions{engine=\"a\",generation=\"5\",pool=\"kv0\"} 1",
             "hostpool_keeper_leases_total{pool=\"kv0\"} 5",
             "hostpool_keeper_lease_ends_total{how=\"died\",pool=\"kv0\"} 1",
             "hostpool_keeper_clear_seconds_total{pool=\"kv0\"} 0.5",
+            "hostpool_keeper_last_clear_seconds{pool=\"kv0\"} 0.25",
             "hostpool_index_records{pool=\"kv0\"} 3",
             "hostpool_tier_hits_from_others_total{pool=\"kv0\"} 2",
             "hostpool_tier_tenant_stored_blocks_total{engine=\"a\",generation=\"5\",pool=\"kv0\"} 3",
@@ -626,8 +648,18 @@ mod tests {
         ] {
             assert!(page.lines().any(|l| l == line), "missing {line}:\n{page}");
         }
-        let empty = render(&[json!({"name": "kv1", "tenants": [], "index": null})]).unwrap();
+        let empty = render(&[status(json!({"name": "kv1"}))]).unwrap();
         assert!(!empty.contains("hostpool_index_records{"), "{empty}");
         assert!(!empty.contains("engine="), "{empty}");
+        assert!(
+            !empty.contains("hostpool_keeper_pool_came_back_blocks{"),
+            "built: no blocks came back\n{empty}"
+        );
+        assert!(
+            empty
+                .lines()
+                .any(|l| l == "hostpool_keeper_pool_came_back{from=\"built\",pool=\"kv1\"} 1"),
+            "{empty}"
+        );
     }
 }

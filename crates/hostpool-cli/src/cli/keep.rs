@@ -5,8 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
+use hostpool::hostpool_handoff::lease::{KeeperStatus, LeaseStatus, TenantStatus};
 use hostpool_keeper::metrics::{Endpoint, Metrics};
-use hostpool_keeper::{CameBack, Content, Keeper, KeptPoolConfig, StopRequests, fdstore, notify};
+use hostpool_keeper::{
+    CameBack, Content, Keeper, KeptPoolConfig, LeaseEnd, StopRequests, fdstore, notify,
+};
 use pool_core::{Error, format_bytes};
 use serde_json::Value;
 
@@ -292,7 +295,8 @@ fn forget(args: &ForgetArgs) -> Result<i32, Error> {
 
 /// Say that a kept pool is ready.
 fn ready(keeper: &Keeper, seconds: f64, json: bool) -> Result<(), Error> {
-    let mut status = keeper.status();
+    let typed = keeper.status();
+    let mut status = super::to_json_value(&typed)?;
     let report = keeper.report();
     if let Value::Object(m) = &mut status {
         m.insert("ready_seconds".into(), seconds.into());
@@ -314,8 +318,8 @@ fn ready(keeper: &Keeper, seconds: f64, json: bool) -> Result<(), Error> {
         format_bytes(report.logical_bytes),
         format_bytes(report.page_size),
         report.backing,
-        status["socket"].as_str().unwrap_or(""),
-        status["content"].as_str().unwrap_or(""),
+        typed.socket,
+        typed.content,
     ));
     Ok(())
 }
@@ -326,17 +330,24 @@ fn status(args: &StatusArgs) -> Result<i32, Error> {
         Some(n) => vec![n.clone()],
         None => hostpool_keeper::list(),
     };
+    // Each keeper's status as it sent it, or why it did not.
     let mut all = Vec::new();
     for n in &names {
         match hostpool_keeper::status(n) {
-            Ok(v) => all.push(v),
+            Ok(v) => all.push((n, Ok(v))),
             // Asked for by name: that it does not answer is the answer.
             Err(e) if args.name.is_some() => return Err(e),
-            Err(e) => all.push(serde_json::json!({"name": n, "error": e.chain_message()})),
+            Err(e) => all.push((n, Err(e.chain_message()))),
         }
     }
     if args.json {
-        write_stdout(&to_json(&all)?)?;
+        // What each keeper sent, as it sent it (a keeper of another
+        // version included).
+        let json: Vec<Value> = all
+            .into_iter()
+            .map(|(n, said)| said.unwrap_or_else(|e| serde_json::json!({"name": n, "error": e})))
+            .collect();
+        write_stdout(&to_json(&json)?)?;
         return Ok(0);
     }
     if all.is_empty() {
@@ -344,131 +355,134 @@ fn status(args: &StatusArgs) -> Result<i32, Error> {
         return Ok(0);
     }
     let mut text = String::new();
-    for v in &all {
-        text.push_str(&human_status(v));
+    for (n, said) in all {
+        let typed = match said.map(|v| KeeperStatus::from_value(n, v, None)) {
+            Ok(Ok(s)) => Ok(s),
+            // Asked for by name: that its status cannot be read is the answer.
+            Ok(Err(e)) if args.name.is_some() => return Err(e),
+            Ok(Err(e)) => Err(e.chain_message()),
+            Err(e) => Err(e),
+        };
+        match typed {
+            Ok(s) => text.push_str(&human_status(&s)),
+            Err(e) => text.push_str(&format!("{n}: {e}\n")),
+        }
     }
     write_stdout(text.trim_end())?;
     Ok(0)
 }
 
-fn human_status(v: &Value) -> String {
+/// A keeper's status, as `keep status` says it.
+fn human_status(s: &KeeperStatus) -> String {
     use std::fmt::Write;
     let mut t = String::new();
-    let name = v["name"].as_str().unwrap_or("?");
-    if let Some(e) = v["error"].as_str() {
-        let _ = writeln!(t, "{name}: {e}");
-        return t;
-    }
-    let bytes = |k: &str| format_bytes(v[k].as_u64().unwrap_or(0));
     let _ = writeln!(
         t,
-        "{name}: {} ({} pages, {}{}) on {}, keeper pid {} (instance {}), {}",
-        bytes("size"),
-        bytes("page_size"),
-        v["backing"].as_str().unwrap_or("?"),
-        v["numa_node"]
-            .as_u64()
+        "{}: {} ({} pages, {}{}) on {}, keeper pid {} (instance {}), {}",
+        s.name,
+        format_bytes(s.size),
+        format_bytes(s.page_size),
+        s.backing,
+        s.numa_node
             .map(|n| format!(", NUMA node {n}"))
             .unwrap_or_default(),
-        v["socket"].as_str().unwrap_or("?"),
-        v["pid"],
-        v["instance"].as_str().unwrap_or("?"),
-        v["state"].as_str().unwrap_or("?"),
+        s.socket,
+        s.pid,
+        s.instance,
+        s.state,
     );
-    let max_tenants = v["max_tenants"].as_u64().unwrap_or(1);
-    let tenants = v["tenants"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let max_tenants = s.max_tenants;
     let _ = writeln!(
         t,
-        "  content {}, generation {}, allow_uids {}{}",
-        v["content"].as_str().unwrap_or("?"),
-        v["generation"],
-        v["allow_uids"],
+        "  content {}, generation {}, allow_uids [{}]{}",
+        s.content,
+        s.generation,
+        s.allow_uids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         if max_tenants > 1 {
-            format!(", {} of at most {max_tenants} tenants", tenants.len())
+            format!(", {} of at most {max_tenants} tenants", s.tenants.len())
         } else {
             String::new()
         }
     );
     if max_tenants > 1 {
-        for l in tenants {
+        for l in &s.tenants {
             let _ = writeln!(t, "{}", human_tenant(l));
         }
     }
-    match v["lease"].as_object() {
+    match &s.lease {
         Some(_) if max_tenants > 1 => {}
         Some(l) => {
-            let _ = writeln!(
-                t,
-                "  leased by pid {} (uid {}) since {}, {} rank(s) of world {}",
-                l["pid"],
-                l["uid"],
-                l["since"].as_str().unwrap_or("?"),
-                l["ranks"].as_array().map_or(0, Vec::len),
-                l["world"]
-            );
+            let _ = writeln!(t, "{}", human_lease(l));
         }
         None => {
             let _ = writeln!(t, "  not leased");
         }
     }
-    if let Some(p) = v["previous"].as_object() {
-        let _ = writeln!(
-            t,
-            "  last lease: pid {} {} at {}",
-            p["pid"],
-            p["how"].as_str().unwrap_or("?"),
-            p["ended_at"].as_str().unwrap_or("?")
-        );
+    if let Some(p) = &s.previous {
+        let how = match p.how {
+            LeaseEnd::Closed => "closed",
+            LeaseEnd::Died => "died",
+        };
+        let _ = writeln!(t, "  last lease: pid {} {how} at {}", p.pid, p.ended_at);
     }
-    if let Some(i) = v["index"].as_object() {
+    if let Some(i) = &s.index {
         let _ = writeln!(
             t,
             "  index: {} of {} slots recorded, model {}, fingerprint {}",
-            i["records"],
-            i["slots"],
-            i["model"].as_str().unwrap_or("(none)"),
-            i["digest"].as_str().unwrap_or("?")
+            i.records,
+            i.slots,
+            i.model.as_deref().unwrap_or("(none)"),
+            i.digest
         );
     }
-    if let Some(b) = v["broken"].as_str() {
+    if let Some(b) = &s.broken {
         let _ = writeln!(t, "  broken: {b}");
     }
     t
 }
 
+/// The one lease of a kept pool of one tenant, as `keep status` says it.
+fn human_lease(l: &LeaseStatus) -> String {
+    let or_unknown = |v: Option<u32>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
+    format!(
+        "  leased by pid {} (uid {}) since {}, {} rank(s) of world {}",
+        or_unknown(l.pid),
+        or_unknown(l.uid),
+        l.since,
+        l.ranks.len(),
+        l.world
+    )
+}
+
 /// One tenant of a kept pool of several, as `keep status` lists it, with
-/// what it did in the keeper's CPU tier (from a keeper that counts it).
-fn human_tenant(l: &Value) -> String {
-    let engine = l["engine"].as_str().unwrap_or("");
-    let tier = match (l["stored"].as_u64(), l["hits"].as_u64()) {
-        (Some(stored), Some(hits)) => format!(
-            ", tier: {stored} stored, {hits} hit(s) ({} stored by others)",
-            l["hits_from_others"].as_u64().unwrap_or(0)
-        ),
-        _ => String::new(),
-    };
+/// what it did in the keeper's CPU tier.
+fn human_tenant(l: &TenantStatus) -> String {
     format!(
         "  tenant of generation {}: pid(s) {}{}, since {}, {} rank(s) of world {}, {} \
-         companion(s), {}{tier}",
-        l["generation"],
-        l["pids"]
-            .as_array()
-            .map(|p| p.iter().map(Value::to_string).collect::<Vec<_>>().join(" "))
-            .unwrap_or_default(),
-        if engine.is_empty() {
+         companion(s), {}, tier: {} stored, {} hit(s) ({} stored by others)",
+        l.generation,
+        l.pids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(" "),
+        if l.engine.is_empty() {
             String::new()
         } else {
-            format!(", engine `{engine}`")
+            format!(", engine `{}`", l.engine)
         },
-        l["since"].as_str().unwrap_or("?"),
-        l["ranks"].as_array().map_or(0, Vec::len),
-        l["world"],
-        l["companions"].as_array().map_or(0, Vec::len),
-        if l["live"] == true {
-            "live"
-        } else {
-            "attaching"
-        },
+        l.since,
+        l.ranks.len(),
+        l.world,
+        l.companions.len(),
+        if l.live { "live" } else { "attaching" },
+        l.stored,
+        l.hits,
+        l.hits_from_others,
     )
 }
 

@@ -15,6 +15,10 @@ pub use crate::message::{LeaseEnd, LeaseInfo, PreviousLease};
 
 pub use crate::kept::{SOCKET_PREFIX, address, how_to_start, keeper_error, socket_name};
 pub use client::attach;
+pub use status::{
+    CameBack, CompanionStatus, IndexStatus, KeeperState, KeeperStatus, LeaseEnds, LeaseStatus,
+    RankStatus, TenantStatus, TierOpens, TierStatus,
+};
 pub use tier::{LinkState, TierLink, Unanswered};
 
 /// The names of the kept pools this network namespace serves, from
@@ -32,7 +36,9 @@ pub fn list() -> Vec<String> {
     names
 }
 
-/// Ask the keeper of `name` how its pool is (`hostpool keep status`).
+/// Ask the keeper of `name` how its pool is (`hostpool keep status`), as
+/// the JSON it sent (Python's `hostpool.keeper_status`); [`status_typed`]
+/// parses it.
 ///
 /// # Errors
 /// [`pool_core::Error::Keeper`] when no keeper answers or it refuses.
@@ -49,4 +55,22 @@ pub fn status(name: &str) -> Result<Value> {
 /// As [`status`].
 pub fn status_and_pid(name: &str) -> Result<(Value, u32)> {
     status::status(name)
+}
+
+/// [`status`], parsed: the keeper's [`KeeperStatus`].
+///
+/// # Errors
+/// As [`status`]; [`pool_core::Error::Keeper`] naming the keeper when what
+/// it sent is not a keeper's status (a keeper of another version).
+pub fn status_typed(name: &str) -> Result<KeeperStatus> {
+    status::status_typed(name).map(|(s, _)| s)
+}
+
+/// [`status_and_pid`], parsed: the keeper's [`KeeperStatus`] and its pid as
+/// this process sees it.
+///
+/// # Errors
+/// As [`status_typed`].
+pub fn status_and_pid_typed(name: &str) -> Result<(KeeperStatus, u32)> {
+    status::status_typed(name)
 }

@@ -1,4 +1,5 @@
-//! `hostpool keep status`: asking a keeper how its pool is.
+//! `hostpool keep status`: asking a keeper how its pool is, and the
+//! answer typed ([`typed`]).
 
 use std::time::{Duration, Instant};
 
@@ -10,6 +11,20 @@ use crate::join;
 use crate::message::Message;
 use crate::wire::{self, Received};
 use pool_core::Result;
+
+mod typed;
+
+pub use typed::{
+    CameBack, CompanionStatus, IndexStatus, KeeperState, KeeperStatus, LeaseEnds, LeaseStatus,
+    RankStatus, TenantStatus, TierOpens, TierStatus,
+};
+
+/// [`status`], parsed once: an error naming the keeper when it is not a
+/// keeper's status.
+pub(super) fn status_typed(name: &str) -> Result<(KeeperStatus, u32)> {
+    let (value, pid) = status(name)?;
+    Ok((KeeperStatus::from_value(name, value, Some(pid))?, pid))
+}
 
 /// The status of the keeper of `name`, and the keeper's pid as this
 /// process sees it (`SO_PEERCRED`).

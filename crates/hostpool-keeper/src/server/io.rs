@@ -121,7 +121,11 @@ impl Sockets {
             match msg {
                 Message::Status => {
                     let status = super::status::status(s, memory);
-                    let _ = wire::send(&fd, &Message::StatusOf(status), &[]);
+                    let _ = wire::send(
+                        &fd,
+                        &Message::StatusOf(serde_json::to_value(status).unwrap_or_default()),
+                        &[],
+                    );
                 }
                 hello @ Message::Hello { .. } => self.hello(s, memory, conn, fd, uid, pid, hello),
                 _ => {}
@@ -585,7 +589,7 @@ mod tests {
                 reply: TierReply::Done(1)
             }
         ));
-        let st = s.status(serde_json::Value::Null, serde_json::Value::Null);
+        let st = serde_json::to_value(s.status(serde_json::Value::Null, None)).unwrap();
         let t = &st["tenants"][0];
         assert_eq!(
             (&t["stored"], &t["hits"], &t["hits_from_others"]),

@@ -26,8 +26,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use super::KeptPoolConfig;
 use io::Sockets;
 use pool_core::Result;
@@ -224,7 +222,7 @@ impl Keeper {
     }
 
     /// The keeper's status, as `hostpool keep status --json` prints it.
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> hostpool_handoff::lease::KeeperStatus {
         status::status(&self.serving, &self.memory)
     }
 

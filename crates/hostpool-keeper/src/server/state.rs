@@ -27,12 +27,15 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::super::KeptPoolConfig;
 use hostpool_handoff::Message;
 use hostpool_handoff::barrier::{Barrier, Mark};
-use hostpool_handoff::lease::{LeaseInfo, PreviousLease, socket_name};
+use hostpool_handoff::lease::{
+    IndexStatus, KeeperState, KeeperStatus, LeaseEnds, LeaseInfo, PreviousLease, TierOpens,
+    TierStatus, socket_name,
+};
 use pool_core::Choice;
 use pool_core::Error;
 
@@ -201,29 +204,8 @@ pub(super) struct Figures {
     pub(super) came_back: CameBack,
 }
 
-/// How a keeper's pool came to it: built, or adopted from a keeper that ran
-/// before (its memory, bytes and index as they were).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CameBack {
-    /// Built afresh.
-    #[default]
-    Built,
-    /// Handed back by systemd's file descriptor store (`LISTEN_FDS`).
-    FdStore,
-    /// Found in its persist directory (`persist = "DIR"`).
-    Persist,
-}
-
-impl CameBack {
-    /// Its name in the status and the metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            CameBack::Built => "built",
-            CameBack::FdStore => "fdstore",
-            CameBack::Persist => "persist",
-        }
-    }
-}
+/// How a keeper's pool came to it (its status's `came_back`).
+pub use hostpool_handoff::lease::CameBack;
 
 /// Everything of a keeper but its memory and its sockets.
 #[derive(Debug)]
@@ -252,6 +234,10 @@ pub(super) struct Serving {
     uid: u32,
     /// The kept pool's figures, for leases and status.
     figures: Figures,
+    /// The blocks the index recorded when the pool was adopted
+    /// ([`Serving::set_came_back_blocks`]); the status's
+    /// `came_back_blocks` for a pool that came back.
+    came_back_blocks: Option<u64>,
 }
 
 /// A keeper's counters since it started (`keep status`'s `lease_ends`,
@@ -322,7 +308,19 @@ impl Serving {
             uid: rustix::process::geteuid().as_raw(),
             figures,
             config,
+            came_back_blocks: None,
         }
+    }
+
+    /// Say the blocks the index at the pool's tail recorded when the pool
+    /// was adopted (read once, at the start, before any lease: the
+    /// status's `came_back_blocks` while `came_back` is not built).
+    #[allow(
+        dead_code,
+        reason = "called by the keeper's start once it reads the adopted index"
+    )]
+    pub(super) fn set_came_back_blocks(&mut self, blocks: Option<u64>) {
+        self.came_back_blocks = blocks;
     }
 
     /// The kept pool's name.
@@ -485,55 +483,67 @@ impl Serving {
     /// the memory's figures given (`numa`: the build's NUMA report; `index`:
     /// the index at the pool's tail, `super::status`). `lease` is the first
     /// tenant's (as before tenants), `tenants` lists them all.
-    pub(super) fn status(&self, numa: Value, index: Value) -> Value {
+    pub(super) fn status(&self, numa: Value, index: Option<IndexStatus>) -> KeeperStatus {
         let state = match (&self.state, self.tenants.is_empty(), self.stopping) {
-            (_, _, true) => "stopping",
-            (State::Broken(_), _, _) => "broken",
-            (State::Zeroing { .. }, _, _) => "clearing",
-            (_, false, _) => "leased",
-            _ => "idle",
+            (_, _, true) => KeeperState::Stopping,
+            (State::Broken(_), _, _) => KeeperState::Broken,
+            (State::Zeroing { .. }, _, _) => KeeperState::Clearing,
+            (_, false, _) => KeeperState::Leased,
+            _ => KeeperState::Idle,
         };
-        let lease = self.tenants.first().map(Lease::status);
-        let tenants: Vec<Value> = self.tenants.iter().map(Lease::tenant_status).collect();
         let f = &self.figures;
-        json!({
-            "name": self.config.name,
-            "socket": socket_name(&self.config.name),
-            "pid": std::process::id(),
-            "uid": self.uid,
-            "instance": self.instance,
-            "protocol": hostpool_handoff::PROTOCOL,
-            "started_at": pool_core::rfc3339(self.started_at),
-            "state": state,
-            "broken": match &self.state { State::Broken(why) => Some(why.clone()), _ => None },
-            "backing": f.backing,
-            "size": f.logical,
-            "mapped": f.mapped,
-            "page_size": f.page,
-            "numa_node": f.numa_node,
-            "numa": numa,
-            "content": self.config.content.name(),
-            "came_back": f.came_back.name(),
-            "allow_uids": self.config.allow_uids,
-            "generation": self.generation,
-            "lease": lease,
-            "tenants": tenants,
-            "max_tenants": self.config.tenants,
-            "waiting": self.waiting.len(),
-            "previous": self.previous,
-            "tag": self.tag,
-            "last_clear_seconds": self.last_clear_seconds,
-            "lease_ends": {"closed": self.totals.closed, "died": self.totals.died},
-            "clears": self.totals.clears,
-            "clear_seconds_total": self.totals.clear_seconds,
-            "tier": {
-                "stored": self.totals.tier.stored,
-                "hits": self.totals.tier.hits,
-                "hits_from_others": self.totals.tier.hits_from_others,
-                "opens": {"warm": self.totals.opens_warm, "cold": self.totals.opens_cold},
+        KeeperStatus {
+            name: self.config.name.clone(),
+            socket: socket_name(&self.config.name),
+            pid: std::process::id(),
+            uid: self.uid,
+            instance: self.instance.clone(),
+            protocol: hostpool_handoff::PROTOCOL,
+            started_at: pool_core::rfc3339(self.started_at),
+            state,
+            broken: match &self.state {
+                State::Broken(why) => Some(why.clone()),
+                _ => None,
             },
-            "index": index,
-        })
+            backing: f.backing.clone(),
+            size: f.logical,
+            mapped: f.mapped,
+            page_size: f.page,
+            numa_node: f.numa_node,
+            numa,
+            content: self.config.content.name().to_string(),
+            came_back: f.came_back,
+            came_back_blocks: self
+                .came_back_blocks
+                .filter(|_| f.came_back != CameBack::Built),
+            // A keeper never pins: each engine pins its own mapping.
+            pinned: false,
+            allow_uids: self.config.allow_uids.clone(),
+            generation: self.generation,
+            lease: self.tenants.first().map(Lease::status),
+            tenants: self.tenants.iter().map(Lease::tenant_status).collect(),
+            max_tenants: self.config.tenants,
+            waiting: self.waiting.len() as u64,
+            previous: self.previous.clone(),
+            tag: self.tag.clone(),
+            last_clear_seconds: self.last_clear_seconds,
+            lease_ends: LeaseEnds {
+                closed: self.totals.closed,
+                died: self.totals.died,
+            },
+            clears: self.totals.clears,
+            clear_seconds_total: self.totals.clear_seconds,
+            tier: TierStatus {
+                stored: self.totals.tier.stored,
+                hits: self.totals.tier.hits,
+                hits_from_others: self.totals.tier.hits_from_others,
+                opens: TierOpens {
+                    warm: self.totals.opens_warm,
+                    cold: self.totals.opens_cold,
+                },
+            },
+            index,
+        }
     }
 }
 
@@ -740,24 +750,61 @@ mod tests {
     fn the_status_says_the_state_the_lease_and_its_attached_ranks() {
         let mut s = serving("keep");
         let now = Instant::now();
-        let idle = s.status(Value::Null, Value::Null);
+        let idle = s.status(Value::Null, None);
+        assert_eq!((idle.state, &idle.lease), (KeeperState::Idle, &None));
+        assert_eq!(idle.mapped, 8 << 20);
         assert_eq!(
-            (idle["state"].as_str(), &idle["lease"]),
-            (Some("idle"), &Value::Null)
+            (idle.came_back, idle.came_back_blocks, idle.pinned),
+            (CameBack::Built, None, false),
+            "built, and a keeper never pins"
         );
-        assert_eq!(idle["mapped"], 8 << 20);
         granted(&mut s, &hello("eng", 2, 0, None), 1000, now);
         granted(&mut s, &hello("eng", 2, 1, None), 1001, now);
         s.on_rank(T1, 1, RankEvent::Gone);
-        let leased = s.status(Value::Null, json!({"slots": 1}));
-        assert_eq!(leased["state"], "leased");
-        assert_eq!(leased["lease"]["pid"], 1000);
-        assert_eq!(leased["lease"]["generation"], 1);
+        let index = IndexStatus {
+            slots: 1,
+            ..IndexStatus::default()
+        };
+        let leased = s.status(Value::Null, Some(index));
+        assert_eq!(leased.state, KeeperState::Leased);
+        let lease = leased.lease.as_ref().expect("leased");
+        assert_eq!((lease.pid, lease.generation), (Some(1000), 1));
         assert_eq!(
-            leased["lease"]["ranks"],
-            json!([{"rank": 0, "pid": 1000, "uid": 0}]),
+            lease.ranks,
+            vec![hostpool_handoff::lease::RankStatus {
+                rank: 0,
+                pid: 1000,
+                uid: 0
+            }],
             "a rank whose connection ended is not listed"
         );
-        assert_eq!(leased["index"]["slots"], 1);
+        assert_eq!(leased.index.as_ref().map(|i| i.slots), Some(1));
+        // Its JSON is today's shape, key for key.
+        let json = serde_json::to_value(&leased).unwrap();
+        assert_eq!(json["state"], "leased");
+        assert_eq!(
+            json["lease"]["ranks"],
+            serde_json::json!([{"rank": 0, "pid": 1000, "uid": 0}])
+        );
+        assert_eq!(json["index"]["slots"], 1);
+        assert_eq!(
+            (&json["came_back"], &json["pinned"]),
+            (&"built".into(), &false.into())
+        );
+    }
+
+    #[test]
+    fn the_blocks_a_pool_came_back_with_are_said_only_for_a_pool_that_came_back() {
+        let mut s = serving("keep");
+        s.set_came_back_blocks(Some(7));
+        assert_eq!(s.status(Value::Null, None).came_back_blocks, None, "built");
+        s.figures.came_back = CameBack::FdStore;
+        let st = s.status(Value::Null, None);
+        assert_eq!(
+            (st.came_back, st.came_back_blocks),
+            (CameBack::FdStore, Some(7))
+        );
+        s.set_came_back_blocks(None);
+        assert_eq!(s.status(Value::Null, None).came_back_blocks, None);
     }
 }

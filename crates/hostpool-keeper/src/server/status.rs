@@ -1,4 +1,4 @@
-//! A keeper's status (`hostpool keep status`): the state's JSON
+//! A keeper's status (`hostpool keep status`): the state's
 //! ([`Serving::status`]) with what the memory says, the build's NUMA report
 //! and the index an engine keeps at the pool's tail, read from the pool's
 //! files.
@@ -7,31 +7,43 @@
 
 use std::os::fd::OwnedFd;
 
-use serde_json::{Value, json};
-
+use hostpool_handoff::lease::{IndexStatus, KeeperStatus};
 use pool_core::Extent;
 
 use super::Memory;
 use super::state::Serving;
 
-/// The status of the keeper `s` of `memory`.
-pub(super) fn status(s: &Serving, memory: &Memory) -> Value {
+/// The status of the keeper `s` of `memory` (sent as its JSON:
+/// `Message::StatusOf`).
+pub(super) fn status(s: &Serving, memory: &Memory) -> KeeperStatus {
     let f = s.figures();
     s.status(
-        json!(memory.pool.report().numa),
+        serde_json::to_value(&memory.pool.report().numa).unwrap_or_default(),
         index_status(&memory.files, f.mapped, f.page),
     )
 }
 
+/// The blocks the index at the tail of `memory` records now (`None`
+/// without one): what a keeper whose pool came back says it came back
+/// with ([`Serving::set_came_back_blocks`], once, at its start).
+#[allow(
+    dead_code,
+    reason = "called by the keeper's start once it adopted a pool"
+)]
+pub(super) fn index_blocks(s: &Serving, memory: &Memory) -> Option<u64> {
+    let f = s.figures();
+    index_status(&memory.files, f.mapped, f.page).map(|i| i.records)
+}
+
 /// The index an engine keeps at the pool's tail (`Pool.index`), read
 /// without changing it: its slots, the records it holds, and the digest of
-/// the fingerprint with the model it names; `null` when there is none.
+/// the fingerprint with the model it names; `None` when there is none.
 ///
 /// Read from the files with `pread`, never through the mapping: a holder
 /// may have truncated a file in a directory (tmpfs, hugetlbfs: they take
 /// no seals), and a read past its end through the mapping is a SIGBUS,
 /// where `pread` returns short and the index reads as none.
-fn index_status(files: &[(OwnedFd, Extent)], mapped: u64, page: u64) -> Value {
+fn index_status(files: &[(OwnedFd, Extent)], mapped: u64, page: u64) -> Option<IndexStatus> {
     let trailer = read_range(files, mapped.saturating_sub(16), 16).map(|b| {
         let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
         [word(0), word(1)]
@@ -47,13 +59,11 @@ fn index_status(files: &[(OwnedFd, Extent)], mapped: u64, page: u64) -> Value {
                 .collect();
             hostpool_index::summary(&words)
         });
-    summary.map_or(Value::Null, |s| {
-        json!({
-            "slots": s.capacity,
-            "records": s.records,
-            "digest": s.fingerprint.digest(),
-            "model": s.fingerprint.get("model"),
-        })
+    summary.map(|s| IndexStatus {
+        slots: s.capacity,
+        records: s.records as u64,
+        digest: s.fingerprint.digest(),
+        model: s.fingerprint.get("model").map(str::to_string),
     })
 }
 
@@ -105,6 +115,6 @@ mod tests {
         assert_eq!(read_range(&files, 2, 4), None, "the second file is short");
         assert_eq!(read_range(&files, 0, 4).as_deref(), Some(&b"abcd"[..]));
         // No index at the tail of these bytes.
-        assert_eq!(index_status(&files[..1], 4, 4096), Value::Null);
+        assert_eq!(index_status(&files[..1], 4, 4096), None);
     }
 }

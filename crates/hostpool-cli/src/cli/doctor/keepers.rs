@@ -5,6 +5,7 @@
 //! engines'). A keeper socket that does not answer is a warning: its engines
 //! cannot attach.
 
+use hostpool::hostpool_handoff::lease::KeeperStatus;
 use pool_core::format_bytes;
 use pool_core::host::capacity::memory_controller;
 use pool_core::host::cgroup::{self, ChargedGroup, Controller};
@@ -17,52 +18,19 @@ pub(super) fn findings() -> Vec<Finding> {
     hostpool_keeper::list()
         .into_iter()
         .map(|name| match hostpool_keeper::status_and_pid(&name) {
-            Ok((mut s, pid)) => {
-                let tenants = s["tenants"].as_array().cloned().unwrap_or_default();
-                let lease = match (s["lease"].as_object(), tenants.len()) {
-                    // Several engines at once: each, by engine and pid.
-                    (Some(_), n) if n > 1 => format!(
-                        "leased by {n} engines ({})",
-                        tenants
-                            .iter()
-                            .map(|t| match t["engine"].as_str().unwrap_or("") {
-                                "" => format!("pid {}", t["pids"][0]),
-                                engine => format!("`{engine}` pid {}", t["pids"][0]),
-                            })
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                    (Some(l), _) => format!(
-                        "leased by pid {} since {}",
-                        l["pid"],
-                        l["since"].as_str().unwrap_or("?")
-                    ),
-                    (None, _) => s["state"].as_str().unwrap_or("?").to_string(),
-                };
-                let huge = s["page_size"]
-                    .as_u64()
-                    .is_some_and(|p| p > pool_core::base_page_size() as u64);
-                let charged = charged_to(pid, huge, &mut s);
-                let value = format!(
-                    "{} ({} pages, {}), content {}, generation {}, {lease}; keeper pid {}; \
-                     {charged}",
-                    format_bytes(s["size"].as_u64().unwrap_or(0)),
-                    format_bytes(s["page_size"].as_u64().unwrap_or(0)),
-                    s["backing"].as_str().unwrap_or("?"),
-                    s["content"].as_str().unwrap_or("?"),
-                    s["generation"],
-                    s["pid"],
-                );
-                let f = Finding::new("keepers", name, value);
-                match s["broken"].as_str() {
-                    Some(why) => f.warn(format!(
-                        "{why}; restart the keeper (`kill -TERM {}`, then start it again)",
-                        s["pid"]
-                    )),
-                    None => f,
-                }
-                .details(s)
-            }
+            Ok((sent, pid)) => match KeeperStatus::from_value(&name, sent.clone(), Some(pid)) {
+                Ok(s) => finding(name, &s, pid),
+                Err(e) => Finding::new(
+                    "keepers",
+                    name,
+                    "answers a status this hostpool cannot read",
+                )
+                .warn(format!(
+                    "{}; run the keeper and this command from one hostpool version",
+                    e.chain_message()
+                ))
+                .details(sent),
+            },
             Err(e) => Finding::new("keepers", name, "does not answer").warn(format!(
                 "{}; a process holds the keeper's socket but does not serve it: find it with `ss \
                  -xlp | grep hostpool-keep`",
@@ -70,6 +38,56 @@ pub(super) fn findings() -> Vec<Finding> {
             )),
         })
         .collect()
+}
+
+/// The finding of the keeper of `name` (pid `pid` in this PID namespace),
+/// whose status is `s`: its pool, who leases it, where it is charged; the
+/// status, with the cgroup's figures, its details.
+fn finding(name: String, s: &KeeperStatus, pid: u32) -> Finding {
+    let lease = match (&s.lease, s.tenants.len()) {
+        // Several engines at once: each, by engine and pid.
+        (Some(_), n) if n > 1 => format!(
+            "leased by {n} engines ({})",
+            s.tenants
+                .iter()
+                .map(|t| {
+                    let pid = t.pids.first().map_or_else(|| "?".into(), u32::to_string);
+                    match t.engine.as_str() {
+                        "" => format!("pid {pid}"),
+                        engine => format!("`{engine}` pid {pid}"),
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        (Some(l), _) => format!(
+            "leased by pid {} since {}",
+            l.pid.map_or_else(|| "?".into(), |p| p.to_string()),
+            l.since
+        ),
+        (None, _) => s.state.to_string(),
+    };
+    let huge = s.page_size > pool_core::base_page_size() as u64;
+    let mut details = serde_json::to_value(s).unwrap_or_default();
+    let charged = charged_to(pid, huge, &mut details);
+    let value = format!(
+        "{} ({} pages, {}), content {}, generation {}, {lease}; keeper pid {}; {charged}",
+        format_bytes(s.size),
+        format_bytes(s.page_size),
+        s.backing,
+        s.content,
+        s.generation,
+        s.pid,
+    );
+    let f = Finding::new("keepers", name, value);
+    match &s.broken {
+        Some(why) => f.warn(format!(
+            "{why}; restart the keeper (`kill -TERM {}`, then start it again)",
+            s.pid
+        )),
+        None => f,
+    }
+    .details(details)
 }
 
 /// Which cgroup the keeper (pid `pid` in this PID namespace; 0 when it is

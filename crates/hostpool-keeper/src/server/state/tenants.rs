@@ -5,9 +5,8 @@
 //! [`TenantId`]: found, joined by a rank or companion, listed, ended, and
 //! shown in the status. Each tenant maps the whole pool.
 
-use serde_json::{Value, json};
-
 use hostpool_handoff::Message;
+use hostpool_handoff::lease::{CompanionStatus, LeaseStatus, RankStatus, TenantStatus};
 
 use super::{ConnId, Lease, Rank, Serving};
 
@@ -71,45 +70,64 @@ impl Lease {
         )
     }
 
+    /// Its ranks attached now, as the status lists them.
+    fn rank_status(&self) -> Vec<RankStatus> {
+        attached(&self.ranks)
+            .map(|r| RankStatus {
+                rank: r.rank,
+                pid: r.pid,
+                uid: r.uid,
+            })
+            .collect()
+    }
+
+    /// Its companions attached now, as the status lists them.
+    fn companion_status(&self) -> Vec<CompanionStatus> {
+        attached(&self.companions)
+            .map(|r| CompanionStatus {
+                pid: r.pid,
+                uid: r.uid,
+            })
+            .collect()
+    }
+
     /// The status's `lease` object (the first tenant's, as before tenants).
-    pub(super) fn status(&self) -> Value {
-        json!({
-            "pid": self.ranks.first().map(|r| r.pid),
-            "uid": self.ranks.first().map(|r| r.uid),
-            "since": pool_core::rfc3339(self.since),
-            "engine": self.engine,
-            "world": self.world,
-            "generation": self.info.generation,
-            "live": self.live,
-            "ranks": attached(&self.ranks).map(|r| json!({"rank": r.rank, "pid": r.pid, "uid": r.uid})).collect::<Vec<_>>(),
-            "companions": attached(&self.companions).map(|r| json!({"pid": r.pid, "uid": r.uid})).collect::<Vec<_>>(),
-        })
+    pub(super) fn status(&self) -> LeaseStatus {
+        LeaseStatus {
+            pid: self.ranks.first().map(|r| r.pid),
+            uid: self.ranks.first().map(|r| r.uid),
+            since: pool_core::rfc3339(self.since),
+            engine: self.engine.clone(),
+            world: self.world,
+            generation: self.info.generation,
+            live: self.live,
+            ranks: self.rank_status(),
+            companions: self.companion_status(),
+        }
     }
 
     /// One entry of the status's `tenants`: the engine, the pids of its
     /// attached processes (ranks, then companions), its ranks and
     /// companions, since when, its generation, whether it is live, and
     /// what it did in the CPU tier (`stored`, `hits`, `hits_from_others`).
-    pub(super) fn tenant_status(&self) -> Value {
-        let pids: Vec<u32> = attached(&self.ranks)
-            .chain(attached(&self.companions))
-            .map(|r| r.pid)
-            .collect();
-        let lease = self.status();
-        json!({
-            "engine": self.engine,
-            "pids": pids,
-            "ranks": lease["ranks"],
-            "companions": lease["companions"],
-            "world": self.world,
-            "since": lease["since"],
-            "generation": self.info.generation,
-            "live": self.live,
-            "tag": self.tag,
-            "stored": self.tier.stored,
-            "hits": self.tier.hits,
-            "hits_from_others": self.tier.hits_from_others,
-        })
+    pub(super) fn tenant_status(&self) -> TenantStatus {
+        TenantStatus {
+            engine: self.engine.clone(),
+            pids: attached(&self.ranks)
+                .chain(attached(&self.companions))
+                .map(|r| r.pid)
+                .collect(),
+            ranks: self.rank_status(),
+            companions: self.companion_status(),
+            world: self.world,
+            since: pool_core::rfc3339(self.since),
+            generation: self.info.generation,
+            live: self.live,
+            tag: self.tag.clone(),
+            stored: self.tier.stored,
+            hits: self.tier.hits,
+            hits_from_others: self.tier.hits_from_others,
+        }
     }
 }
 
@@ -278,7 +296,7 @@ impl Serving {
 mod tests {
     use std::time::Instant;
 
-    use hostpool_handoff::lease::LeaseEnd;
+    use hostpool_handoff::lease::{KeeperState, LeaseEnd};
     use serde_json::Value;
 
     use super::super::testing::*;
@@ -312,37 +330,39 @@ mod tests {
             );
         }
         assert_eq!(s.generation, 2, "a refusal counts no generation");
-        let st = s.status(Value::Null, Value::Null);
+        let st = s.status(Value::Null, None);
+        assert_eq!((st.state, st.max_tenants), (KeeperState::Leased, 2));
         assert_eq!(
-            (st["state"].as_str(), st["max_tenants"].as_u64()),
-            (Some("leased"), Some(2))
-        );
-        assert_eq!(
-            st["lease"]["pid"], 100,
+            st.lease.as_ref().and_then(|l| l.pid),
+            Some(100),
             "the first tenant, as before tenants"
         );
-        let tenants = st["tenants"].as_array().unwrap();
-        assert_eq!(tenants.len(), 2, "{st}");
+        let tenants = &st.tenants;
+        assert_eq!(tenants.len(), 2, "{st:?}");
         assert_eq!(
             (
-                &tenants[0]["engine"],
-                &tenants[0]["pids"],
-                &tenants[0]["generation"]
+                tenants[0].engine.as_str(),
+                &tenants[0].pids,
+                tenants[0].generation
             ),
-            (&json!("a"), &json!([100]), &json!(1))
+            ("a", &vec![100], 1)
         );
         assert_eq!(
             (
-                &tenants[1]["engine"],
-                &tenants[1]["pids"],
-                &tenants[1]["generation"]
+                tenants[1].engine.as_str(),
+                &tenants[1].pids,
+                tenants[1].generation
             ),
-            (&json!(""), &json!([200]), &json!(2))
+            ("", &vec![200], 2)
         );
-        assert_eq!(tenants[1]["live"], true);
+        assert!(tenants[1].live);
         assert_eq!(
-            tenants[1]["ranks"],
-            json!([{"rank": 0, "pid": 200, "uid": 0}])
+            tenants[1].ranks,
+            vec![RankStatus {
+                rank: 0,
+                pid: 200,
+                uid: 0
+            }]
         );
     }
 
@@ -494,11 +514,11 @@ mod tests {
                 && message.contains("engine `b` (pid 200, since"),
             "{message}"
         );
-        let st = s.status(Value::Null, Value::Null);
-        assert_eq!(st["tenants"][1]["pids"], json!([200, 202]), "{st}");
+        let st = s.status(Value::Null, None);
+        assert_eq!(st.tenants[1].pids, vec![200, 202], "{st:?}");
         assert_eq!(
-            st["tenants"][1]["companions"],
-            json!([{"pid": 202, "uid": 0}])
+            st.tenants[1].companions,
+            vec![CompanionStatus { pid: 202, uid: 0 }]
         );
         // b's rank goes: b's tenant stays while its companion maps the pool.
         s.on_lease_events(
@@ -558,10 +578,11 @@ mod tests {
             message.contains("is leased by engine `a` (pid 100), not `z`"),
             "{message}"
         );
-        let st = s.status(Value::Null, Value::Null);
-        assert_eq!(st["max_tenants"], 1);
-        assert_eq!(st["tenants"].as_array().map(Vec::len), Some(1));
-        assert_eq!(st["tenants"][0]["generation"], st["lease"]["generation"]);
-        assert_eq!(st["tenants"][0]["since"], st["lease"]["since"]);
+        let st = s.status(Value::Null, None);
+        assert_eq!(st.max_tenants, 1);
+        assert_eq!(st.tenants.len(), 1);
+        let lease = st.lease.as_ref().expect("leased");
+        assert_eq!(st.tenants[0].generation, lease.generation);
+        assert_eq!(st.tenants[0].since, lease.since);
     }
 }
