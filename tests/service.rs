@@ -389,8 +389,19 @@ fn systemd_hears_ready_once_the_pool_is_served_and_stopping_when_it_drains() {
             .spawn_piped(),
     ]);
     let mut buf = [0u8; 512];
-    let n = systemd.recv(&mut buf).expect("READY within 60 s");
-    let said = String::from_utf8_lossy(&buf[..n]).into_owned();
+    // The pool's files come first, stored with systemd (FDSTORE=1, one
+    // message a file), then READY=1.
+    let mut stored = 0;
+    let said = loop {
+        let n = systemd.recv(&mut buf).expect("READY within 60 s");
+        let said = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if !said.starts_with("FDSTORE=1\n") {
+            break said;
+        }
+        assert!(said.contains(&format!("FDNAME=hostpool.{pool}.")), "{said}");
+        stored += 1;
+    };
+    assert!(stored > 0, "the pool's files are stored before READY");
     assert!(said.starts_with("READY=1\n"), "{said}");
     assert!(said.contains(&format!("STATUS=keeping `{pool}`")), "{said}");
     // Ready means served: a lease is granted at once.

@@ -31,7 +31,7 @@ mod sys;
 pub mod wire;
 
 pub use join::hand_over;
-pub use message::{Message, PROTOCOL, Protocol, TierOp, TierPut, TierReply};
+pub use message::{Message, PROTOCOL, Protocol, Rejoin, Rejoined, TierOp, TierPut, TierReply};
 pub use pool_core::shared::RefusalTerms;
 pub use rendezvous::Refusal;
 

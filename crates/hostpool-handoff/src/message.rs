@@ -141,6 +141,10 @@ pub enum TierOp {
     Open {
         slots: u64,
         fingerprint: Vec<(String, String)>,
+        /// A tenant that comes back after its keeper's restart: what it was
+        /// writing and holding when the keeper before went.
+        #[serde(default)]
+        rejoin: Option<Rejoin>,
     },
     /// A slot to write each key into.
     Store { keys: Vec<Vec<u8>> },
@@ -186,10 +190,36 @@ pub enum TierReply {
         warm: bool,
         reason: Option<String>,
         field: Option<(String, Option<String>, Option<String>)>,
+        /// For an open with [`Rejoin`]: what the tenant has again.
+        #[serde(default)]
+        rejoined: Option<Rejoined>,
     },
     /// No tier: why (the pool holds no index yet, say, or another
     /// tenant opened it for another identity).
     Refused { message: String },
+}
+
+/// What a tenant had in the tier when its keeper went away: its stores in
+/// flight (the slot the keeper before granted, and the key) and the keys
+/// it holds for loads. Told when it opens the tier of the restarted keeper,
+/// which gives them back to it before any other tenant can be granted them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Rejoin {
+    /// `(slot, key)` of each store in flight.
+    pub writing: Vec<(u64, Vec<u8>)>,
+    /// The keys held for loads.
+    pub holding: Vec<Vec<u8>>,
+}
+
+/// What a tenant that rejoined has again: the slots it may go on writing
+/// (complete or abort them as usual; a slot not here is not its to write
+/// any more), and the holds taken again, `(key, slot)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Rejoined {
+    /// Slots of its stores in flight, its again.
+    pub claimed: Vec<u64>,
+    /// Its holds, taken again.
+    pub held: Vec<(Vec<u8>, u64)>,
 }
 
 /// One key's answer to [`TierOp::Store`].

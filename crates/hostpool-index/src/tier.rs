@@ -197,6 +197,35 @@ impl<'a> Tier<'a> {
         })
     }
 
+    /// `tenant` was granted `slot` to write `key` by a keeper before this
+    /// tier's (it said so when it came back, after its keeper's restart):
+    /// the slot is its to write again, as if granted now, when it is free
+    /// and `key` is neither stored nor being written; `false` (and nothing
+    /// done) otherwise.
+    ///
+    /// # Errors
+    /// [`Error::NoSlot`], [`Error::KeyTooLong`].
+    pub fn claim_write(&mut self, tenant: Tenant, slot: u64, key: &[u8]) -> Result<bool, Error> {
+        let i = self.place(slot)?;
+        if key.len() > crate::MAX_KEY {
+            return Err(Error::KeyTooLong { len: key.len() });
+        }
+        if self.slots[i] != Slot::Free
+            || self.writing.contains_key(key)
+            || self.recorded(key).is_some()
+        {
+            return Ok(false);
+        }
+        let slot32 = slot32(slot);
+        self.free.retain(|s| *s != slot32);
+        self.slots[i] = Slot::Writing {
+            tenant,
+            key: key.to_vec(),
+        };
+        self.writing.insert(key.to_vec(), slot32);
+        Ok(true)
+    }
+
     /// `tenant` wrote the bytes of the key granted it at `slot`
     /// completely: the slot is recorded, the newest in the order of last
     /// use. `false` (and nothing done) when the slot is not one this

@@ -300,6 +300,75 @@ impl PyPool {
     }
 }
 
+impl PyPool {
+    /// Open the tier (see `tier_open`), with what a rejoining tenant had.
+    fn open_tier(
+        slf: &Bound<'_, Self>,
+        slots: u64,
+        fingerprint: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        rejoin: Option<hostpool::hostpool_handoff::Rejoin>,
+    ) -> PyResult<(
+        crate::index::PyKvIndex,
+        Option<hostpool::hostpool_handoff::Rejoined>,
+    )> {
+        let py = slf.py();
+        let fields = fingerprint_fields(fingerprint)?;
+        hostpool_index::Fingerprint::new(fields.clone())
+            .map_err(|e| errors::raise(py, errors::Kind::Config, e.to_string()))?;
+        let this = slf.get();
+        let open = TierOp::Open {
+            slots,
+            fingerprint: fields.clone(),
+            rejoin,
+        };
+        let (cold, rejoined) = match this.ask_tier_as_told(py, open, timeout)? {
+            TierReply::Opened {
+                warm: true,
+                rejoined,
+                ..
+            } => (None, rejoined),
+            TierReply::Opened {
+                reason,
+                field,
+                rejoined,
+                ..
+            } => (
+                Some(crate::index::ColdStart {
+                    reason: reason
+                        .unwrap_or_else(|| "the keeper formatted the index afresh".into()),
+                    field,
+                }),
+                rejoined,
+            ),
+            TierReply::Refused { message } => {
+                let e = Error::Keeper {
+                    name: this.keeper_name(),
+                    message,
+                    pid: None,
+                    absent: false,
+                };
+                return Err(errors::to_py(py, &e, None));
+            }
+            other => {
+                return Err(errors::raise(
+                    py,
+                    errors::Kind::Error,
+                    format!("the keeper's tier answered {other:?} to an open"),
+                ));
+            }
+        };
+        let index = crate::index::PyKvIndex::opened(
+            (slf.as_any(), PyPool::reach),
+            slots,
+            fields,
+            (this.info.mapped, this.info.page),
+            cold,
+        )?;
+        Ok((index, rejoined))
+    }
+}
+
 /// A tier reply of the wrong kind.
 fn unexpected(py: Python<'_>, reply: &TierReply) -> PyErr {
     errors::raise(
@@ -999,45 +1068,32 @@ impl PyPool {
         fingerprint: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<crate::index::PyKvIndex> {
-        let py = slf.py();
-        let fields = fingerprint_fields(fingerprint)?;
-        hostpool_index::Fingerprint::new(fields.clone())
-            .map_err(|e| errors::raise(py, errors::Kind::Config, e.to_string()))?;
-        let this = slf.get();
-        let open = TierOp::Open {
-            slots,
-            fingerprint: fields.clone(),
-        };
-        let cold = match this.ask_tier_as_told(py, open, timeout)? {
-            TierReply::Opened { warm: true, .. } => None,
-            TierReply::Opened { reason, field, .. } => Some(crate::index::ColdStart {
-                reason: reason.unwrap_or_else(|| "the keeper formatted the index afresh".into()),
-                field,
-            }),
-            TierReply::Refused { message } => {
-                let e = Error::Keeper {
-                    name: this.keeper_name(),
-                    message,
-                    pid: None,
-                    absent: false,
-                };
-                return Err(errors::to_py(py, &e, None));
-            }
-            other => {
-                return Err(errors::raise(
-                    py,
-                    errors::Kind::Error,
-                    format!("the keeper's tier answered {other:?} to an open"),
-                ));
-            }
-        };
-        crate::index::PyKvIndex::opened(
-            (slf.as_any(), PyPool::reach),
-            slots,
-            fields,
-            (this.info.mapped, this.info.page),
-            cold,
-        )
+        PyPool::open_tier(slf, slots, fingerprint, timeout, None).map(|(index, _)| index)
+    }
+
+    /// `tier_open` for an engine that comes back after its keeper's
+    /// restart (it leased the restarted keeper's pool, the same memory it
+    /// maps): `writing`, its stores in flight as `(slot, key)` (granted by
+    /// the keeper before), and `holding`, the keys it holds for loads, are
+    /// given back to it before any other engine can be granted those
+    /// slots. `(index, claimed, held)`: the slots of its stores in flight
+    /// that are its to write again (complete or abort them as usual; the
+    /// others are not its any more) and its holds taken again,
+    /// `(key, slot)` (release each as usual).
+    #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (slots, fingerprint, writing, holding, *, timeout = None))]
+    fn tier_rejoin(
+        slf: &Bound<'_, Self>,
+        slots: u64,
+        fingerprint: &Bound<'_, PyAny>,
+        writing: Vec<(u64, Vec<u8>)>,
+        holding: Vec<Vec<u8>>,
+        timeout: Option<f64>,
+    ) -> PyResult<(crate::index::PyKvIndex, Vec<u64>, Vec<(Vec<u8>, u64)>)> {
+        let rejoin = hostpool::hostpool_handoff::Rejoin { writing, holding };
+        let (index, back) = PyPool::open_tier(slf, slots, fingerprint, timeout, Some(rejoin))?;
+        let back = back.unwrap_or_default();
+        Ok((index, back.claimed, back.held))
     }
 
     /// The crash-consistent index of what this pool's `slots` hold (a

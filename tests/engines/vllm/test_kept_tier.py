@@ -40,15 +40,18 @@ def _hostpool_bin() -> str:
 class Keeper:
     """A real ``hostpool keep`` of one pool, stopped (or SIGKILLed) by the test."""
 
-    def __init__(self, name: str, size: int = 8 * MiB, content: str = "keep", tenants: int = 1) -> None:
+    def __init__(
+        self, name: str, size: int = 8 * MiB, content: str = "keep", tenants: int = 1, extra: list[str] | None = None
+    ) -> None:
         self.name = name
         self.proc = subprocess.Popen(
             [_hostpool_bin(), "keep", "--name", name, "--size", str(size), "--content", content,
-             "--backing", "shm-segmented", "--tenants", str(tenants), "--json"],
+             "--backing", "shm-segmented", "--tenants", str(tenants), "--json", *(extra or [])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         ready = json.loads(self.proc.stdout.readline() or "null")
         assert ready and ready["name"] == name, self.proc.stderr.read()
+        self.ready = ready
 
     def status(self) -> dict:
         out = subprocess.run([_hostpool_bin(), "keep", "status", "--name", self.name, "--json"],

@@ -419,3 +419,57 @@ def test_a_keeper_killed_under_two_engines_stops_neither_and_they_read_what_is_s
             if e is not None:
                 e.close()
         keeper.kill()
+
+
+def test_engines_rejoin_a_keeper_restarted_on_its_persisted_pool_and_share_again(name, model, tmp_path):
+    """The keeper SIGKILLed under two engines and started again on its persist
+    directory: the engines lease again by themselves (the same memory), tell
+    what they were writing and holding, and share again; a new engine hits what
+    was stored before the death."""
+    import shutil
+
+    persist = f"/dev/shm/st-persist-{uuid.uuid4().hex[:8]}"
+    os.mkdir(persist, 0o700)
+    argv = ["--persist", persist]
+    keeper = Keeper(name, size=CPU, tenants=3, extra=argv)
+    engines = []
+    try:
+        a = Engine(name, model, "rejoin_a")
+        a.until("started")
+        b = Engine(name, model, "rejoin_b", dp_index=1)
+        b.until("started")
+        engines = [a, b]
+        before = [full(s) for s in (1, 2, 3)]
+        a.run(before)
+        keeper.kill()
+        killed = time.monotonic()
+        keeper = Keeper(name, size=CPU, tenants=3, extra=argv)
+        assert keeper.ready["came_back"] == "persist", keeper.ready
+        # They share again by themselves: what A stores after the restart is
+        # B's hit (stores are declined until each rejoined).
+        seed = 300
+        while True:
+            seed += 1
+            a.run([full(seed)])
+            ran = b.run([full(seed)])
+            if ran["first_step_hits"] == {str(seed): 4 * BLOCK}:
+                assert ran["good"] == 4, ran
+                break
+            assert time.monotonic() - killed < 60, ran
+        sharing_again = time.monotonic() - killed
+        # A new engine hits what was stored before the death, byte for byte.
+        c = Engine(name, model, "rejoin_c", dp_index=2)
+        engines.append(c)
+        c.until("started")
+        ran = c.run(before)
+        assert ran["first_step_hits"] == {str(s[0]): 4 * BLOCK for s in before}, ran
+        assert ran["good"] == 12, ran
+        for e in (a, b):
+            log = e.stderr()
+            assert log.count("rejoined its restarted keeper") == 1, log[-3000:]
+        print(f"sharing again {sharing_again:.2f} s after the keeper's SIGKILL")
+    finally:
+        for e in engines:
+            e.close()
+        keeper.stop()
+        shutil.rmtree(persist, ignore_errors=True)

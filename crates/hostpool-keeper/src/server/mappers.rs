@@ -24,6 +24,36 @@ pub(super) fn mapping(files: &[FileId]) -> Vec<u32> {
     pids
 }
 
+/// Whether process `pid` is one of `ancestors` or a descendant of one (its
+/// parent chain in `/proc/PID/stat`): an engine's workers are its children.
+pub(super) fn descends_from(pid: u32, ancestors: &[u32]) -> bool {
+    let mut p = pid;
+    for _ in 0..64 {
+        if ancestors.contains(&p) {
+            return true;
+        }
+        let Some(parent) = parent_of(p) else {
+            return false;
+        };
+        if parent <= 1 {
+            return false;
+        }
+        p = parent;
+    }
+    false
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state, then the parent.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// Whether one line of `/proc/PID/maps` maps one of `files`: its device
 /// (`major:minor`, hex) and inode.
 fn maps_line_names(line: &str, files: &[FileId]) -> bool {
@@ -81,6 +111,8 @@ mod tests {
         .unwrap();
         assert_eq!(line.trim(), "mapped");
         assert_eq!(mapping(&[id]), vec![child.id()]);
+        assert!(descends_from(child.id(), &[std::process::id()]));
+        assert!(!descends_from(child.id(), &[child.id() + 100_000]));
         drop(child.stdin.take());
         child.wait().unwrap();
         assert!(mapping(&[id]).is_empty());

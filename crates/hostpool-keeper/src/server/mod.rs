@@ -188,13 +188,26 @@ impl Keeper {
                 came_back,
             },
         );
+        let mut serving = serving;
+        let memory = Memory {
+            pool,
+            files,
+            prefault: plan.prefault().clone(),
+            from_before,
+        };
+        // An adopted pool: the blocks its index came back with.
+        if came_back != CameBack::Built {
+            let blocks = status::index_blocks(&serving, &memory);
+            serving.set_came_back_blocks(blocks);
+            tracing::info!(
+                "kept pool `{}` came back from {} with {} block(s) in its index",
+                serving.name(),
+                came_back.name(),
+                blocks.unwrap_or(0)
+            );
+        }
         Ok(Keeper {
-            memory: Memory {
-                pool,
-                files,
-                prefault: plan.prefault().clone(),
-                from_before,
-            },
+            memory,
             serving,
             sockets: Sockets::new(listener),
         })
@@ -250,7 +263,16 @@ impl Keeper {
         let mut tier = words
             .ok()
             .map(|w| tier::TierServer::new(name, w, region.page().get()));
-        let mut from_before = memory.from_before.clone();
+        // An adopted pool: the processes that mapped it at adoption (the
+        // engines that lived through the restart, and their workers).
+        let mut from_before = memory
+            .from_before
+            .clone()
+            .map(|ids| {
+                let pids = mappers::mapping(&ids);
+                (ids, pids)
+            })
+            .filter(|(_, pids)| !pids.is_empty());
         let mut looked = None::<Instant>;
         std::thread::scope(|scope| {
             let mut clearing: Option<std::thread::ScopedJoinHandle<'_, Result<f64>>> = None;
@@ -259,20 +281,30 @@ impl Keeper {
                 // An adopted pool: no chunk is granted to a writer while a
                 // process that mapped the pool before the restart, and is no
                 // tenant of this keeper, maps it still.
-                if let Some(ids) = &from_before
+                // No chunk is granted to a writer while a process that mapped
+                // the pool before the restart maps it still, and has not come
+                // back as a tenant that told its stores in flight (nor is a
+                // child of one: an engine's workers).
+                if let Some((ids, before)) = &from_before
                     && looked.is_none_or(|t| now.duration_since(t) >= FROM_BEFORE_EVERY)
                 {
                     looked = Some(now);
-                    let tenants = s.tenant_pids();
-                    let before: Vec<u32> = mappers::mapping(ids)
+                    let back: Vec<u32> = tier
+                        .as_ref()
+                        .map(|t| t.rejoined())
+                        .unwrap_or_default()
                         .into_iter()
-                        .filter(|p| !tenants.contains(p))
+                        .flat_map(|t| s.tenant_pids(t))
                         .collect();
-                    let why = (!before.is_empty()).then(|| {
+                    let still: Vec<u32> = mappers::mapping(ids)
+                        .into_iter()
+                        .filter(|p| before.contains(p) && !mappers::descends_from(*p, &back))
+                        .collect();
+                    let why = (!still.is_empty()).then(|| {
                         format!(
-                            "pid(s) {before:?} mapped the pool before the keeper's restart and \
+                            "pid(s) {still:?} mapped the pool before the keeper's restart and \
                              may still write chunks granted to them; chunks are granted again \
-                             once they are gone"
+                             once they are gone or have come back"
                         )
                     });
                     if why.is_none() {

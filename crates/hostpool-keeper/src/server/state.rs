@@ -437,12 +437,12 @@ impl Serving {
         waiting.chain(failed).chain(self.drain_until).min()
     }
 
-    /// The pids of every tenant's ranks and companions still attached.
-    pub(super) fn tenant_pids(&self) -> Vec<u32> {
-        let all = self
-            .tenants
-            .iter()
-            .flat_map(|l| l.ranks.iter().chain(&l.companions));
+    /// The pids of tenant `tenant`'s ranks and companions still attached.
+    pub(super) fn tenant_pids(&self, tenant: TenantId) -> Vec<u32> {
+        let Some(l) = self.tenants.iter().find(|l| l.id() == tenant) else {
+            return Vec::new();
+        };
+        let all = l.ranks.iter().chain(&l.companions);
         all.filter(|r| r.conn.is_some()).map(|r| r.pid).collect()
     }
 

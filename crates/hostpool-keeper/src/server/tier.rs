@@ -62,6 +62,8 @@ pub(super) struct TierServer<'a> {
     /// the slot it names may hold another key since, which is held as
     /// found.
     after: HashMap<u64, u64>,
+    /// The tenants that came back after the keeper's restart.
+    rejoined: std::collections::HashSet<TenantId>,
     /// Why no chunk is granted to a writer now (the processes that mapped
     /// an adopted pool before the keeper's restart, which may still write
     /// chunks the keeper before granted them): stores are told `NoRoom`.
@@ -81,6 +83,7 @@ impl<'a> TierServer<'a> {
             storers: HashMap::new(),
             figures: HashMap::new(),
             after: HashMap::new(),
+            rejoined: std::collections::HashSet::new(),
             closed: None,
         }
     }
@@ -148,8 +151,30 @@ impl<'a> TierServer<'a> {
     /// `named`.
     pub(super) fn serve(&mut self, tenant: TenantId, op: TierOp, named: Named<'_>) -> TierReply {
         let refused = |message: String| TierReply::Refused { message };
-        if let TierOp::Open { slots, fingerprint } = op {
-            return self.open(tenant, slots, fingerprint, named);
+        if let TierOp::Open {
+            slots,
+            fingerprint,
+            rejoin,
+        } = op
+        {
+            let reply = self.open(tenant, slots, fingerprint, named);
+            return match (reply, rejoin) {
+                (
+                    TierReply::Opened {
+                        warm,
+                        reason,
+                        field,
+                        ..
+                    },
+                    Some(r),
+                ) => TierReply::Opened {
+                    warm,
+                    reason,
+                    field,
+                    rejoined: Some(self.rejoin(tenant, r)),
+                },
+                (reply, _) => reply,
+            };
         }
         let place = match self.place(tenant) {
             Ok(p) => p,
@@ -349,6 +374,7 @@ impl<'a> TierServer<'a> {
                 warm: true,
                 reason: None,
                 field: None,
+                rejoined: None,
             },
             Start::Cold(why) => TierReply::Opened {
                 warm: false,
@@ -357,8 +383,54 @@ impl<'a> TierServer<'a> {
                     Cold::Differs(d) => Some((d.field, d.stored, d.now)),
                     _ => None,
                 },
+                rejoined: None,
             },
         }
+    }
+
+    /// Tenant `tenant`, which opened the tier just now, comes back after
+    /// the keeper's restart: its stores in flight are its to write again
+    /// and its holds are taken again, before any other tenant can be granted
+    /// those slots. What it has again.
+    fn rejoin(
+        &mut self,
+        tenant: TenantId,
+        r: hostpool_handoff::Rejoin,
+    ) -> hostpool_handoff::Rejoined {
+        let mut out = hostpool_handoff::Rejoined::default();
+        let Ok(place) = self.place(tenant) else {
+            return out;
+        };
+        let Some((_, tier)) = self.tier.as_mut() else {
+            return out;
+        };
+        for (slot, key) in r.writing {
+            if let Ok(true) = tier.claim_write(place, slot, &key) {
+                out.claimed.push(slot);
+            }
+        }
+        for key in r.holding {
+            if let Some(slot) = tier.prepare_load(place, &key) {
+                out.held.push((key, slot));
+            }
+        }
+        self.rejoined.insert(tenant);
+        tracing::info!(
+            "kept pool `{}`: a tenant came back after the keeper's restart: {} store(s) in flight \
+             and {} hold(s) are its again",
+            self.name,
+            out.claimed.len(),
+            out.held.len()
+        );
+        out
+    }
+
+    /// The tenants that came back after the keeper's restart
+    /// ([`TierOp::Open`] with a rejoin), while their leases are in force.
+    pub(super) fn rejoined(&self) -> Vec<TenantId> {
+        let mut t: Vec<TenantId> = self.rejoined.iter().copied().collect();
+        t.sort();
+        t
     }
 
     /// Why lease `tenant` may not open the tier for `slots` and `fp`: the
@@ -407,6 +479,7 @@ impl<'a> TierServer<'a> {
     /// its identity no longer holds the tier.
     pub(super) fn reap(&mut self, tenant: TenantId) {
         self.opened.remove(&tenant);
+        self.rejoined.remove(&tenant);
         self.figures.remove(&tenant);
         let Some(place) = self.places.remove(&tenant) else {
             return;
@@ -430,6 +503,7 @@ impl<'a> TierServer<'a> {
         self.tier = None;
         self.places.clear();
         self.opened.clear();
+        self.rejoined.clear();
         self.storers.clear();
         self.figures.clear();
         self.after.clear();
@@ -475,6 +549,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            rejoin: None,
         }
     }
 
@@ -584,7 +659,8 @@ mod tests {
             TierReply::Opened {
                 warm: false,
                 reason: Some("the kept pool holds no index (new, or cleared)".into()),
-                field: None
+                field: None,
+                rejoined: None,
             }
         );
         let [slot] = granted(ask(&mut t, a, store(&[b"x"])))[..] else {
@@ -600,7 +676,8 @@ mod tests {
             TierReply::Opened {
                 warm: true,
                 reason: None,
-                field: None
+                field: None,
+                rejoined: None,
             }
         );
         // Another model: refused, naming both tenants that hold the tier.
@@ -647,7 +724,8 @@ mod tests {
             TierReply::Opened {
                 warm: false,
                 reason: Some("`model` differs: stored m, now n".into()),
-                field: Some(("model".into(), Some("m".into()), Some("n".into())))
+                field: Some(("model".into(), Some("m".into()), Some("n".into()))),
+                rejoined: None,
             }
         );
         assert_ne!(t.tier.as_ref().unwrap().0, seed, "the tier is made again");
@@ -860,5 +938,81 @@ mod tests {
         t.reap(a);
         assert_eq!(t.figures(a), TierFigures::default());
         assert_eq!(t.figures(b), f(1, 3, 2));
+    }
+
+    /// A tenant that comes back after its keeper's restart gets its stores
+    /// in flight and its holds again before any other tenant can be granted
+    /// them; what it no longer can have is left out.
+    #[test]
+    fn a_tenant_that_rejoins_has_its_stores_in_flight_and_holds_again() {
+        let words = pool(64, 8, true);
+        // The keeper before: a stored, b storing `w` at a slot.
+        let mut before = server(&words);
+        let (a, b) = (TenantId(1), TenantId(2));
+        assert!(matches!(
+            ask(&mut before, a, open(8, &[("model", "m")])),
+            TierReply::Opened { .. }
+        ));
+        let [kept] = granted(ask(&mut before, a, store(&[b"kept"])))[..] else {
+            panic!()
+        };
+        ask(&mut before, a, TierOp::Stored { slots: vec![kept] });
+        let [w] = granted(ask(&mut before, b, store(&[b"w"])))[..] else {
+            panic!()
+        };
+        drop(before);
+        // The restarted keeper: a new tier over the same index.
+        let mut t = server(&words);
+        let rejoin = hostpool_handoff::Rejoin {
+            writing: vec![(w, b"w".to_vec()), (kept, b"stolen".to_vec())],
+            holding: vec![b"kept".to_vec(), b"missing".to_vec()],
+        };
+        let mut op = open(8, &[("model", "m")]);
+        if let TierOp::Open { rejoin: r, .. } = &mut op {
+            *r = Some(rejoin);
+        }
+        let TierReply::Opened {
+            warm: true,
+            rejoined: Some(back),
+            ..
+        } = ask(&mut t, b, op)
+        else {
+            panic!("a warm open with what b has again");
+        };
+        // Its store in flight is its again; a recorded slot is not.
+        assert_eq!(back.claimed, vec![w]);
+        assert_eq!(back.held, vec![(b"kept".to_vec(), kept)]);
+        assert_eq!(t.rejoined(), vec![b]);
+        // Another tenant is granted neither: `w` is in flight, `kept` held.
+        let c = TenantId(3);
+        assert!(matches!(
+            ask(&mut t, c, open(8, &[("model", "m")])),
+            TierReply::Opened { .. }
+        ));
+        assert_eq!(
+            ask(&mut t, c, store(&[b"w"])),
+            TierReply::Puts(vec![TierPut::InFlight])
+        );
+        for i in 0..16u8 {
+            if let TierReply::Puts(p) = ask(&mut t, c, store(&[&[i, 0xee][..]])) {
+                for put in p {
+                    if let TierPut::Granted { slot, .. } = put {
+                        assert!(slot != w && slot != kept, "{slot} granted to another");
+                        ask(&mut t, c, TierOp::Stored { slots: vec![slot] });
+                    }
+                }
+            }
+        }
+        // b completes its store: recorded, a hit for c.
+        assert_eq!(
+            ask(&mut t, b, TierOp::Stored { slots: vec![w] }),
+            TierReply::Done(1)
+        );
+        assert_eq!(
+            ask(&mut t, c, load(&[b"w"])),
+            TierReply::Loads(vec![Some(w)])
+        );
+        t.reap(b);
+        assert!(t.rejoined().is_empty());
     }
 }

@@ -231,6 +231,18 @@ class Pool:
         `KeeperError` when another engine in the tier opened it for another identity or number of
         slots (the message names the field, both values and the engines holding it): nothing is
         touched; or when the pool cannot hold the index."""
+    def tier_rejoin(
+        self,
+        slots: int,
+        fingerprint: dict[str, Any],
+        writing: list[tuple[int, bytes]],
+        holding: list[bytes],
+        *,
+        timeout: float | None = None,
+    ) -> tuple[KvIndex, list[int], list[tuple[bytes, int]]]:
+        """tier_open for an engine back after its keeper's restart (leased again, the same memory):
+        its stores in flight `(slot, key)` and held keys are given back before any other engine can be
+        granted them. `(index, claimed slots, held (key, slot))`."""
     def tier_store(self, keys: list[bytes], *, timeout: float | None = None) -> list[tuple[str, int | None, bytes | None]]:
         """Ask the keeper's CPU tier (shared by its tenants) for a slot per key:
         ("granted", slot, evicted), ("stored", slot, None), ("in_flight", None, None)

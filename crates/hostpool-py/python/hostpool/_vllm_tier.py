@@ -34,7 +34,14 @@ misses, and one request a second looks for it again. A keeper that ended
 is *lost*: stores are declined, and lookups go on from the index in place,
 held by this engine alone (no keeper is left to grant a chunk to a writer,
 so a block found stays as it is). Blocks held before either keep their
-bytes until they are loaded. The engine's log says once that the tier is
+bytes until they are loaded. Once lost, a thread leases the kept pool again
+in the background (backoff from 0.1 s to 2 s, never on the scheduler's
+thread); when the restarted keeper serves the same memory (it adopted the
+pool: systemd's file descriptor store, a persist directory), the next
+manager call opens the tier again telling the keeper what this engine was
+writing and holding (``Pool.tier_rejoin``), and the engine shares again. A
+keeper that built other memory cannot be shared with this engine's workers:
+it says so, once, and goes on without the tier. The engine's log says once that the tier is
 away or lost, naming the keeper and why, and once that it is back.
 
 Engines share when everything in the tier's fingerprint (:func:`identity`)
@@ -47,6 +54,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import threading
+import time
 import weakref
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -76,6 +86,12 @@ WAIT = 0.010
 scheduler's thread (a store's chunks, a lookup's hold); an answer that comes
 later gives back what it granted by itself. A round trip to a keeper that is
 running is tens of microseconds."""
+
+REJOIN_FIRST = 0.1
+"""Seconds before the first try to lease a lost keeper's pool again; doubled
+after each failed try, up to :data:`REJOIN_MOST`."""
+
+REJOIN_MOST = 2.0
 
 AHEAD = 256
 """Blocks a lookup's hold takes beyond the one asked for, in the same message:
@@ -154,6 +170,16 @@ class SharedTier:
             self.pool.close()
 
 
+def file_ids(pool: hostpool.Pool) -> list[tuple[int, int]]:
+    """The identity (device, inode) of each file ``pool`` maps, in pool order:
+    two pools of the same memory have the same."""
+    ids = []
+    for fd, _, _, _ in pool.files():
+        st = os.fstat(fd)
+        ids.append((st.st_dev, st.st_ino))
+    return ids
+
+
 @dataclass
 class _Hold:
     """A block this engine holds in the tier: its chunk, and the loads of it
@@ -184,6 +210,12 @@ class SharedTierManager(OffloadingManager):
         self._num_write_pending_chunks = 0
         self._down: tuple[str, str] | None = None
         """How the keeper is, when not answering: ("away" or "lost", why)."""
+        self._rejoin: threading.Thread | None = None
+        self._leased: hostpool.Pool | None = None
+        """The kept pool leased again by the rejoin thread, for the scheduler's
+        thread to open the tier on (handed over under ``_lock``)."""
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
         self.stats = {"lookups": 0, "hits": 0, "stored": 0, "loaded": 0, "evicted": 0, "busy": 0, "declined": 0}
         """What this engine asked of the tier (hits: lookups that found a block;
         declined: stores declined while the keeper was away or lost)."""
@@ -211,6 +243,90 @@ class SharedTierManager(OffloadingManager):
             self._down = None
         return answer
 
+    def _come_back(self) -> None:
+        """On the scheduler's thread: when the rejoin thread leased the
+        restarted keeper's pool (the same memory), open the tier on it telling
+        what this engine was writing and holding, and share again."""
+        if self._leased is None:
+            return
+        with self._lock:
+            pool, self._leased = self._leased, None
+        if pool is None:
+            return
+        writing = [(slot, bytes(key)) for key, slot in self._writing.items()]
+        holding = [bytes(k) for k in self._holds]
+        tier = self.tier
+        try:
+            index, claimed, held = pool.tier_rejoin(
+                tier.slots, tier.fingerprint, writing, holding, timeout=max(WAIT, 0.5)
+            )
+        except hostpool.Error as e:
+            _log.warning("CPU offload tier of kept pool `%s` could not be opened again: %s", self._name(), e)
+            self._close_quietly(pool)
+            self._start_rejoin()
+            return
+        # Stores the restarted keeper did not give back are not this engine's
+        # to complete; holds it did are the keeper's again.
+        for key, slot in list(self._writing.items()):
+            if slot not in claimed:
+                del self._writing[key]
+                self._num_write_pending_chunks -= 1
+        again = {bytes(k): slot for k, slot in held}
+        for key, hold in self._holds.items():
+            if again.get(bytes(key)) == hold.slot:
+                hold.local = False
+        old, tier.pool, tier.index = tier.pool, pool, index
+        tier.lease = dict(pool.report.get("keeper") or {})
+        self._close_quietly(old)
+        _log.info(
+            "CPU offload tier of kept pool `%s` is back: rejoined its restarted keeper (%s, %d "
+            "blocks stored), %d store(s) in flight and %d hold(s) kept: sharing again",
+            self._name(),
+            "warm" if index.warm else f"cold: {index.cold_reason}",
+            len(index),
+            len(claimed),
+            len(held),
+        )
+        self._down = None
+
+    @staticmethod
+    def _close_quietly(pool: hostpool.Pool) -> None:
+        try:
+            pool.close()
+        except hostpool.Error:
+            pass
+
+    def _start_rejoin(self) -> None:
+        if self._closing.is_set() or (self._rejoin is not None and self._rejoin.is_alive()):
+            return
+        self._rejoin = threading.Thread(target=self._rejoin_loop, name="hostpool-tier-rejoin", daemon=True)
+        self._rejoin.start()
+
+    def _rejoin_loop(self) -> None:
+        """Off the scheduler's thread: lease the kept pool again until a keeper
+        serves it; hand it over when it is the same memory this engine maps."""
+        name = self._name()
+        mine = file_ids(self.tier.pool)
+        delay = REJOIN_FIRST
+        while not self._closing.wait(delay):
+            delay = min(delay * 2, REJOIN_MOST)
+            try:
+                pool = hostpool.Pool.from_config({"lease": {"keeper": name, "attach_timeout_secs": 2.0}})
+            except hostpool.Error:
+                continue
+            if file_ids(pool) != mine:
+                self._close_quietly(pool)
+                _log.warning(
+                    "CPU offload tier of kept pool `%s`: its restarted keeper built other memory, "
+                    "which this engine's workers do not map: the engine goes on without the tier "
+                    "(restart it to share again)",
+                    name,
+                )
+                return
+            with self._lock:
+                self._leased = pool
+            return
+
     def _tell(self, method: Any, items: list[Any]) -> None:
         """``method`` told ``items`` without waiting (queued while the keeper
         does not read; dropped once it is lost, which dropped them too)."""
@@ -237,6 +353,7 @@ class SharedTierManager(OffloadingManager):
             # loads in flight stay here, until they are loaded.
             for hold in self._holds.values():
                 hold.local = True
+            self._start_rejoin()
 
     def _lost(self) -> bool:
         return self._down is not None and self._down[0] == "lost"
@@ -247,6 +364,7 @@ class SharedTierManager(OffloadingManager):
     # --- lookups: the index in place, then a hold ----------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        self._come_back()
         self.stats["lookups"] += 1
         if key in self._writing:
             return LookupResult.HIT_PENDING
@@ -328,6 +446,7 @@ class SharedTierManager(OffloadingManager):
 
     def on_schedule_end(self, context: Any) -> None:
         """Release the holds of this step's lookups that no load took."""
+        self._come_back()
         idle = [k for k, h in self._holds.items() if h.loads == 0]
         released = [self._holds.pop(k) for k in idle]
         self._tell(self.tier.pool.tier_release, [h.slot for h in released if not h.local])
@@ -338,6 +457,7 @@ class SharedTierManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        self._come_back()
         candidates = [k for k in dict.fromkeys(keys) if k not in self._writing]
         # Stored already (by any engine): nothing to write.
         ask = [k for k in candidates if k not in self._holds and self.tier.index.find(bytes(k)) is None]
@@ -412,6 +532,11 @@ class SharedTierManager(OffloadingManager):
         return None
 
     def shutdown(self) -> None:
+        self._closing.set()
+        with self._lock:
+            pool, self._leased = self._leased, None
+        if pool is not None:
+            self._close_quietly(pool)
         self.tier.close()
 
 
