@@ -473,3 +473,92 @@ def test_engines_rejoin_a_keeper_restarted_on_its_persisted_pool_and_share_again
             e.close()
         keeper.stop()
         shutil.rmtree(persist, ignore_errors=True)
+
+
+KEEPER_KILLS = int(os.environ.get("HOSTPOOL_KEEPER_KILLS", "40"))
+
+
+@pytest.mark.newest_only  # the keeper killed many times: on the newest vLLM alone
+def test_the_keeper_sigkilled_at_random_moments_under_two_busy_engines_loses_nothing(name, model):
+    """Two engines store and load the whole time (a thread each) while the
+    keeper is SIGKILLed at a random moment of its work and started again on
+    its persist directory, KEEPER_KILLS times: no engine raises or stops, every
+    block loaded has exactly the bytes stored (no torn block), the engines
+    share again after each restart, and a new engine hits what was stored
+    before the last death."""
+    import shutil
+    import threading
+
+    rng = random.Random(int(os.environ.get("HOSTPOOL_KILL_SEED", "48")))
+    persist = f"/dev/shm/st-kills-{uuid.uuid4().hex[:8]}"
+    os.mkdir(persist, 0o700)
+    argv = ["--persist", persist]
+    keeper = Keeper(name, size=CPU, tenants=3, extra=argv)
+    engines = []
+    stop = threading.Event()
+    errors: list[str] = []
+    loaded = {"good": 0}
+
+    def busy(e: Engine, base: int) -> None:
+        n = 0
+        try:
+            while not stop.is_set():
+                n += 1
+                # New blocks, and blocks of a few seeds both engines use.
+                seqs = [full(base + n), full(rng.randint(1, 6), rng.choice([2, 3]))]
+                out = e.ask("run", "ran", seqs=seqs)
+                if out["bad"]:
+                    errors.append(f"engine pid {e.proc.pid}: torn {out['bad']}")
+                loaded["good"] += out["good"]
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            errors.append(f"engine pid {e.proc.pid}: {type(exc).__name__}: {exc}")
+
+    try:
+        a = Engine(name, model, "kills_a")
+        a.until("started")
+        b = Engine(name, model, "kills_b", dp_index=1)
+        b.until("started")
+        engines = [a, b]
+        first = [full(s) for s in (101, 102)]
+        a.run(first)
+        threads = [threading.Thread(target=busy, args=(e, 10_000 * (i + 1)), daemon=True) for i, e in enumerate(engines)]
+        for t in threads:
+            t.start()
+        for _ in range(KEEPER_KILLS):
+            time.sleep(rng.uniform(0.0, 0.4))
+            keeper.kill()
+            time.sleep(rng.uniform(0.0, 0.2))
+            keeper = Keeper(name, size=CPU, tenants=3, extra=argv)
+            assert keeper.ready["came_back"] == "persist", keeper.ready
+            assert not errors, errors
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        assert all(e.proc.poll() is None for e in engines)
+        assert loaded["good"] > 0
+        # Sharing again: what A stores now is B's hit.
+        deadline = time.monotonic() + 60
+        seed = 90_000
+        while True:
+            seed += 1
+            a.run([full(seed)])
+            ran = b.run([full(seed)])
+            if ran["first_step_hits"] == {str(seed): 4 * BLOCK}:
+                break
+            assert time.monotonic() < deadline, ran
+        # A new engine hits what was stored before the keeper's last death,
+        # exactly.
+        keeper.kill()
+        keeper = Keeper(name, size=CPU, tenants=3, extra=argv)
+        c = Engine(name, model, "kills_c", dp_index=2)
+        engines.append(c)
+        c.until("started")
+        ran = c.run([full(seed)])
+        assert ran["first_step_hits"] == {str(seed): 4 * BLOCK} and ran["good"] == 4, ran
+    finally:
+        stop.set()
+        for e in engines:
+            e.close()
+        keeper.stop()
+        shutil.rmtree(persist, ignore_errors=True)
