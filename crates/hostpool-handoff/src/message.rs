@@ -123,6 +123,17 @@ pub enum Message {
     },
     /// The keeper's answer to [`Message::Tier`].
     TierReply { id: u64, reply: TierReply },
+    /// A tenant that lived through its keeper's death hands the pool's
+    /// files back to a keeper that has none yet (`adopt_within_secs`):
+    /// `count` descriptors of the pool's `extents`, in as many messages as
+    /// they need ([`Message::Files`] after this one).
+    HandBack {
+        name: String,
+        extents: Vec<(u64, u64)>,
+        count: usize,
+    },
+    /// The keeper's answer to [`Message::HandBack`]: adopted, or why not.
+    HandedBack { adopted: bool, message: String },
     /// How is the kept pool? (`hostpool keep status`)
     Status,
     /// The keeper's status.

@@ -103,12 +103,24 @@ pub struct KeptPoolConfig {
     /// that a keeper started again with the same config maps them: its
     /// bytes and index (`content = "keep"` only).
     pub persist: Option<std::path::PathBuf>,
+    /// `adopt_within_secs`: how long a keeper that got no pool back from
+    /// systemd or a persist directory waits, before it builds one, for a
+    /// tenant that lived through the keeper before to hand the pool's files
+    /// back (0, the default: it builds at once; `content = "keep"` only).
+    pub adopt_within_secs: f64,
     /// The pool (any pool config key).
     pub pool: PoolConfig,
 }
 
 /// The keys of a `[[pool]]` table that are the keeper's, not the pool's.
-pub const KEEPER_KEYS: [&str; 5] = ["name", "content", "allow_uids", "tenants", "persist"];
+pub const KEEPER_KEYS: [&str; 6] = [
+    "name",
+    "content",
+    "allow_uids",
+    "tenants",
+    "persist",
+    "adopt_within_secs",
+];
 
 /// The most engines one kept pool is leased to at once (`tenants`).
 pub const MAX_TENANTS: u32 = 64;
@@ -181,6 +193,21 @@ impl KeptPoolConfig {
                     dir.display()
                 )));
             }
+        }
+        if !(self.adopt_within_secs.is_finite() && (0.0..=3600.0).contains(&self.adopt_within_secs))
+        {
+            return Err(Error::config(format!(
+                "kept pool `{n}`: adopt_within_secs = {} must be a number of seconds from 0 to 3600 \
+                 (how long a restarted keeper waits for a tenant to hand its pool back)",
+                self.adopt_within_secs
+            )));
+        }
+        if self.adopt_within_secs > 0.0 && self.content != Content::Keep {
+            return Err(Error::config(format!(
+                "kept pool `{n}`: adopt_within_secs takes the pool's bytes back from a tenant after \
+                 the keeper's restart, and content = \"zero\" clears them: give content = \"keep\", \
+                 or drop adopt_within_secs"
+            )));
         }
         if p.backing == "anon" {
             return Err(Error::config(format!(
@@ -261,6 +288,14 @@ impl KeptPoolConfig {
                 )));
             }
         };
+        let adopt_within_secs = match map.remove("adopt_within_secs") {
+            None => 0.0,
+            Some(v) => v.as_f64().ok_or_else(|| {
+                Error::config(format!(
+                    "kept pool `{name}`: `adopt_within_secs` must be a number of seconds, not {v}"
+                ))
+            })?,
+        };
         let pool = PoolConfig::from_value(Value::Object(map)).map_err(|e| {
             Error::config(format!(
                 "kept pool `{name}`: {e} (besides the pool's keys, a [[pool]] table has the \
@@ -274,6 +309,7 @@ impl KeptPoolConfig {
             allow_uids,
             tenants,
             persist,
+            adopt_within_secs,
             pool,
         };
         kept.validate()?;

@@ -1027,6 +1027,35 @@ impl PyPool {
         self.tier_done(py, TierOp::Touch { keys }, wait, timeout)
     }
 
+    /// Hand this pool's files back to the keeper of `keeper`, a keeper
+    /// restarted with neither systemd's file descriptor store nor a persist
+    /// directory that waits for them (`adopt_within_secs`): `True` when it
+    /// took them back (the same memory, its bytes and index), `False` when
+    /// it did not (it has its pool already, or they are not the pool its
+    /// config plans). The GIL and the pool's lock are not held meanwhile.
+    fn hand_back(&self, py: Python<'_>, keeper: &str) -> PyResult<bool> {
+        let files: Vec<(std::os::fd::OwnedFd, pool_core::Extent)> = {
+            let state = self.lock();
+            let pool = state.pool.as_ref().ok_or_else(|| {
+                errors::raise(py, errors::Kind::Error, "the pool is closed".into())
+            })?;
+            pool.pool_files()
+                .iter()
+                .map(|f| Ok((f.fd.try_clone()?, f.extent)))
+                .collect::<std::io::Result<_>>()
+                .map_err(|e| errors::raise(py, errors::Kind::Error, format!("dup: {e}")))?
+        };
+        let keeper = keeper.to_string();
+        py.detach(move || {
+            let borrowed: Vec<(std::os::fd::BorrowedFd<'_>, pool_core::Extent)> = files
+                .iter()
+                .map(|(fd, e)| (std::os::fd::AsFd::as_fd(fd), *e))
+                .collect();
+            hostpool::hostpool_handoff::lease::hand_back(&keeper, &borrowed)
+        })
+        .map_err(|e| errors::to_py(py, &e, None))
+    }
+
     /// How the link to this leased pool's keeper's tier is: `("up", None)`,
     /// `("away", why)` (it did not answer within a request's timeout, or
     /// does not read), `("lost", why)` (it ended), or `("none", None)`

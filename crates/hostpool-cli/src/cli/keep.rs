@@ -47,6 +47,12 @@ pub struct KeepArgs {
     /// "DIR"` in a keeper's config). `hostpool keep forget` removes them.
     #[arg(long, value_name = "DIR", requires = "name")]
     pub persist: Option<std::path::PathBuf>,
+    /// With --name and --content keep: when no pool comes back from systemd
+    /// or --persist, wait up to SECS for an engine that lived through the
+    /// keeper before to hand the pool's files back, before building one
+    /// (`adopt_within_secs` in a keeper's config; default 0: build at once).
+    #[arg(long, value_name = "SECS", requires = "name")]
+    pub adopt_within: Option<f64>,
     /// Print one JSON line per pool when it is ready (and when it is released).
     #[arg(long)]
     pub json: bool,
@@ -244,6 +250,7 @@ fn pools(args: &KeepArgs) -> Result<(Vec<KeptPoolConfig>, Option<Endpoint>), Err
             allow_uids: args.allow_uids.clone(),
             tenants: args.tenants.unwrap_or(1),
             persist: args.persist.clone(),
+            adopt_within_secs: args.adopt_within.unwrap_or(0.0),
             pool,
         };
         kept.validate()?;

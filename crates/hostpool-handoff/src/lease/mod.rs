@@ -8,6 +8,7 @@ use serde_json::Value;
 use pool_core::Result;
 
 mod client;
+mod hand_back;
 mod status;
 pub mod tier;
 
@@ -15,6 +16,7 @@ pub use crate::message::{LeaseEnd, LeaseInfo, PreviousLease};
 
 pub use crate::kept::{SOCKET_PREFIX, address, how_to_start, keeper_error, socket_name};
 pub use client::attach;
+pub use hand_back::hand_back;
 pub use status::{
     CameBack, CompanionStatus, IndexStatus, KeeperState, KeeperStatus, LeaseEnds, LeaseStatus,
     RankStatus, TenantStatus, TierOpens, TierStatus,

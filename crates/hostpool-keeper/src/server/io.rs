@@ -353,6 +353,114 @@ impl Sockets {
     }
 }
 
+/// A keeper that got no pool back from systemd or a persist directory:
+/// wait up to `within` on its socket for a tenant that lived through the
+/// keeper before to hand the pool's files back ([`Message::HandBack`]),
+/// and adopt them ([`Pool::adopt_kept`]: checked against `plan`). Any other
+/// request meanwhile is told the keeper is starting. `None` when none came
+/// (or none was the pool planned): the keeper builds.
+pub(super) fn wait_hand_back(
+    listener: &OwnedFd,
+    name: &str,
+    plan: &pool_core::PoolPlan,
+    within: Duration,
+    observer: &dyn pool_core::Observer,
+) -> Option<(pool_core::Pool, Vec<(OwnedFd, Extent)>)> {
+    let deadline = Instant::now() + within;
+    tracing::info!(
+        "kept pool `{name}`: waiting up to {:.1} s for an engine that lived through the keeper \
+         before to hand its pool back",
+        within.as_secs_f64()
+    );
+    let answer = |conn: &OwnedFd, adopted: bool, message: String| {
+        let _ = wire::send(conn, &Message::HandedBack { adopted, message }, &[]);
+    };
+    while Instant::now() < deadline {
+        wire::wait_any(
+            &[listener.as_fd()],
+            deadline.saturating_duration_since(Instant::now()).min(IDLE),
+        );
+        while let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) {
+            let mut fds = Vec::new();
+            let soon = Instant::now() + Duration::from_secs(5);
+            let msg = match wire::recv::<Message>(&conn, soon, &mut fds, None) {
+                Ok(Received::Msg(m)) => m,
+                _ => continue,
+            };
+            let Message::HandBack {
+                name: theirs,
+                extents,
+                count,
+            } = msg
+            else {
+                refuse(
+                    &conn,
+                    false,
+                    format!(
+                        "the keeper of `{name}` is starting: it waits for an engine to hand its \
+                         pool back (adopt_within_secs), then serves; try again"
+                    ),
+                    None,
+                );
+                continue;
+            };
+            if theirs != name {
+                answer(
+                    &conn,
+                    false,
+                    format!("this is the keeper of `{name}`, not `{theirs}`"),
+                );
+                continue;
+            }
+            let extents = extents
+                .into_iter()
+                .map(|(offset, len)| Extent { offset, len })
+                .collect();
+            let cancel = pool_core::interrupt::Cancel::new();
+            let received = wire::receive_files::<Message>(
+                conn.as_fd(),
+                soon,
+                &cancel,
+                fds,
+                count,
+                extents,
+                |m| match m {
+                    Message::Files { extents } => Some(
+                        extents
+                            .into_iter()
+                            .map(|(offset, len)| Extent { offset, len })
+                            .collect(),
+                    ),
+                    _ => None,
+                },
+            );
+            let files = match received {
+                Ok(Ok(files)) => files.into_iter().map(|f| f.fd).collect(),
+                Ok(Err(h)) => {
+                    answer(&conn, false, format!("the files did not all come: {h:?}"));
+                    continue;
+                }
+                Err(e) => {
+                    answer(&conn, false, e.to_string());
+                    continue;
+                }
+            };
+            match pool_core::Pool::adopt_kept(plan, files, observer) {
+                Ok(adopted) => {
+                    answer(&conn, true, String::new());
+                    tracing::info!("kept pool `{name}`: an engine handed its pool back");
+                    return Some(adopted);
+                }
+                Err(e) => {
+                    tracing::warn!("kept pool `{name}`: an engine's pool was not taken back: {e}");
+                    answer(&conn, false, e.to_string());
+                }
+            }
+        }
+    }
+    None
+}
+
 /// Bind the kept pool's socket, or say who holds its name.
 pub(super) fn bind(name: &str) -> Result<OwnedFd> {
     let addr = address(name)?;

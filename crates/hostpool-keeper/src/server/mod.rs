@@ -166,8 +166,19 @@ impl Keeper {
                 (pool, files, CameBack::Built)
             }
             (None, None) => {
-                let (pool, files) = Pool::build_kept(&plan, observer, cancel)?;
-                (pool, files, CameBack::Built)
+                // Neither: a tenant that lived through the keeper before may
+                // hand the pool back, within adopt_within_secs.
+                let within = Duration::from_secs_f64(config.adopt_within_secs);
+                let back = (config.content == crate::Content::Keep && !within.is_zero())
+                    .then(|| io::wait_hand_back(&listener, &config.name, &plan, within, observer))
+                    .flatten();
+                match back {
+                    Some((pool, files)) => (pool, files, CameBack::Tenants),
+                    None => {
+                        let (pool, files) = Pool::build_kept(&plan, observer, cancel)?;
+                        (pool, files, CameBack::Built)
+                    }
+                }
             }
         };
         let from_before = (came_back != CameBack::Built).then(|| {

@@ -265,6 +265,9 @@ class Pool:
     def tier_touch(self, keys: list[bytes], *, wait: bool = True, timeout: float | None = None) -> int | None:
         """The keys were used (the newest in the tier's order of last use). With wait=False, this and
         tier_stored, tier_abort, tier_loaded and tier_release are sent without waiting (None)."""
+    def hand_back(self, keeper: str) -> bool:
+        """Hand this pool's files back to a restarted keeper that waits for them (adopt_within_secs):
+        True when it took them back."""
     @property
     def tier_link(self) -> tuple[str, str | None]:
         """("up", None), ("away", why), ("lost", why), or ("none", None) before the first tier request."""

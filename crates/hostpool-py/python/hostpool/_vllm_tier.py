@@ -310,6 +310,13 @@ class SharedTierManager(OffloadingManager):
         delay = REJOIN_FIRST
         while not self._closing.wait(delay):
             delay = min(delay * 2, REJOIN_MOST)
+            # A keeper restarted with neither systemd's store nor a persist
+            # directory takes the pool back from its tenants (one is enough).
+            try:
+                if self.tier.pool.hand_back(name):
+                    _log.info("CPU offload tier of kept pool `%s`: handed the pool back to its restarted keeper", name)
+            except hostpool.Error:
+                pass
             try:
                 pool = hostpool.Pool.from_config({"lease": {"keeper": name, "attach_timeout_secs": 2.0}})
             except hostpool.Error:

@@ -99,6 +99,7 @@ impl Bench<'_> {
             allow_uids: Vec::new(),
             tenants: 1,
             persist: None,
+            adopt_within_secs: 0.0,
             pool: config.clone(),
         };
         let mut keeper = Keeper::start(kept, &Quiet, &pool_core::interrupt::Cancel::new())?;

@@ -168,11 +168,19 @@ pub enum CameBack {
     FdStore,
     /// Found in its persist directory (`persist = "DIR"`).
     Persist,
+    /// Handed back by a tenant that lived through the keeper before
+    /// (`adopt_within_secs`).
+    Tenants,
 }
 
 impl CameBack {
     /// Every way, in the order the metrics list them.
-    pub const ALL: [CameBack; 3] = [CameBack::Built, CameBack::FdStore, CameBack::Persist];
+    pub const ALL: [CameBack; 4] = [
+        CameBack::Built,
+        CameBack::FdStore,
+        CameBack::Persist,
+        CameBack::Tenants,
+    ];
 
     /// Its name in the status and the metrics.
     pub fn name(self) -> &'static str {
@@ -180,6 +188,7 @@ impl CameBack {
             CameBack::Built => "built",
             CameBack::FdStore => "fdstore",
             CameBack::Persist => "persist",
+            CameBack::Tenants => "tenants",
         }
     }
 }
