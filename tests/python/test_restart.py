@@ -309,3 +309,74 @@ def test_a_link_planted_in_the_persist_directory_is_refused_naming_it(hostpool_b
         for f in os.listdir(persist):
             os.unlink(os.path.join(persist, f))
         os.rmdir(persist)
+
+
+# --- the third source: a keeper's tenants hand the pool back ------------------------
+
+
+def test_a_keeper_takes_its_pool_back_from_a_tenant_and_refuses_another_pool(hostpool_bin):
+    name = f"py-handback-{os.getpid()}"
+    other = f"py-handback-other-{os.getpid()}"
+    size = SLOTS * BLOCK + hostpool.index_bytes(SLOTS)
+    base = [str(hostpool_bin), "keep", "--json", "--backing", "shm-segmented", "--content", "keep", "--tenants", "2"]
+    procs = []
+
+    def keep(n, *extra):
+        p = subprocess.Popen([*base, "--name", n, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(p)
+        return p
+
+    try:
+        first = keep(name, "--size", str(size))
+        _ready(first)
+        wrong = keep(other, "--size", str(2 * size))
+        _ready(wrong)
+        with hostpool.Pool(keeper=name) as a, hostpool.Pool(keeper=other) as w:
+            index = a.tier_open(SLOTS, FP)
+            [(_, slot, _)] = a.tier_store([b"kept"])
+            a.view(slot * BLOCK, 8)[:] = b"kept-set"
+            assert a.tier_stored([slot]) == 1
+            first.send_signal(signal.SIGKILL)
+            assert first.wait(timeout=30) == -signal.SIGKILL
+            # Nobody to hand it to: an error, not a hang.
+            with pytest.raises(hostpool.KeeperError):
+                a.hand_back(name)
+            second = keep(name, "--size", str(size), "--adopt-within", "60")
+            # A pool of another size is refused; the keeper goes on waiting.
+            t = time.monotonic()
+
+            def once_it_listens(pool):
+                end = time.monotonic() + 30
+                while True:
+                    try:
+                        return pool.hand_back(name)
+                    except hostpool.KeeperError:
+                        assert time.monotonic() < end, "the keeper never listened"
+                        time.sleep(0.02)
+
+            assert once_it_listens(w) is False
+            assert a.hand_back(name) is True
+            ready = _ready(second)
+            assert ready["came_back"] == "tenants" and ready["came_back_blocks"] == 1, ready
+            assert time.monotonic() - t < 30
+            with hostpool.Pool(keeper=name) as b:
+                again = b.tier_open(SLOTS, FP)
+                assert again.warm and again.find(b"kept") == slot
+                assert bytes(b.view(slot * BLOCK, 8)) == b"kept-set"
+                # The same memory: a's mapping sees b's write.
+                b.view(slot * BLOCK, 8)[:] = b"from-b!!"
+                assert bytes(a.view(slot * BLOCK, 8)) == b"from-b!!"
+            del index
+        # Nothing handed back within the window: the keeper builds.
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0, second.stderr.read()
+        third = keep(name, "--size", str(size), "--adopt-within", "0.5")
+        assert _ready(third)["came_back"] == "built"
+        for p in (third, wrong):
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=30) == 0, p.stderr.read()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
