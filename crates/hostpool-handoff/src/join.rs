@@ -452,18 +452,7 @@ pub(crate) fn join(j: Joining<'_>) -> Result<Joined> {
             Received::Msg(_) | Received::Gone => return Err(holder.gone_before(pid)),
             Received::TimedOut => return Err(holder.late(pid)),
         };
-    let received = wire::receive_files::<Message>(
-        conn.as_fd(),
-        deadline,
-        cancel,
-        fds,
-        count,
-        extents(handed),
-        |m| match m {
-            Message::Files { extents: more } => Some(extents(more)),
-            _ => None,
-        },
-    )?;
+    let received = take_over(conn.as_fd(), deadline, cancel, fds, count, handed)?;
     pool_core::failpoint::stall(stall);
     let files = match received {
         Ok(files) => files,
@@ -580,6 +569,34 @@ pub fn hand_over(
     let (first, extents) = chunks.next().unwrap_or_default();
     wire::send(conn, &head(extents, files.len()), &first)?;
     chunks.try_for_each(|(fds, extents)| wire::send(conn, &Message::Files { extents }, &fds))
+}
+
+/// Receive what [`hand_over`] sends: `count` files of the extents `handed`
+/// (with `fds`, the first message's descriptors), then those of each
+/// [`Message::Files`] after it, paired with their extents.
+///
+/// # Errors
+/// As [`wire::receive_files`].
+pub fn take_over(
+    conn: BorrowedFd<'_>,
+    deadline: Instant,
+    cancel: &Cancel,
+    fds: Vec<OwnedFd>,
+    count: usize,
+    handed: Vec<(u64, u64)>,
+) -> Result<std::result::Result<Vec<file::PoolFile>, Handover>> {
+    wire::receive_files::<Message>(
+        conn,
+        deadline,
+        cancel,
+        fds,
+        count,
+        extents(handed),
+        |m| match m {
+            Message::Files { extents: more } => Some(extents(more)),
+            _ => None,
+        },
+    )
 }
 
 #[cfg(test)]

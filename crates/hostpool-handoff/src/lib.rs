@@ -30,7 +30,7 @@ pub mod rendezvous;
 mod sys;
 pub mod wire;
 
-pub use join::hand_over;
+pub use join::{hand_over, take_over};
 pub use message::{Message, PROTOCOL, Protocol, Rejoin, Rejoined, TierOp, TierPut, TierReply};
 pub use pool_core::shared::RefusalTerms;
 pub use rendezvous::Refusal;

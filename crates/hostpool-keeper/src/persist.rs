@@ -41,10 +41,16 @@ impl Files {
     /// Remove files made now (a build that failed leaves nothing behind).
     pub fn remove_made(&self) {
         if !self.found {
-            for p in &self.paths {
-                let _ = std::fs::remove_file(p);
-            }
+            remove(&self.paths);
         }
+    }
+}
+
+/// Remove the files at `paths` (made by [`open_or_make`] for a build that
+/// then failed).
+pub fn remove(paths: &[PathBuf]) {
+    for p in paths {
+        let _ = std::fs::remove_file(p);
     }
 }
 

@@ -412,28 +412,9 @@ pub(super) fn wait_hand_back(
                 );
                 continue;
             }
-            let extents = extents
-                .into_iter()
-                .map(|(offset, len)| Extent { offset, len })
-                .collect();
             let cancel = pool_core::interrupt::Cancel::new();
-            let received = wire::receive_files::<Message>(
-                conn.as_fd(),
-                soon,
-                &cancel,
-                fds,
-                count,
-                extents,
-                |m| match m {
-                    Message::Files { extents } => Some(
-                        extents
-                            .into_iter()
-                            .map(|(offset, len)| Extent { offset, len })
-                            .collect(),
-                    ),
-                    _ => None,
-                },
-            );
+            let received =
+                hostpool_handoff::take_over(conn.as_fd(), soon, &cancel, fds, count, extents);
             let files = match received {
                 Ok(Ok(files)) => files.into_iter().map(|f| f.fd).collect(),
                 Ok(Err(h)) => {

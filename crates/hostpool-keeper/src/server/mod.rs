@@ -154,15 +154,10 @@ impl Keeper {
                 let (pool, files) = Pool::adopt_kept(&plan, p.fds, observer)?;
                 (pool, files, CameBack::Persist)
             }
-            (None, Some(p)) => {
-                let paths = crate::persist::Files {
-                    fds: Vec::new(),
-                    paths: p.paths.clone(),
-                    found: false,
-                };
-                let built = Pool::build_kept_on(&plan, p.fds, observer, cancel);
+            (None, Some(crate::persist::Files { fds, paths, .. })) => {
+                let built = Pool::build_kept_on(&plan, fds, observer, cancel);
                 // A build that failed leaves no file behind.
-                let (pool, files) = built.inspect_err(|_| paths.remove_made())?;
+                let (pool, files) = built.inspect_err(|_| crate::persist::remove(&paths))?;
                 (pool, files, CameBack::Built)
             }
             (None, None) => {
@@ -188,7 +183,7 @@ impl Keeper {
                 .collect()
         });
         let report = pool.report();
-        let serving = Serving::new(
+        let mut serving = Serving::new(
             config,
             Figures {
                 logical: report.logical_bytes,
@@ -199,7 +194,6 @@ impl Keeper {
                 came_back,
             },
         );
-        let mut serving = serving;
         let memory = Memory {
             pool,
             files,
@@ -289,10 +283,7 @@ impl Keeper {
             let mut clearing: Option<std::thread::ScopedJoinHandle<'_, Result<f64>>> = None;
             loop {
                 let now = Instant::now();
-                // An adopted pool: no chunk is granted to a writer while a
-                // process that mapped the pool before the restart, and is no
-                // tenant of this keeper, maps it still.
-                // No chunk is granted to a writer while a process that mapped
+                // An adopted pool: no chunk is granted to a writer while a process that mapped
                 // the pool before the restart maps it still, and has not come
                 // back as a tenant that told its stores in flight (nor is a
                 // child of one: an engine's workers).

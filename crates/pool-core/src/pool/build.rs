@@ -209,48 +209,15 @@ impl Pool {
         observer: &dyn Observer,
         cancel: &Cancel,
     ) -> Result<(Pool, Vec<(std::os::fd::OwnedFd, Extent)>)> {
-        let kept = match &plan.source {
-            Source::Kept(memory) => Some(memory),
-            _ => None,
-        };
-        let (bp, files) = match kept.map(|m| (&m.plan, &m.plan.source)) {
-            Some((bp, MemorySource::Files(files))) => (bp, files),
-            _ => {
-                return Err(crate::Error::config(
-                    "a keeper builds the plan of a kept pool (PoolPlan::kept): files another \
-                     process can be handed",
-                ));
-            }
-        };
+        let (bp, files) = kept_files(plan)?;
         capacity::require(&bp.capacity)?;
         let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
             crate::file::map_planned(files, bp.size)
         });
-        let mapping = mapping?;
-        let fds = mapping
-            .pool_files()
-            .iter()
-            .map(|f| Ok((f.fd.try_clone()?, f.extent)))
-            .collect::<std::io::Result<Vec<_>>>()
-            .map_err(|e| {
-                crate::Error::os(
-                    "fcntl(F_DUPFD_CLOEXEC)",
-                    e,
-                    Context::new(bp.size.mapped(), bp.size.page())
-                        .remedy("raise the open-file limit (ulimit -n)"),
-                )
-            })?;
-        let report = first_report(plan, mapping.region(), &Attached::Own, map_secs);
-        let mut pool = Pool::of(Box::new(mapping), Attached::Own, report);
-        bind(&mut pool, plan, None)?;
-        let faulted = prefault(&mut pool, plan, observer, cancel);
-        pool.report.prefault = Some(faulted?);
-        check_placement(&mut pool, plan)?;
-        Ok((pool, fds))
+        let (pool, fds) = kept_pool(plan, mapping?, map_secs)?;
+        Ok((settle_kept(pool, plan, observer, cancel)?, fds))
     }
-}
 
-impl Pool {
     /// A keeper's pool again from its files, as a keeper that ran before
     /// kept them (handed back by systemd's file descriptor store, by the
     /// engines that map them, or found in a persist directory): each file
@@ -270,17 +237,7 @@ impl Pool {
         files: Vec<std::os::fd::OwnedFd>,
         observer: &dyn Observer,
     ) -> Result<(Pool, Vec<(std::os::fd::OwnedFd, Extent)>)> {
-        let (bp, fp) = match &plan.source {
-            Source::Kept(memory) => match &memory.plan.source {
-                MemorySource::Files(fp) => (&memory.plan, fp),
-                _ => return Err(crate::Error::config("a kept pool's plan maps files")),
-            },
-            _ => {
-                return Err(crate::Error::config(
-                    "a keeper adopts the plan of a kept pool",
-                ));
-            }
-        };
+        let (bp, fp) = kept_files(plan)?;
         let page = bp.size.page();
         let refuse = |message: String| crate::Error::Conflict {
             path: std::path::PathBuf::from("(adopted files)"),
@@ -349,26 +306,9 @@ impl Pool {
         let (mapping, map_secs) = timed(observer, Phase::Map, bp.size.mapped(), || {
             crate::file::map_files(pool_files, bp.size, &ctx)
         });
-        let mapping = mapping?;
-        let fds = mapping
-            .pool_files()
-            .iter()
-            .map(|f| Ok((f.fd.try_clone()?, f.extent)))
-            .collect::<std::io::Result<Vec<_>>>()
-            .map_err(|e| {
-                crate::Error::os(
-                    "fcntl(F_DUPFD_CLOEXEC)",
-                    e,
-                    Context::new(bp.size.mapped(), page)
-                        .remedy("raise the open-file limit (ulimit -n)"),
-                )
-            })?;
-        let report = first_report(plan, mapping.region(), &Attached::Own, map_secs);
-        Ok((Pool::of(Box::new(mapping), Attached::Own, report), fds))
+        kept_pool(plan, mapping?, map_secs)
     }
-}
 
-impl Pool {
     /// A keeper's pool built on `files` it made itself (empty, one per
     /// extent, each its extent's length: a persist directory's), as
     /// [`Pool::build_kept`] builds on files it creates: capacity checks,
@@ -382,16 +322,68 @@ impl Pool {
         observer: &dyn Observer,
         cancel: &Cancel,
     ) -> Result<(Pool, Vec<(std::os::fd::OwnedFd, Extent)>)> {
-        if let Some(bp) = plan.backing_plan() {
-            capacity::require(&bp.capacity)?;
-        }
-        let (mut pool, fds) = Pool::adopt_kept(plan, files, observer)?;
-        bind(&mut pool, plan, None)?;
-        let faulted = prefault(&mut pool, plan, observer, cancel);
-        pool.report.prefault = Some(faulted?);
-        check_placement(&mut pool, plan)?;
-        Ok((pool, fds))
+        capacity::require(&kept_files(plan)?.0.capacity)?;
+        let (pool, fds) = Pool::adopt_kept(plan, files, observer)?;
+        Ok((settle_kept(pool, plan, observer, cancel)?, fds))
     }
+}
+
+/// A keeper's plan: the backing's plan and the files it maps.
+fn kept_files(plan: &PoolPlan) -> Result<(&crate::plugin::BackingPlan, &FilePlan)> {
+    match &plan.source {
+        Source::Kept(memory) => match &memory.plan.source {
+            MemorySource::Files(files) => Ok((&memory.plan, files)),
+            _ => Err(not_kept()),
+        },
+        _ => Err(not_kept()),
+    }
+}
+
+fn not_kept() -> crate::Error {
+    crate::Error::config(
+        "a keeper builds the plan of a kept pool (PoolPlan::kept): files another process can be \
+         handed",
+    )
+}
+
+/// A keeper's pool of `mapping` (its files mapped), with a second
+/// descriptor of each file and its extent: what a lease is handed.
+fn kept_pool(
+    plan: &PoolPlan,
+    mapping: crate::file::FileMapping,
+    map_secs: f64,
+) -> Result<(Pool, Vec<(std::os::fd::OwnedFd, Extent)>)> {
+    let size = mapping.region().mapped_len();
+    let fds = mapping
+        .pool_files()
+        .iter()
+        .map(|f| Ok((f.fd.try_clone()?, f.extent)))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| {
+            crate::Error::os(
+                "fcntl(F_DUPFD_CLOEXEC)",
+                e,
+                Context::new(size, mapping.region().page())
+                    .remedy("raise the open-file limit (ulimit -n)"),
+            )
+        })?;
+    let report = first_report(plan, mapping.region(), &Attached::Own, map_secs);
+    Ok((Pool::of(Box::new(mapping), Attached::Own, report), fds))
+}
+
+/// A keeper's pool made resident where the plan puts it: NUMA binding,
+/// prefault and placement.
+fn settle_kept(
+    mut pool: Pool,
+    plan: &PoolPlan,
+    observer: &dyn Observer,
+    cancel: &Cancel,
+) -> Result<Pool> {
+    bind(&mut pool, plan, None)?;
+    let faulted = prefault(&mut pool, plan, observer, cancel);
+    pool.report.prefault = Some(faulted?);
+    check_placement(&mut pool, plan)?;
+    Ok(pool)
 }
 
 /// How much of the pool transparent huge pages back, from smaps.
