@@ -116,6 +116,21 @@ pool.close()
 """
 
 
+def _kill_all(procs) -> None:
+    """SIGKILL and reap what a test started and left running."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def _remove_dir(path: str) -> None:
+    """Remove a persist directory the test made, whatever is in it."""
+    for f in os.listdir(path):
+        os.unlink(os.path.join(path, f))
+    os.rmdir(path)
+
+
 def _ready(proc) -> dict:
     line = proc.stdout.readline()
     assert line, proc.stderr.read()
@@ -188,10 +203,7 @@ def test_a_keeper_restarted_by_systemd_adopts_its_pool_bytes_and_tier(hostpool_b
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0, second.stderr.read()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _kill_all(procs)
         systemd.close()
 
 
@@ -215,10 +227,7 @@ def test_files_that_are_not_the_configs_pool_are_refused_naming_what_differs(hos
         err = second.stderr.read()
         assert "are not the pool its config plans" in err, err
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _kill_all(procs)
         systemd.close()
 
 
@@ -280,9 +289,7 @@ def test_a_persisted_pool_on_2m_pages_is_found_again_after_every_process_is_gone
         assert len(json.loads(out.stdout)["removed"]) == len(files)
         assert os.listdir(persist) == []
     finally:
-        for f in os.listdir(persist):
-            os.unlink(os.path.join(persist, f))
-        os.rmdir(persist)
+        _remove_dir(persist)
 
 
 def test_a_link_planted_in_the_persist_directory_is_refused_naming_it(hostpool_bin, tmp_path):
@@ -306,9 +313,7 @@ def test_a_link_planted_in_the_persist_directory_is_refused_naming_it(hostpool_b
         assert target.read_bytes() == b"x" * 4096
         assert os.listdir(persist) == [os.path.basename(link)], "nothing made beside it"
     finally:
-        for f in os.listdir(persist):
-            os.unlink(os.path.join(persist, f))
-        os.rmdir(persist)
+        _remove_dir(persist)
 
 
 # --- the third source: a keeper's tenants hand the pool back ------------------------
@@ -376,7 +381,4 @@ def test_a_keeper_takes_its_pool_back_from_a_tenant_and_refuses_another_pool(hos
             p.send_signal(signal.SIGTERM)
             assert p.wait(timeout=30) == 0, p.stderr.read()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _kill_all(procs)

@@ -81,6 +81,20 @@ def full(seed: int, blocks: int = 4) -> list[int]:
     return [seed, blocks * BLOCK + 1]
 
 
+def share_again(a: "Engine", b: "Engine", seed: int, since: float, within: float = 60) -> int:
+    """Run new blocks on A, then on B, until B's first step hits all A stored,
+    byte for byte (within ``within`` seconds of ``since``): the two share
+    again. The seed whose blocks did."""
+    while True:
+        seed += 1
+        a.run([full(seed)])
+        ran = b.run([full(seed)])
+        if ran["first_step_hits"] == {str(seed): 4 * BLOCK}:
+            assert ran["good"] == 4, ran
+            return seed
+        assert time.monotonic() - since < within, ran
+
+
 def wait_tenants(name: str, n: int, timeout: float = 30) -> dict:
     deadline = time.monotonic() + timeout
     while True:
@@ -367,16 +381,7 @@ def test_a_keeper_stopped_for_10_s_costs_each_engine_call_at_most_its_bound(name
         finally:
             keeper.proc.send_signal(sig.SIGCONT)
         # Back: they share again. A's new blocks are B's hits.
-        deadline = time.monotonic() + 30
-        seed = 5000
-        while True:
-            seed += 1
-            a.run([full(seed)])
-            ran = b.run([full(seed)])
-            if ran["first_step_hits"] == {str(seed): 4 * BLOCK}:
-                assert ran["good"] == 4, ran
-                break
-            assert time.monotonic() < deadline, ran
+        share_again(a, b, 5000, time.monotonic(), within=30)
         for e in (a, b):
             log = e.stderr()
             assert log.count("is away") == 1, log[-3000:]
@@ -460,15 +465,7 @@ def test_engines_rejoin_a_restarted_keeper_and_share_again(name, model, source):
         assert keeper.ready["came_back_blocks"] >= 12, keeper.ready
         # They share again by themselves: what A stores after the restart is
         # B's hit (stores are declined until each rejoined).
-        seed = 300
-        while True:
-            seed += 1
-            a.run([full(seed)])
-            ran = b.run([full(seed)])
-            if ran["first_step_hits"] == {str(seed): 4 * BLOCK}:
-                assert ran["good"] == 4, ran
-                break
-            assert time.monotonic() - killed < 60, ran
+        share_again(a, b, 300, killed)
         sharing_again = time.monotonic() - killed
         # A new engine hits what was stored before the death, byte for byte.
         c = Engine(name, model, "rejoin_c", dp_index=2)
@@ -551,15 +548,7 @@ def test_the_keeper_sigkilled_at_random_moments_under_two_busy_engines_loses_not
         assert all(e.proc.poll() is None for e in engines)
         assert loaded["good"] > 0
         # Sharing again: what A stores now is B's hit.
-        deadline = time.monotonic() + 60
-        seed = 90_000
-        while True:
-            seed += 1
-            a.run([full(seed)])
-            ran = b.run([full(seed)])
-            if ran["first_step_hits"] == {str(seed): 4 * BLOCK}:
-                break
-            assert time.monotonic() < deadline, ran
+        seed = share_again(a, b, 90_000, time.monotonic())
         # A new engine hits what was stored before the keeper's last death,
         # exactly.
         keeper.kill()
