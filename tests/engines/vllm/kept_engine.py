@@ -154,6 +154,14 @@ def expected_block(worker_rank: int, block_hash: bytes, n_per_layer: int) -> byt
     return b"".join(E.expected(block_hash, i, worker_rank, n_per_layer) for i in range(len(E.LAYERS)))
 
 
+def vllm_logging(config: Any) -> None:
+    """As vLLM's engine core process starts: its own logging config, applied by vLLM."""
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging
+
+    configure_logging(getattr(config, "logging_config", None) or LoggingConfig())
+
+
 def main() -> None:
     args = json.loads(sys.argv[1])
     if not args.get("vllm_logging"):
@@ -163,11 +171,7 @@ def main() -> None:
     tp = args.get("tp", 1)
     config = E.vllm_config(args)
     if args.get("vllm_logging"):
-        # As vLLM's engine core process starts: its own logging config, applied by vLLM.
-        from vllm.config.logging import LoggingConfig
-        from vllm.logger import configure_logging
-
-        configure_logging(getattr(config, "logging_config", None) or LoggingConfig())
+        vllm_logging(config)
     kcc = E.kv_cache_config(config, args.get("gpu_blocks", 128))
     # vLLM builds the workers before the scheduler.
     workers: Any = E.LocalWorkers([E.Worker(config, kcc)]) if tp == 1 else RemoteWorkers(args, tp)

@@ -246,7 +246,11 @@ def fork_server() -> None:
 
 def main() -> None:
     args = json.loads(sys.argv[1])
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    if args.get("vllm_logging"):
+        # vLLM's own setup (VLLM_CONFIGURE_LOGGING) is the process's only one.
+        K.vllm_logging(E.vllm_config(args))
+    else:
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     if args.get("fork_server"):
         fork_server()
         return
